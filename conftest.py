@@ -1,0 +1,17 @@
+"""Shared pytest set-up for every distribution's tests and the cross-package tests."""
+
+from __future__ import annotations
+
+import os
+
+from hypothesis import HealthCheck, settings
+
+pytest_plugins = ["dsh_core.testing.pytest_plugin"]
+
+# No deadline: timing is measured in benchmarks/, never asserted. `ci` keeps the run short.
+settings.register_profile("dsh", deadline=None, max_examples=100)
+settings.register_profile(
+    "ci", deadline=None, max_examples=60, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.register_profile("thorough", deadline=None, max_examples=2000)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dsh"))

@@ -1,0 +1,7 @@
+"""Serve a dsh host as an Agent Client Protocol agent."""
+
+from __future__ import annotations
+
+from .__about__ import __version__
+
+__all__ = ["__version__"]

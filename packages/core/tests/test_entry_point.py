@@ -1,0 +1,8 @@
+"""The distribution announces itself through the `dsh` entry-point group."""
+
+from dsh_core.testing import check_entry_point
+
+
+def test_entry_point_resolves_from_installed_wheel() -> None:
+    """[foundation] The `core` entry point loads from the installed wheel."""
+    check_entry_point("core", distribution="dsh-core", module="dsh_core.plugin")

@@ -1,0 +1,7 @@
+"""OpenAI-compatible chat-completions adapter for dsh."""
+
+from __future__ import annotations
+
+from .__about__ import __version__
+
+__all__ = ["__version__"]

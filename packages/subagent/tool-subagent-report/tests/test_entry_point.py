@@ -1,0 +1,12 @@
+"""The distribution announces itself through the `dsh` entry-point group."""
+
+from dsh_core.testing import check_entry_point
+
+
+def test_entry_point_resolves_from_installed_wheel() -> None:
+    """[foundation] The `tool-subagent-report` entry point loads from the installed wheel."""
+    check_entry_point(
+        "tool-subagent-report",
+        distribution="dsh-tool-subagent-report",
+        module="dsh_tool_subagent_report.plugin",
+    )

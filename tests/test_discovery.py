@@ -1,0 +1,57 @@
+"""The `dsh` console script over every installed distribution ([foundation] 2-3)."""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from dsh_core.testing import write_distribution
+
+EVERY_ENTRY_POINT = {
+    "core", "llm-openai", "acp-agent", "subagent", "subagent-spawn", "subagent-fork",
+    "subagent-acp", "tool-subagent", "tool-subagent-control", "tool-subagent-report",
+}  # fmt: skip
+
+
+def _dsh(*args: str, pythonpath: Path | None = None) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DSH_")}
+    if pythonpath is not None:
+        env["PYTHONPATH"] = str(pythonpath)
+    script = Path(sys.executable).with_name("dsh")
+    return subprocess.run(
+        [str(script), *args], capture_output=True, text=True, env=env, timeout=60, check=False
+    )
+
+
+def test_every_distribution_announces_itself() -> None:
+    """[foundation] All ten distributions declare an entry point in the `dsh` group."""
+    names = {ep.name for ep in md.entry_points(group="dsh")}
+    assert names >= EVERY_ENTRY_POINT
+
+
+def test_dsh_plugins_lists_everything_installed() -> None:
+    """[foundation] `dsh plugins` lists every installed plugin and exits 0 when all load."""
+    done = _dsh("plugins")
+    assert done.returncode == 0, done.stdout + done.stderr
+    listed = {line.split()[0] for line in done.stdout.splitlines()[1:] if line.strip()}
+    assert listed == EVERY_ENTRY_POINT
+
+
+def test_broken_plugin_is_reported_by_the_cli(tmp_path: Path) -> None:
+    """[foundation] A broken installed plugin is named with its distribution; others still load."""
+    write_distribution(
+        tmp_path,
+        "dsh-broken-fixture",
+        version="9.9.9",
+        entry_points={"broken-fixture": "broken_fixture"},
+        modules={"broken_fixture": "raise RuntimeError('broken on purpose')\n"},
+    )
+    done = _dsh("plugins", pythonpath=tmp_path)
+    assert done.returncode == 1
+    assert "broken-fixture (dsh-broken-fixture 9.9.9)" in done.stdout
+    assert "RuntimeError: broken on purpose" in done.stdout
+    listed = {line.split()[0] for line in done.stdout.split("\n\n")[0].splitlines()[1:]}
+    assert listed == EVERY_ENTRY_POINT
