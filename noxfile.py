@@ -171,6 +171,31 @@ def typecheck(session: nox.Session) -> None:
     session.run("mypy", *(arg for m in sorted(modules) for arg in ("-p", m)))
 
 
+PEERS = {
+    "openai-agents": (["openai-agents==0.24.0"], "bench_oai.py"),
+    "pydantic-ai": (["pydantic-ai-slim==2.68.0"], "bench_pydai.py"),
+    "deepagents": (["deepagents==0.7.32"], "bench_deep.py"),
+}
+
+
+@nox.session(requires=["build"])
+def bench(session: nox.Session) -> None:
+    """Our benchmarks (never timed assertions): delegation and the session log."""
+    session.install("--find-links", str(DIST), *PACKAGES)
+    session.run("python", "benchmarks/turn.py")
+    session.run("python", "benchmarks/delegation.py", *session.posargs)
+    session.run("python", "benchmarks/sessions.py")
+
+
+@nox.session
+@nox.parametrize("peer", list(PEERS))
+def peers(session: nox.Session, peer: str) -> None:
+    """One peer's delegation benchmark in its own venv (not part of CI)."""
+    requirements, script = PEERS[peer]
+    session.install(*requirements)
+    session.run("python", f"benchmarks/peers/{script}", env={"LANGSMITH_TRACING": "false"})
+
+
 @nox.session(requires=["build"])
 def demo(session: nox.Session) -> None:
     """The main job: the offline demo on embedded defaults (no network, no keys)."""

@@ -234,6 +234,26 @@ class DshPluginManager(pluggy.PluginManager):
         ]
         return specs
 
+    def collect_event_types(self) -> list[Any]:
+        """Call ``dsh_session_event_types`` on every plugin (registration order)."""
+        out: list[Any] = []
+        for impl in reversed(self.hook.dsh_session_event_types.get_hookimpls()):
+            try:
+                out.extend(cast("Iterable[Any]", impl.function()))
+            except Exception as exc:
+                self._hook_failed(impl.plugin_name, exc, "dsh_session_event_types")
+        return out
+
+    def collect_source_kinds(self) -> list[type]:
+        """Call ``dsh_message_source_kinds`` on every plugin (registration order)."""
+        out: list[type] = []
+        for impl in reversed(self.hook.dsh_message_source_kinds.get_hookimpls()):
+            try:
+                out.extend(cast("Iterable[type]", impl.function()))
+            except Exception as exc:
+                self._hook_failed(impl.plugin_name, exc, "dsh_message_source_kinds")
+        return out
+
     def _hook_failed(self, plugin_name: str, exc: BaseException, hook: str) -> None:
         found = next((d for d in self.discovered if d.name == plugin_name), None)
         self.failures.append(

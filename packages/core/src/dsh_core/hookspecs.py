@@ -14,9 +14,10 @@ from typing import TYPE_CHECKING
 import pluggy
 
 if TYPE_CHECKING:
+    from ._events import EventTypeSpec
     from ._plugins import PluginSpec
 
-__all__ = ["dsh_plugins", "hookspec"]
+__all__ = ["dsh_message_source_kinds", "dsh_plugins", "dsh_session_event_types", "hookspec"]
 
 hookspec = pluggy.HookspecMarker("dsh")
 
@@ -29,5 +30,29 @@ def dsh_plugins() -> list[PluginSpec]:
     two distributions offering the same name make discovery fail loud.
 
     :return: the distribution's mountable plugins (may be empty).
+    """
+    raise NotImplementedError
+
+
+@hookspec
+def dsh_session_event_types() -> list[EventTypeSpec]:
+    """Return the session event types this distribution writes or reads.
+
+    Called before any log is loaded or seeded, so a log holding these types can be read.
+    Re-registering an identical spec is harmless; a conflicting one fails loud.
+
+    :return: event type specs (e.g. ``subagent/descriptor``).
+    """
+    raise NotImplementedError
+
+
+@hookspec
+def dsh_message_source_kinds() -> list[type]:
+    """Return extra :class:`~dsh_core.MessageSource` variants (``coordinator``, ...).
+
+    Each is an attrs subclass of ``MessageSource`` with a fixed ``kind`` default. A kind no
+    plugin registers still round-trips, as ``UnknownSource``.
+
+    :return: message source classes.
     """
     raise NotImplementedError

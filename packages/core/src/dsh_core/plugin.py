@@ -1,13 +1,238 @@
-"""The ``core`` entry point of dsh-core: the host's own plugins, registered like any other."""
+"""The ``core`` entry point of dsh-core: the host's own plugins, registered like any other.
+
+Mountable plugins (a composition names them):
+
+========================== ======================== =============================================
+plugin                     provides                 config
+========================== ======================== =============================================
+``sessions``               ``sessions``             —
+``session-persistence-memory`` ``session_persistence`` —
+``session-persistence-jsonl`` ``session_persistence``  ``root`` (default ``$DSH_HOME/sessions``)
+``session-query``          ``session_query``        —
+``llm``                    ``llm``                  —
+``llm-scripted``           (adapter ``scripted``)   ``provider``, ``script`` (JSON/TOML path)
+``tools``                  ``tools``                —
+``system-prompt``          ``system_prompt``        ``persona`` (the ``deployment:persona`` text)
+``agents``                 ``agents``               —
+``jobs``                   ``jobs``                 ``cap`` (default 10)
+``invariants``             ``invariants``           —
+========================== ======================== =============================================
+"""
 
 from __future__ import annotations
 
-from ._plugins import PluginSpec, hookimpl
+from pathlib import Path
 
-__all__ = ["dsh_plugins"]
+import attrs
+
+from ._agent import AgentRegistryService
+from ._context import Context
+from ._events import CORE_EVENT_TYPES, EventTypeSpec
+from ._invariants import install_core_invariants
+from ._jobs import DEFAULT_CAP, install_jobs
+from ._llm import LlmRuntimeService
+from ._plugins import PluginSpec, hookimpl
+from ._prompt import PERSONA_SECTION, AssembleContext, PromptSection, SystemPromptService
+from ._scripted import ScriptedAdapter
+from ._sessions import SessionStoreService
+from ._tools import ToolRegistryService
+
+__all__ = [
+    "JobsConfig",
+    "JsonlPersistenceConfig",
+    "ScriptedModelConfig",
+    "SystemPromptConfig",
+    "dsh_plugins",
+    "dsh_session_event_types",
+]
+
+
+@attrs.frozen(kw_only=True)
+class JsonlPersistenceConfig:
+    """``session-persistence-jsonl``: where session files live."""
+
+    root: str | None = None
+
+
+@attrs.frozen(kw_only=True)
+class ScriptedModelConfig:
+    """``llm-scripted``: the provider name it answers and an optional script file.
+
+    Without ``script`` it echoes the latest user message.
+    """
+
+    provider: str = "scripted"
+    script: str | None = None
+
+
+@attrs.frozen(kw_only=True)
+class SystemPromptConfig:
+    """``system-prompt``: the deployment persona (empty: no persona section)."""
+
+    persona: str = ""
+
+
+@attrs.frozen(kw_only=True)
+class JobsConfig:
+    """``jobs``: unfinished jobs allowed per owner."""
+
+    cap: int = DEFAULT_CAP
+
+
+def _sessions(ctx: Context, _: None) -> None:
+    ctx.provide("sessions", SessionStoreService(ctx.host.event_types))
+
+
+def _memory(ctx: Context, _: None) -> None:
+    from ._persistence import install_memory_persistence
+
+    install_memory_persistence(ctx)
+
+
+def _jsonl(ctx: Context, config: JsonlPersistenceConfig) -> None:
+    from ._persistence import install_jsonl_persistence
+
+    install_jsonl_persistence(ctx, Path(config.root) if config.root else None)
+
+
+def _query(ctx: Context, _: None) -> None:
+    from ._query import install_session_query
+
+    install_session_query(ctx)
+
+
+def _llm(ctx: Context, _: None) -> None:
+    ctx.provide("llm", LlmRuntimeService())
+
+
+def _scripted(ctx: Context, config: ScriptedModelConfig) -> None:
+    adapter = ScriptedAdapter.from_file(config.script) if config.script else ScriptedAdapter.echo()
+    ctx.llm.register_adapter(config.provider, adapter)
+
+
+def _tools(ctx: Context, _: None) -> None:
+    ctx.provide("tools", ToolRegistryService())
+
+
+def _prompt(ctx: Context, config: SystemPromptConfig) -> None:
+    ctx.provide("system_prompt", SystemPromptService())
+    ctx.system_prompt.section(PromptSection(name=PERSONA_SECTION, order=0, text=config.persona))
+
+
+def _model_var(actx: AssembleContext) -> str | None:
+    return actx.agent.options.model if actx.agent is not None else None
+
+
+def _cwd_var(actx: AssembleContext) -> str | None:
+    return actx.agent.session.header.cwd if actx.agent is not None else None
+
+
+def _agents(ctx: Context, _: None) -> None:
+    service = AgentRegistryService(ctx)
+    ctx.provide("agents", service)
+    ctx.fiber.add(service.dispose)
+    ctx.system_prompt.variable("model", _model_var)
+    ctx.system_prompt.variable("cwd", _cwd_var)
+
+
+def _jobs(ctx: Context, config: JobsConfig) -> None:
+    install_jobs(ctx, cap=config.cap)
+
+
+def _invariants(ctx: Context, _: None) -> None:
+    install_core_invariants(ctx)
+
+
+CORE_PLUGINS: tuple[PluginSpec, ...] = (
+    PluginSpec(
+        name="sessions",
+        apply=_sessions,
+        provides=("sessions",),
+        description="the live session store",
+    ),
+    PluginSpec(
+        name="session-persistence-memory",
+        apply=_memory,
+        requires=("sessions",),
+        provides=("session_persistence",),
+        description="sessions kept in memory",
+    ),
+    PluginSpec(
+        name="session-persistence-jsonl",
+        apply=_jsonl,
+        requires=("sessions",),
+        provides=("session_persistence",),
+        config_type=JsonlPersistenceConfig,
+        description="sessions as JSONL files, group-committed",
+    ),
+    PluginSpec(
+        name="session-query",
+        apply=_query,
+        requires=("sessions",),
+        after=("session_persistence",),
+        provides=("session_query",),
+        description="lineage traces and reads over live and persisted sessions",
+    ),
+    PluginSpec(name="llm", apply=_llm, provides=("llm",), description="the LLM adapter registry"),
+    PluginSpec(
+        name="llm-scripted",
+        apply=_scripted,
+        requires=("llm",),
+        config_type=ScriptedModelConfig,
+        description="the offline scripted model",
+    ),
+    PluginSpec(name="tools", apply=_tools, provides=("tools",), description="the tool registry"),
+    PluginSpec(
+        name="system-prompt",
+        apply=_prompt,
+        provides=("system_prompt",),
+        config_type=SystemPromptConfig,
+        description="system prompt sections",
+    ),
+    PluginSpec(
+        name="agents",
+        apply=_agents,
+        requires=("sessions", "llm", "tools", "system_prompt"),
+        provides=("agents",),
+        after=("session_persistence", "invariants"),
+        description="the agent loop and registry",
+    ),
+    PluginSpec(
+        name="jobs",
+        apply=_jobs,
+        requires=("tools",),
+        after=("agents",),
+        provides=("jobs",),
+        config_type=JobsConfig,
+        description="background jobs with job_output and job_kill",
+    ),
+    PluginSpec(
+        name="invariants",
+        apply=_invariants,
+        requires=("sessions",),
+        provides=("invariants",),
+        description="invariant replay (tests)",
+    ),
+)
+
+#: The plugins a plain host mounts, in order (persistence, query and invariants are opt-in).
+DEFAULT_COMPOSITION: tuple[str, ...] = (
+    "sessions",
+    "llm",
+    "tools",
+    "system-prompt",
+    "agents",
+    "jobs",
+)
 
 
 @hookimpl
 def dsh_plugins() -> list[PluginSpec]:
     """The host plugins dsh-core can mount."""
-    return []
+    return list(CORE_PLUGINS)
+
+
+@hookimpl
+def dsh_session_event_types() -> list[EventTypeSpec]:
+    """The core session event types."""
+    return list(CORE_EVENT_TYPES)

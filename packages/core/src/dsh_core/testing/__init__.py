@@ -1,11 +1,26 @@
 """Test support for dsh distributions and for users' own tests (public API).
 
-See ``docs/testing.md``. Nothing here is imported by the runtime.
+See ``docs/testing.md``. Nothing here is imported by the runtime. Needs ``dsh-core[testing]``.
+``dsh_core.testing.strategies`` (hypothesis strategies) is imported separately.
 """
 
 from __future__ import annotations
 
+from .._scripted import ScriptedAdapter, ScriptedReply, ScriptedRequest, ScriptedToolCall
 from ._distributions import write_distribution
 from ._entry_points import check_entry_point
+from ._host import SCRIPTED, TestHost, default_options, last_answer, scripted_host
 
-__all__ = ["check_entry_point", "write_distribution"]
+__all__ = [
+    "SCRIPTED",
+    "ScriptedAdapter",
+    "ScriptedReply",
+    "ScriptedRequest",
+    "ScriptedToolCall",
+    "TestHost",
+    "check_entry_point",
+    "default_options",
+    "last_answer",
+    "scripted_host",
+    "write_distribution",
+]

@@ -1,0 +1,77 @@
+"""Turn benchmark: one scripted turn with one tool call, end to end, in-memory store.
+
+A turn = ``followup`` -> the model calls a tool -> the tool answers -> the model answers ->
+``when_idle``. That is two model requests and about 17 log events. Each agent serves
+``--per-agent`` turns (its history grows meanwhile, as in a real conversation) and is then
+disposed; the time per turn excludes agent creation.
+
+    python benchmarks/turn.py               # default: 4000 turns, 50 per agent
+    python benchmarks/turn.py --invariants  # with the invariant checkers (as in tests)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import resource
+import sys
+import time
+from typing import Any
+
+
+async def measure(turns: int, per_agent: int, invariants: bool) -> float:
+    from dsh_core import ToolDefinition, ToolRunContext, user_message
+    from dsh_core.testing import ScriptedReply, ScriptedRequest, ScriptedToolCall, scripted_host
+
+    call = ScriptedReply(tool_calls=(ScriptedToolCall(name="echo", arguments={"text": "hi"}),))
+
+    def model(request: ScriptedRequest) -> ScriptedReply | str:
+        return "done" if request.last_tool_result is not None else call
+
+    async def echo(args: Any, run: ToolRunContext) -> str:
+        return "echoed " + args["text"]
+
+    async with scripted_host(model=model, store="memory", invariants=invariants) as host:
+        host.ctx.tools.register(
+            ToolDefinition(
+                name="echo",
+                description="Echo a text.",
+                parameters={"type": "object", "properties": {"text": {"type": "string"}}},
+                execute=echo,
+            )
+        )
+        elapsed = 0.0
+        done = -per_agent  # the first agent is the warm-up
+        while done < turns:
+            handle = await host.create_agent()
+            agent = handle.agent
+            t0 = time.perf_counter()
+            for _ in range(per_agent):
+                agent.followup(user_message("go"))
+                await agent.when_idle()
+            if done >= 0:
+                elapsed += time.perf_counter() - t0
+            done += per_agent
+            await handle.dispose()
+    return elapsed / turns
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--turns", type=int, default=4000)
+    parser.add_argument("--per-agent", type=int, default=50)
+    parser.add_argument("--invariants", action="store_true")
+    args = parser.parse_args()
+    per_turn = asyncio.run(measure(args.turns, args.per_agent, args.invariants))
+    gc_note = "on" if gc.isenabled() else "off"
+    print(
+        f"python {sys.version.split()[0]}: {per_turn * 1e6:.1f} us per turn "
+        f"({args.turns} turns, {args.per_agent} per agent, invariants "
+        f"{'on' if args.invariants else 'off'}, gc {gc_note}); peak RSS "
+        f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.1f} MB"
+    )
+
+
+if __name__ == "__main__":
+    main()

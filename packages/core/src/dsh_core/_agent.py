@@ -1,0 +1,1010 @@
+"""Agents (``ctx.agents``): the turn loop over a durable session, handles, the registry.
+
+An :class:`Agent` drives one session. Input arrives only through its :class:`Inbox`:
+``followup`` queues a next turn and wakes, ``steer`` joins the nearest step and wakes,
+``inject`` joins the next step without waking. A wake from idle runs the turn's *synchronous
+prefix* inline (``turn/start``, claim, ``agent/inbox/claimed``) before the rest runs as a task,
+so a ``cancel()`` right after ``followup()`` aborts a claimed turn instead of dropping its
+prompt. The log shapes follow host-core §9 exactly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import contextlib
+import contextvars
+import inspect
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Literal, TypeVar
+
+import attrs
+
+from ._abort import AbortController, AbortedError, AbortSignal, fuse, race_abort
+from ._content import (
+    Finish,
+    LlmError,
+    LlmFailure,
+    Message,
+    ModelSource,
+    PluginSource,
+    ToolCallBlock,
+    new_id,
+    user_message,
+)
+from ._context import Context, Fiber, Registration, Scope
+from ._errors import DshError
+from ._events import (
+    AgentCancelCause,
+    AssistantChunkData,
+    AssistantMessageData,
+    EpochHeader,
+    LlmCallConfig,
+    RequestHeaderData,
+    SessionEvent,
+    SessionMeta,
+    StepData,
+    ToolCallData,
+    ToolResultData,
+    ToolResultError,
+    ToolSchema,
+    TurnEndData,
+    TurnEndReason,
+    TurnStartData,
+)
+from ._inbox import Inbox, InboxTarget
+from ._json import JsonValue, freeze_json
+from ._llm import BlockAssembler, GenerateOptions, failure_of
+from ._prompt import AssembleContext, PromptAssembly
+from ._tools import ToolExecutionInput, ToolExecutionResult, failure
+
+if TYPE_CHECKING:
+    from ._sessions import Session
+
+__all__ = [
+    "Agent",
+    "AgentError",
+    "AgentHandle",
+    "AgentOptions",
+    "AgentRegistry",
+    "AgentRegistryService",
+    "AgentStatus",
+    "CreateAgentOptions",
+    "PreStep",
+    "PreStepDecision",
+    "RequestContext",
+    "RequestErrorContext",
+    "ResumeAgentOptions",
+    "current_initiator",
+    "require_initiator",
+]
+
+T = TypeVar("T")
+AgentStatus = Literal["idle", "running"]
+SetupCommit = Callable[[], None]
+Setup = Callable[[Context], "SetupCommit | Awaitable[SetupCommit | None] | None"]
+
+_INITIATOR: contextvars.ContextVar[Agent | None] = contextvars.ContextVar(
+    "dsh_initiator", default=None
+)
+
+
+class AgentError(DshError):
+    """An agent operation was refused (see ``code``)."""
+
+    code = "AGENT_ERROR"
+
+
+# -- values ---------------------------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class AgentOptions:
+    """Model route and limits of one agent; ``extensions`` hold keys owned by other seams
+    (e.g. ``subagent_depth``) that the loop never reads."""
+
+    provider: str | None = None
+    model: str | None = None
+    max_tokens: int | None = None
+    extensions: Mapping[str, JsonValue] = attrs.field(factory=dict, converter=freeze_json)
+
+
+@attrs.frozen(kw_only=True)
+class CreateAgentOptions:
+    """``ctx.agents.create``: the session to create and how to compose the agent.
+
+    ``setup(agent_ctx)`` runs inside the unpublished creation window (register scoped tools,
+    sections, restrictions, listeners); it may return a ``commit`` called synchronously right
+    before publication. ``signal`` aborts creation.
+    """
+
+    session_id: str | None = None
+    meta: SessionMeta | None = None
+    seed: Sequence[SessionEvent] | None = None
+    agent_options: AgentOptions = AgentOptions()
+    signal: AbortSignal | None = attrs.field(default=None, eq=False)
+    setup: Setup | None = attrs.field(default=None, eq=False)
+
+
+@attrs.frozen(kw_only=True)
+class ResumeAgentOptions:
+    """``ctx.agents.resume``: a persisted session to bring back as a live agent."""
+
+    resume_session_id: str
+    agent_options: AgentOptions = AgentOptions()
+    signal: AbortSignal | None = attrs.field(default=None, eq=False)
+    setup: Setup | None = attrs.field(default=None, eq=False)
+
+
+@attrs.frozen(kw_only=True)
+class PreStepDecision:
+    """What ``agent/pre-step`` decided: enter ``messages`` into the step, or reject the turn."""
+
+    kind: Literal["enter", "reject"]
+    messages: tuple[Message, ...] = ()
+    reason: str | None = None
+
+
+@attrs.frozen(kw_only=True)
+class PreStep:
+    """The ``agent/pre-step`` waterfall argument."""
+
+    agent: Agent = attrs.field(eq=False)
+    messages: tuple[Message, ...]
+    turn: int
+    step: int
+    signal: AbortSignal = attrs.field(eq=False)
+
+
+@attrs.frozen(kw_only=True)
+class RequestContext:
+    """The ``agent/request`` waterfall argument; listeners may return another config."""
+
+    agent: Agent = attrs.field(eq=False)
+    config: LlmCallConfig | None
+    turn: int
+    step: int
+
+
+@attrs.frozen(kw_only=True)
+class RequestErrorContext:
+    """The ``agent/request-error`` waterfall argument; a listener may return ``"retry"``."""
+
+    agent: Agent = attrs.field(eq=False)
+    failure: LlmFailure
+    attempt: int
+    turn: int
+    step: int
+
+
+def current_initiator() -> Agent | None:
+    """The agent on whose behalf the current task runs, if any (attribution, not authority)."""
+    return _INITIATOR.get()
+
+
+def require_initiator() -> Agent:
+    """The current initiator, or ``NO_INITIATOR``."""
+    agent = _INITIATOR.get()
+    if agent is None:
+        raise AgentError("no agent is initiating this work", code="NO_INITIATOR")
+    return agent
+
+
+class _TurnAborted(Exception):
+    """Internal: the turn's signal fired."""
+
+
+# -- the agent ------------------------------------------------------------------------------------
+
+
+class Agent:
+    """A live driver over one session (see the module docstring for its input verbs)."""
+
+    __slots__ = (
+        "_controller",
+        "_disposed",
+        "_driver",
+        "_header_written",
+        "_latch",
+        "_route",
+        "_service",
+        "_snapshot",
+        "_turn",
+        "ctx",
+        "id",
+        "inbox",
+        "options",
+        "session",
+        "status",
+    )
+
+    def __init__(
+        self,
+        session: Session,
+        options: AgentOptions,
+        service: AgentRegistryService,
+        fiber: Fiber,
+        host_ctx: Context,
+    ) -> None:
+        self.id = session.header.id
+        self.session = session
+        self.options = options
+        self.status: AgentStatus = "idle"
+        self._service = service
+        self.ctx = Context(host_ctx.host, fiber, Scope(self.id), self)
+        self.inbox = Inbox(session, self._notify)
+        self._controller: AbortController | None = None
+        self._driver: asyncio.Task[None] | None = None
+        self._latch = False
+        self._disposed = False
+        self._header_written = False
+        self._route: LlmCallConfig | None = None
+        self._turn = _last_turn(session)
+        self._snapshot = _last_snapshot(session)
+
+    def __repr__(self) -> str:
+        return f"Agent({self.id!r}, {self.status})"
+
+    def _notify(self, name: str, message: Message) -> None:
+        if self.ctx.has_listeners(name):
+            self.ctx.emit(name, self, message)
+
+    def _set_status(self, status: AgentStatus) -> None:
+        if self.status != status:
+            self.status = status
+            self.ctx.emit("agent/status", self, status)
+
+    # -- input ---------------------------------------------------------------------------------
+
+    def send(self, message: Message, target: InboxTarget, wakeup: bool) -> None:
+        """Queue ``message`` on ``target``; wake the agent if asked.
+
+        A waking send while the active turn's signal has already fired is forced to the next
+        turn and latched: it runs once the aborted turn has unwound (unless the agent is being
+        disposed).
+        """
+        if self._disposed:
+            raise AgentError(f"agent {self.id!r} is disposed", code="AGENT_DISPOSED")
+        ctl = self._controller
+        unwinding = ctl is not None and ctl.signal.aborted
+        if wakeup and unwinding:
+            target = "next-turn"
+        self.inbox.insert(target, message)
+        if not wakeup:
+            return
+        if self._driver is not None:
+            if unwinding:
+                self._latch = True
+            return  # a running driver claims queued work at its next step or turn boundary
+        self._start()
+
+    def followup(self, message: Message) -> None:
+        """Queue a next turn and wake."""
+        self.send(message, "next-turn", True)
+
+    def steer(self, message: Message) -> None:
+        """Join the nearest step boundary and wake."""
+        self.send(message, "next-step", True)
+
+    def inject(self, message: Message) -> None:
+        """Join the next step without waking."""
+        self.send(message, "next-step", False)
+
+    def cancel(self, cause: AgentCancelCause, *, keep_inbox: bool = False) -> None:
+        """Abort the active turn with ``cause`` (first cause wins).
+
+        Unless ``keep_inbox``, pending input is durably discarded and any wake latch dropped;
+        with ``keep_inbox`` queued input stays parked until the next waking send. With nothing
+        active this only (optionally) clears the inbox.
+        """
+        if not keep_inbox:
+            self._latch = False
+            if len(self.inbox):
+                self.inbox.clear()
+        ctl = self._controller
+        if ctl is not None and not ctl.signal.aborted:
+            ctl.abort(cause)
+
+    async def when_idle(self) -> None:
+        """Wait until no driver runs (following replacement work); not "my message finished"."""
+        while self._driver is not None:
+            driver = self._driver
+            await asyncio.wait((driver,))
+            if self._driver is driver:  # cancelled before it ever ran: it cleared nothing
+                self._driver = None
+                self._set_status("idle")
+
+    # -- the driver ------------------------------------------------------------------------------
+
+    def _start(self) -> None:
+        """Synchronous wake prefix from idle, then the driver task."""
+        claimed = self._open_turn()
+        ctx = contextvars.copy_context()
+        ctx.run(_INITIATOR.set, self)
+        self._driver = asyncio.get_running_loop().create_task(
+            self._drive(claimed), name=f"agent:{self.id}", context=ctx
+        )
+
+    def _open_turn(self) -> list[Message]:
+        self._controller = AbortController()
+        self._set_status("running")
+        self._turn += 1
+        self.session.append("turn/start", TurnStartData(turn=self._turn))
+        claimed = self.inbox.claim(turn_boundary=True)
+        self._emit_claimed(claimed)
+        return claimed
+
+    def _emit_claimed(self, claimed: Sequence[Message]) -> None:
+        if claimed and self.ctx.has_listeners("agent/inbox/claimed"):
+            for m in claimed:
+                self.ctx.emit("agent/inbox/claimed", self, m, self._turn)
+
+    async def _drive(self, claimed: list[Message]) -> None:
+        try:
+            while True:
+                await self._run_turn(claimed)
+                ctl = self._controller
+                if ctl is None or ctl.signal.aborted or self._disposed or not self.inbox.next_turn:
+                    break
+                claimed = self._open_turn()
+        finally:
+            cause = self._controller.signal.reason if self._controller else None
+            self._controller = None
+            self._driver = None
+            latch, self._latch = self._latch, False
+            disposing = self._disposed or (
+                isinstance(cause, AgentCancelCause) and cause.kind == "disposed"
+            )
+            if latch and not disposing and self.inbox.next_turn:
+                self._start()
+            else:
+                self._set_status("idle")
+
+    async def _run_turn(self, claimed: list[Message]) -> None:
+        turn = self._turn
+        assert self._controller is not None
+        signal = self._controller.signal
+        session = self.session
+        reason = TurnEndReason(kind="completed")
+        max_tokens = False
+        step = 0
+        open_step = False
+        batch: tuple[Message, ...] = tuple(claimed)
+        try:
+            while True:
+                if signal.aborted:
+                    raise _TurnAborted
+                step_no = step + 1
+                assembly = self.ctx.system_prompt.assemble(
+                    AssembleContext(scope=self.ctx.scope, signal=signal, agent=self)
+                )
+                entered = self._with_snapshot(batch, assembly)
+                if self.ctx.has_listeners("agent/pre-step"):
+                    decision: PreStepDecision = await self.ctx.waterfall(
+                        "agent/pre-step",
+                        PreStep(agent=self, messages=batch, turn=turn, step=step_no, signal=signal),
+                        default=_enter_default(entered),
+                    )
+                else:
+                    decision = PreStepDecision(kind="enter", messages=entered)
+                if signal.aborted:
+                    raise _TurnAborted
+                if decision.kind == "reject":
+                    reason = TurnEndReason(kind="blocked")
+                    break
+                if not decision.messages and step_no == 1:
+                    break
+                step = step_no
+                session.append("step/start", StepData(turn=turn, step=step))
+                open_step = True
+                for m in decision.messages:
+                    session.append("user/message", m, source_event_seqs=())
+                    if _is_snapshot(m):
+                        self._snapshot = m.text
+                outcome = await self._step(turn, step, signal, assembly)
+                open_step = False
+                session.append("step/end", StepData(turn=turn, step=step))
+                if outcome == "max-tokens":
+                    max_tokens = True
+                if signal.aborted:
+                    raise _TurnAborted
+                if outcome == "concluded":
+                    break  # a tool concluded the turn: no further request (conclude_turn)
+                inbox = self.inbox
+                if outcome != "tools":
+                    if not inbox.next_step and self.ctx.has_listeners("agent/turn-stopping"):
+                        await self.ctx.serial("agent/turn-stopping", self, turn)
+                    if signal.aborted:
+                        raise _TurnAborted
+                    if not inbox.next_step:
+                        break
+                batch = tuple(inbox.claim(turn_boundary=False))
+                self._emit_claimed(batch)
+        except (_TurnAborted, AbortedError):
+            reason = _aborted_reason(signal)
+        except asyncio.CancelledError:
+            reason = (
+                _aborted_reason(signal)
+                if signal.aborted
+                else TurnEndReason(
+                    kind="error", error=LlmFailure(message="turn task cancelled", code="CANCELLED")
+                )
+            )
+            self._close_turn(turn, step if open_step else None, reason)
+            raise
+        except Exception as exc:
+            fail = failure_of(exc)
+            reason = TurnEndReason(kind="error", error=fail)
+            self.ctx.emit("agent/error", self, exc)
+        else:
+            if max_tokens and reason.kind == "completed":
+                reason = TurnEndReason(kind="max-tokens")
+            self._close_turn(turn, None, reason)
+            return
+        self._close_turn(turn, step if open_step else None, reason)
+
+    def _close_turn(self, turn: int, open_step: int | None, reason: TurnEndReason) -> None:
+        if open_step is not None:
+            self.session.append("step/end", StepData(turn=turn, step=open_step))
+        self.session.append("turn/end", TurnEndData(turn=turn, reason=reason))
+
+    def _with_snapshot(
+        self, batch: tuple[Message, ...], assembly: PromptAssembly
+    ) -> tuple[Message, ...]:
+        text = assembly.context
+        if not text or text == self._snapshot:
+            return batch
+        snap = user_message(text, source=PluginSource(plugin="system-prompt", form="snapshot"))
+        return (*batch, snap)
+
+    async def _step(
+        self, turn: int, step: int, signal: AbortSignal, assembly: PromptAssembly
+    ) -> Literal["done", "tools", "max-tokens", "concluded"]:
+        """One model request (with retries) and its tool calls; returns what should follow."""
+        ctx = self.ctx
+        session = self.session
+        tools = ctx.tools.schemas()
+        attempt = 0
+        while True:
+            attempt += 1
+            config = self._config()
+            if ctx.has_listeners("agent/request"):
+                config = await ctx.waterfall(
+                    "agent/request",
+                    RequestContext(agent=self, config=config, turn=turn, step=step),
+                    default=_identity_config,
+                )
+            if config is None:
+                raise AgentError(
+                    f"agent {self.id!r} has no model route (provider and model are unset)",
+                    code="NO_MODEL_ROUTE",
+                )
+            header = _epoch_header(session, config, assembly.system or None, tools or None)
+            self._write_header(header)
+            options = GenerateOptions(
+                provider=config.provider,
+                model=config.model,
+                messages=session.derive_messages(),
+                system=header.system,
+                tools=header.tools,
+                max_tokens=config.max_tokens,
+                temperature=config.temperature,
+                stop=config.stop,
+                signal=signal,
+                session_id=self.id,
+                loop_request=True,
+            )
+            assembler, chunk_seqs = await self._stream(options, turn, step, signal)
+            finish = assembler.finish
+            if signal.aborted:
+                blocks = assembler.interrupted_blocks()
+                if blocks:
+                    session.append(
+                        "assistant/message",
+                        AssistantMessageData(
+                            turn=turn,
+                            step=step,
+                            message=Message(
+                                id=new_id(),
+                                role="assistant",
+                                content=blocks,
+                                source=ModelSource(provider=config.provider, model=config.model),
+                            ),
+                            usage=assembler.usage,
+                            interrupted=True,
+                        ),
+                        source_event_seqs=chunk_seqs,
+                    )
+                raise _TurnAborted
+            assert finish is not None
+            if finish.reason in ("error", "aborted"):
+                fail = finish.failure or LlmFailure(message="model request failed", code="UNKNOWN")
+                if ctx.has_listeners("agent/request-error"):
+                    verdict = await ctx.waterfall(
+                        "agent/request-error",
+                        RequestErrorContext(
+                            agent=self, failure=fail, attempt=attempt, turn=turn, step=step
+                        ),
+                        default=_terminal_verdict,
+                    )
+                    if verdict == "retry" and not signal.aborted:
+                        continue
+                raise _RequestFailed(fail)
+            break
+        blocks = assembler.blocks()
+        session.append(
+            "assistant/message",
+            AssistantMessageData(
+                turn=turn,
+                step=step,
+                message=Message(
+                    id=new_id(),
+                    role="assistant",
+                    content=blocks,
+                    source=ModelSource(provider=config.provider, model=config.model),
+                ),
+                usage=assembler.usage,
+            ),
+            source_event_seqs=chunk_seqs,
+        )
+        if finish.reason == "max-tokens":
+            return "max-tokens"
+        calls = [b for b in blocks if isinstance(b, ToolCallBlock)]
+        if not calls:
+            return "done"
+        concluded = await self._run_calls(calls, turn, step, signal)
+        if signal.aborted:
+            raise _TurnAborted
+        return "concluded" if concluded else "tools"
+
+    def _config(self) -> LlmCallConfig | None:
+        cached = self._route
+        if cached is None:
+            o = self.options
+            if not o.provider or not o.model:
+                return None
+            cached = self._route = LlmCallConfig(
+                provider=o.provider, model=o.model, max_tokens=o.max_tokens
+            )
+        return cached
+
+    def _write_header(self, header: EpochHeader) -> None:
+        session = self.session
+        current = session.request_header()
+        if not self._header_written:
+            self._header_written = True
+            reason: Literal["initial", "resume", "change"] = (
+                "resume" if current is not None else "initial"
+            )
+        elif current != header:
+            reason = "change"
+        else:
+            return
+        session.append("request/header", RequestHeaderData(header=header, reason=reason))
+
+    async def _stream(
+        self, options: GenerateOptions, turn: int, step: int, signal: AbortSignal
+    ) -> tuple[BlockAssembler, list[int]]:
+        """Consume one response, logging every chunk, without ever outliving the signal.
+
+        The stream runs inline (no extra task). If the signal fires while this task waits on
+        the adapter, the abort listener cancels that wait, so an adapter that ignores the
+        signal cannot wedge the turn.
+        """
+        assembler = BlockAssembler()
+        seqs: list[int] = []
+        session = self.session
+        task = asyncio.current_task()
+        interrupted = False
+
+        def on_abort(_: object) -> None:
+            nonlocal interrupted
+            if task is not None and asyncio.current_task() is not task and not task.done():
+                interrupted = True
+                task.cancel()
+
+        remove = signal.add_listener(on_abort)
+        try:
+            async for chunk in self.ctx.llm.stream(options):
+                seqs.append(
+                    session.append(
+                        "assistant/chunk", AssistantChunkData(turn=turn, step=step, chunk=chunk)
+                    ).seq
+                )
+                assembler.add(chunk)
+                if signal.aborted:
+                    break
+        except asyncio.CancelledError:
+            if not interrupted or task is None:
+                raise
+            task.uncancel()
+        except Exception as exc:
+            if not signal.aborted:
+                assembler.add(Finish(reason="error", failure=failure_of(exc)))
+        finally:
+            remove()
+        return assembler, seqs
+
+    async def _run_calls(
+        self, calls: list[ToolCallBlock], turn: int, step: int, signal: AbortSignal
+    ) -> bool:
+        """Execute one response's calls; concurrency-safe neighbours run together, results are
+        committed in model order. Returns whether a successful call concluded the turn."""
+        session = self.session
+        tools = self.ctx.tools
+        concluded = False
+        i = 0
+        while i < len(calls):
+            group = [calls[i]]
+            definition = tools.get(calls[i].name)
+            if definition is not None and definition.concurrency_safe:
+                while i + len(group) < len(calls):
+                    nxt = tools.get(calls[i + len(group)].name)
+                    if nxt is None or not nxt.concurrency_safe:
+                        break
+                    group.append(calls[i + len(group)])
+            i += len(group)
+            call_seqs = [
+                session.append(
+                    "tool/call",
+                    ToolCallData(
+                        turn=turn, step=step, call_id=c.id, name=c.name, arguments=c.arguments
+                    ),
+                ).seq
+                for c in group
+            ]
+            if signal.aborted:
+                results = [
+                    failure("tool call aborted before dispatch", "ABORTED_BEFORE_DISPATCH")
+                    for _ in group
+                ]
+            elif len(group) == 1:
+                results = [await self._execute(group[0], signal)]
+            else:
+                results = list(await asyncio.gather(*(self._execute(c, signal) for c in group)))
+            for c, seq, result in zip(group, call_seqs, results, strict=True):
+                session.append(
+                    "tool/result",
+                    ToolResultData(
+                        turn=turn,
+                        step=step,
+                        message=result.message(c.id),
+                        error=ToolResultError(name=c.name, code=result.error.code)
+                        if result.error is not None
+                        else None,
+                        meta=result.meta,
+                    ),
+                    source_event_seqs=(seq,),
+                )
+                for extra in result.additional_contexts:
+                    self.inbox.insert("next-step", extra)
+                if result.ok and result.concludes_turn:
+                    concluded = True
+        return concluded
+
+    async def _execute(self, call: ToolCallBlock, signal: AbortSignal) -> ToolExecutionResult:
+        return await self.ctx.tools.execute(
+            ToolExecutionInput(
+                call_id=call.id, name=call.name, arguments=call.arguments, signal=signal, agent=self
+            )
+        )
+
+
+class _RequestFailed(LlmError):
+    """Internal: the model request failed terminally (after any retries)."""
+
+
+def _epoch_header(
+    session: Session,
+    config: LlmCallConfig,
+    system: str | None,
+    tools: tuple[ToolSchema, ...] | None,
+) -> EpochHeader:
+    """The request envelope; the session's current header object when nothing changed."""
+    current = session.request_header()
+    if (
+        current is not None
+        and current.config is config
+        and current.system == system
+        and current.tools is tools
+    ):
+        return current
+    return EpochHeader(config=config, system=system, tools=tools)
+
+
+def _aborted_reason(signal: AbortSignal) -> TurnEndReason:
+    cause = signal.reason
+    if not isinstance(cause, AgentCancelCause):
+        cause = AgentCancelCause(kind="hook", reason=None if cause is None else str(cause))
+    return TurnEndReason(kind="aborted", cause=cause)
+
+
+def _enter_default(entered: tuple[Message, ...]) -> Callable[[PreStep], Awaitable[PreStepDecision]]:
+    async def default(pre: PreStep) -> PreStepDecision:
+        return PreStepDecision(kind="enter", messages=entered)
+
+    return default
+
+
+async def _identity_config(request: RequestContext) -> LlmCallConfig | None:
+    return request.config
+
+
+async def _terminal_verdict(error: RequestErrorContext) -> str:
+    return "fail"
+
+
+def _is_snapshot(m: Message) -> bool:
+    return isinstance(m.source, PluginSource) and m.source.form == "snapshot"
+
+
+def _last_turn(session: Session) -> int:
+    for event in reversed(session.events):
+        if event.type == "turn/start":
+            n: int = event.data.turn
+            return n
+    return 0
+
+
+def _last_snapshot(session: Session) -> str | None:
+    for m in reversed(session.derive_messages()):
+        if _is_snapshot(m):
+            return m.text
+    return None
+
+
+# -- handles and the registry ---------------------------------------------------------------------
+
+
+class AgentHandle:
+    """Ownership of one live agent. ``dispose()`` is idempotent and shared by racing callers:
+    cancel (clearing the inbox) -> wait for idle -> dispose the agent's scope -> unregister
+    (``agent/disposed``) -> detach the session (``session/disposed``; stored data untouched)."""
+
+    __slots__ = ("_detach_owner", "_detach_session", "_done", "_service", "agent")
+
+    def __init__(
+        self,
+        agent: Agent,
+        service: AgentRegistryService,
+        detach_session: Callable[[], None],
+    ) -> None:
+        self.agent = agent
+        self._service = service
+        self._detach_session = detach_session
+        self._detach_owner: Registration | None = None
+        self._done: asyncio.Future[None] | None = None
+
+    @property
+    def disposed(self) -> bool:
+        """Whether disposal has started."""
+        return self._done is not None
+
+    async def dispose(self) -> None:
+        """Release the agent (see the class docstring for the order)."""
+        if self._done is not None:
+            await asyncio.shield(self._done)
+            return
+        self._done = asyncio.get_running_loop().create_future()
+        try:
+            await _teardown(self.agent, self._service, self._detach_session, announced=True)
+        finally:
+            detach = self._detach_owner
+            self._detach_owner = None
+            if detach is not None:
+                detach.forget()
+            self._done.set_result(None)
+
+
+async def _teardown(
+    agent: Agent,
+    service: AgentRegistryService,
+    detach_session: Callable[[], None] | None,
+    *,
+    announced: bool,
+) -> None:
+    agent.cancel(AgentCancelCause(kind="disposed"))
+    agent._disposed = True
+    await agent.when_idle()
+    await agent.ctx.fiber.dispose()
+    entry = service.agents.get(agent.id)
+    if entry is not None and entry.agent is agent:
+        del service.agents[agent.id]
+        if announced:
+            agent.ctx.emit("agent/disposed", agent)
+    if detach_session is not None:
+        detach_session()
+
+
+@attrs.define(eq=False)
+class _Registered:
+    agent: Agent
+    owner: Agent | None
+    handle: AgentHandle
+
+
+class AgentRegistryService:
+    """The live agents of one host (provided as ``agents``; use the bound view)."""
+
+    def __init__(self, host_ctx: Context) -> None:
+        self.host_ctx = host_ctx
+        self.agents: dict[str, _Registered] = {}
+        self.closing = AbortController()
+        self.active_runs = 0
+
+    def __dsh_bind__(self, ctx: Context) -> AgentRegistry:
+        return AgentRegistry(self, ctx)
+
+    async def dispose(self) -> None:
+        """Abort creations in flight and dispose every live agent (children first)."""
+        self.closing.abort(AgentCancelCause(kind="disposed"))
+        for entry in reversed(list(self.agents.values())):
+            await entry.handle.dispose()
+
+
+class AgentRegistry:
+    """``ctx.agents``: create and resume agents owned by this context; look them up."""
+
+    __slots__ = ("_ctx", "_svc")
+
+    def __init__(self, service: AgentRegistryService, ctx: Context) -> None:
+        self._svc = service
+        self._ctx = ctx
+
+    # -- lookups ---------------------------------------------------------------------------------
+
+    def get(self, id: str) -> Agent | None:
+        """The live agent ``id``, if any."""
+        entry = self._svc.agents.get(id)
+        return entry.agent if entry is not None else None
+
+    def list(self) -> builtins.list[Agent]:
+        """Live agents in creation order."""
+        return [e.agent for e in self._svc.agents.values()]
+
+    def roots(self) -> builtins.list[Agent]:
+        """Live agents no other agent owns."""
+        return [e.agent for e in self._svc.agents.values() if e.owner is None]
+
+    def owner_of(self, id: str) -> Agent | None:
+        """The agent that owns ``id`` (``None`` for roots and unknown ids)."""
+        entry = self._svc.agents.get(id)
+        return entry.owner if entry is not None else None
+
+    def is_owned_by(self, id: str, owner: Agent) -> bool:
+        """Whether ``owner`` created (owns) the live agent ``id``."""
+        entry = self._svc.agents.get(id)
+        return entry is not None and entry.owner is owner
+
+    # -- the initiator ---------------------------------------------------------------------------
+
+    def with_initiator(self, agent: Agent, op: Callable[[], T]) -> T:
+        """Run ``op`` with ``agent`` as the initiator (attribution, never authority)."""
+        token = _INITIATOR.set(agent)
+        try:
+            return op()
+        finally:
+            _INITIATOR.reset(token)
+
+    @contextlib.asynccontextmanager
+    async def initiator(self, agent: Agent) -> AsyncIterator[None]:
+        """``async with ctx.agents.initiator(agent):`` — tasks created inside inherit it."""
+        token = _INITIATOR.set(agent)
+        try:
+            yield
+        finally:
+            _INITIATOR.reset(token)
+
+    @staticmethod
+    @contextlib.contextmanager
+    def without_initiator() -> Iterator[None]:
+        """Run a block with no initiator."""
+        token = _INITIATOR.set(None)
+        try:
+            yield
+        finally:
+            _INITIATOR.reset(token)
+
+    # -- creation --------------------------------------------------------------------------------
+
+    async def create(self, options: CreateAgentOptions) -> AgentHandle:
+        """Create, compose and publish an agent owned by this context (a transaction).
+
+        Any failure before publication completes rolls everything back: no agent and no session
+        stay published, and ``agent/disposed`` / ``session/disposed`` fire only for what was
+        announced.
+        """
+        self._ctx._require_active()
+        session = self._ctx.sessions.prepare(
+            options.session_id, seed=options.seed, meta=options.meta
+        )
+        return await self._materialize(
+            session, options.agent_options, options.signal, options.setup, "startup"
+        )
+
+    async def resume(self, options: ResumeAgentOptions) -> AgentHandle:
+        """Bring a persisted session back as a live agent (same transaction as ``create``)."""
+        self._ctx._require_active()
+        persistence = self._ctx.get("session_persistence")
+        if persistence is None:
+            raise AgentError(
+                "resuming an agent needs session persistence", code="PERSISTENCE_UNAVAILABLE"
+            )
+        preparation = await race_abort(
+            persistence.prepare(options.resume_session_id, options.signal),
+            options.signal,
+            release=lambda p: p.dispose(),
+        )
+        try:
+            return await self._materialize(
+                preparation.session,
+                options.agent_options,
+                options.signal,
+                options.setup,
+                "resume",
+            )
+        except BaseException:
+            preparation.dispose()
+            raise
+
+    async def _materialize(
+        self,
+        session: Session,
+        agent_options: AgentOptions,
+        signal: AbortSignal | None,
+        setup: Setup | None,
+        source: Literal["startup", "resume"],
+    ) -> AgentHandle:
+        svc = self._svc
+        owner_ctx = self._ctx
+        owner_gone = AbortController()
+        stop_watch: Registration = owner_ctx.fiber.add(
+            lambda: owner_gone.abort(AgentCancelCause(kind="disposed", reason="owner disposed"))
+        )
+        creation, detach_creation = fuse((signal, owner_gone.signal, svc.closing.signal))
+        fiber = Fiber(f"agent:{session.header.id}")
+        agent = Agent(session, agent_options, svc, fiber, svc.host_ctx)
+        detach_session: Callable[[], None] | None = None
+        registered = announced = False
+        try:
+            creation.throw_if_aborted()
+            if setup is not None:
+                produced = setup(agent.ctx)
+                if inspect.isawaitable(produced):
+                    produced = await race_abort(produced, creation)
+                creation.throw_if_aborted()
+                if produced is not None:
+                    produced()
+            creation.throw_if_aborted()
+            detach_session = agent.ctx.sessions.enter(session)
+            if session.header.id in svc.agents:
+                raise AgentError(
+                    f"agent {session.header.id!r} is already live", code="DUPLICATE_AGENT"
+                )
+            handle = AgentHandle(agent, svc, detach_session)
+            svc.agents[agent.id] = _Registered(agent, owner_ctx.agent, handle)
+            registered = True
+            agent.ctx.sessions.announce(session)
+            announced = True
+            agent.ctx.emit_veto("agent/created", agent)
+            creation.throw_if_aborted()
+        except BaseException:
+            stop_watch.forget()
+            detach_creation()
+            agent.cancel(AgentCancelCause(kind="disposed"))
+            agent._disposed = True
+            await agent.when_idle()
+            await fiber.dispose()
+            entry = svc.agents.get(agent.id)
+            if registered and entry is not None and entry.agent is agent:
+                del svc.agents[agent.id]
+                if announced:
+                    agent.ctx.emit("agent/disposed", agent)
+            if detach_session is not None:
+                detach_session()
+            raise
+        stop_watch.forget()
+        detach_creation()
+        agent.ctx.emit("agent/session-start", agent, source)
+        handle._detach_owner = owner_ctx.fiber.add(handle.dispose)
+        return handle

@@ -1,0 +1,586 @@
+"""The runtime context: owners (fibers) with effect stacks, services, and scoped events.
+
+Everything a plugin or an agent registers goes through a :class:`Context` and becomes an
+*effect* of that context's :class:`Fiber`: disposing the fiber (plugin unload, agent disposal)
+undoes the registrations in reverse order. Events are routed by :class:`Scope`: a listener
+registered from an agent's context sees only dispatches made on that agent's scope (or a scope
+below it); a listener registered from an unscoped context sees everything (host-core §1).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+from collections.abc import Awaitable, Callable, Generator, Iterable
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, cast, overload
+
+from ._errors import DshError
+from ._events import EventTypeRegistry
+
+if TYPE_CHECKING:
+    from ._agent import Agent, AgentRegistry
+    from ._invariants import InvariantRegistry
+    from ._jobs import JobService
+    from ._llm import LlmRuntime
+    from ._persistence import SessionPersistence
+    from ._prompt import SystemPromptRegistry
+    from ._query import SessionQuery
+    from ._sessions import SessionStore
+    from ._tools import ToolRegistry
+
+__all__ = [
+    "Context",
+    "ContextError",
+    "Disposer",
+    "Fiber",
+    "Host",
+    "Registration",
+    "Scope",
+    "ServiceKey",
+]
+
+T = TypeVar("T")
+S = TypeVar("S")
+Disposer = Callable[[], "Awaitable[None] | None"]
+_UNSET: Any = object()
+_log = logging.getLogger("dsh")
+
+
+class ContextError(DshError):
+    """Misuse of a context: a missing service, a disposed owner, a duplicate provider."""
+
+    code = "CONTEXT_ERROR"
+
+
+class ServiceKey(Generic[S]):
+    """A typed service name: ``ctx[SUBAGENTS]`` is typed where ``ctx.subagents`` is ``Any``."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"ServiceKey({self.name!r})"
+
+
+class Scope:
+    """A routing key for events and scoped registrations (an agent, or a private owner).
+
+    ``parent`` links a scope to the one it sits under; agent scopes have none, so a child agent
+    sees global registrations but never its parent's scoped ones.
+    """
+
+    __slots__ = ("key", "parent")
+
+    def __init__(self, key: str, parent: Scope | None = None) -> None:
+        self.key = key
+        self.parent = parent
+
+    def chain(self) -> Generator[Scope, None, None]:
+        """This scope, then its ancestors, nearest first."""
+        s: Scope | None = self
+        while s is not None:
+            yield s
+            s = s.parent
+
+    def __repr__(self) -> str:
+        return f"Scope({self.key!r})"
+
+
+def _admits(tag: Scope, key: Scope | None) -> bool:
+    while key is not None:
+        if key is tag:
+            return True
+        key = key.parent
+    return False
+
+
+class _Effect:
+    __slots__ = ("disposer", "done")
+
+    def __init__(self, disposer: Disposer) -> None:
+        self.disposer = disposer
+        self.done = False
+
+
+class Registration:
+    """One effect on a fiber: call it to undo the effect early (once); ``forget()`` drops it
+    without running it (ownership moved elsewhere)."""
+
+    __slots__ = ("_effect", "_fiber")
+
+    def __init__(self, fiber: Fiber, effect: _Effect) -> None:
+        self._fiber = fiber
+        self._effect = effect
+
+    def __call__(self) -> Awaitable[None] | None:
+        effect = self._effect
+        if effect.done:
+            return None
+        self.forget()
+        return effect.disposer()
+
+    def forget(self) -> None:
+        """Remove the effect from its fiber without running it."""
+        effect = self._effect
+        if effect.done:
+            return
+        effect.done = True
+        try:
+            self._fiber._effects.remove(effect)
+        except ValueError:
+            pass
+
+    @property
+    def active(self) -> bool:
+        """Whether the effect is still registered."""
+        return not self._effect.done
+
+
+FiberState = Literal["active", "disposing", "disposed"]
+
+
+class Fiber:
+    """One owner's lifetime: an effect stack unwound in reverse when it is disposed.
+
+    ``dispose()`` is idempotent and shared: concurrent callers await the same completion.
+    Registering on a fiber that is no longer active raises ``INACTIVE_EFFECT``.
+    """
+
+    __slots__ = ("_done", "_effects", "name", "parent", "state")
+
+    def __init__(self, name: str, parent: Fiber | None = None) -> None:
+        self.name = name
+        self.parent = parent
+        self.state: FiberState = "active"
+        self._effects: list[_Effect] = []
+        self._done: asyncio.Future[None] | None = None
+
+    def add(self, disposer: Disposer) -> Registration:
+        """Push ``disposer``; the returned :class:`Registration` runs it early (once) when
+        called, or drops it unrun with ``forget()``."""
+        if self.state != "active":
+            raise ContextError(
+                f"cannot register on {self.name!r}: it is {self.state}", code="INACTIVE_EFFECT"
+            )
+        effect = _Effect(disposer)
+        self._effects.append(effect)
+        return Registration(self, effect)
+
+    async def dispose(self) -> None:
+        """Unwind every effect in reverse order; log failures and go on; idempotent."""
+        if self._done is not None:
+            await asyncio.shield(self._done)
+            return
+        self._done = asyncio.get_running_loop().create_future()
+        self.state = "disposing"
+        failures: list[BaseException] = []
+        while self._effects:
+            effect = self._effects.pop()
+            if effect.done:
+                continue
+            effect.done = True
+            try:
+                result = effect.disposer()
+                if result is not None and inspect.isawaitable(result):
+                    await result
+            except Exception as exc:  # an owner's teardown must reach every effect
+                failures.append(exc)
+                _log.exception("disposer of %r failed", self.name)
+        self.state = "disposed"
+        self._done.set_result(None)
+
+
+class _Listener:
+    __slots__ = ("fn", "tag")
+
+    def __init__(self, fn: Callable[..., Any], tag: Scope | None) -> None:
+        self.fn = fn
+        self.tag = tag
+
+
+class Host:
+    """What every context of one host shares: services, the event bus, background tasks."""
+
+    def __init__(self, name: str = "host", event_types: EventTypeRegistry | None = None) -> None:
+        self.root = Fiber(name)
+        self.event_types = event_types or EventTypeRegistry()
+        self.services: dict[str, object] = {}
+        self.listeners: dict[str, list[_Listener]] = {}
+        self.tasks: set[asyncio.Task[Any]] = set()
+        self.logger = _log
+
+    def spawn(self, aw: Awaitable[Any], *, name: str | None = None) -> asyncio.Task[Any]:
+        """Run ``aw`` as a host-owned task: failures are logged, disposal awaits it."""
+        task = asyncio.ensure_future(aw)
+        if name:
+            task.set_name(name)
+        self.tasks.add(task)
+        task.add_done_callback(self._task_done)
+        return task
+
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        self.tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            self.logger.error("background task failed", exc_info=task.exception())
+
+    async def drain_tasks(self) -> None:
+        """Await every host-owned task (tasks spawned meanwhile included).
+
+        Finished tasks are dropped here rather than left to their done-callbacks: awaiting
+        tasks that are already done need not yield to the loop, so the callbacks might never
+        get the chance to run while this loop spins.
+        """
+        while True:
+            pending = [t for t in self.tasks if not t.done()]
+            self.tasks.difference_update([t for t in self.tasks if t.done()])
+            if not pending:
+                return
+            await asyncio.gather(*pending, return_exceptions=True)
+
+
+class Context:
+    """A view of a :class:`Host` from one owner: its fiber, its routing scope, its agent.
+
+    Services are attributes (``ctx.sessions``); a service with ``__dsh_bind__(ctx)`` returns a
+    view bound to the calling context, so ``agent.ctx.tools.register(...)`` is scoped to that
+    agent and owned by its fiber.
+    """
+
+    __slots__ = ("_bound", "_detach", "agent", "fiber", "host", "scope")
+
+    def __init__(
+        self, host: Host, fiber: Fiber, scope: Scope | None = None, agent: Agent | None = None
+    ) -> None:
+        self.host = host
+        self.fiber = fiber
+        self.scope = scope
+        self.agent = agent
+        self._bound: dict[str, tuple[object, object]] = {}
+        self._detach: Callable[[], Awaitable[None]] | None = None
+
+    # -- ownership -----------------------------------------------------------------------------
+
+    @property
+    def logger(self) -> logging.Logger:
+        """The host's logger."""
+        return self.host.logger
+
+    @property
+    def active(self) -> bool:
+        """Whether this context's fiber still accepts registrations."""
+        return self.fiber.state == "active"
+
+    def effect(
+        self, body: Callable[[], Disposer | Generator[Disposer, None, None]]
+    ) -> Callable[[], Awaitable[None] | None]:
+        """Run ``body`` and own what it returns: a disposer, or a generator of disposers.
+
+        A generator's disposers unwind in reverse order (that is how ordered teardown chains
+        are written). Returns the function that disposes the effect early.
+        """
+        self._require_active()
+        produced = body()
+        if inspect.isgenerator(produced):
+            disposers: list[Disposer] = []
+            try:
+                for d in cast("Generator[Disposer, None, None]", produced):
+                    disposers.append(d)  # noqa: PERF402 - what was yielded before a raise unwinds
+            except BaseException:
+                for d in reversed(disposers):
+                    _run_sync(d)
+                raise
+
+            async def unwind() -> None:
+                for d in reversed(disposers):
+                    r = d()
+                    if r is not None and inspect.isawaitable(r):
+                        await r
+
+            return self.fiber.add(unwind)
+        return self.fiber.add(cast("Disposer", produced))
+
+    def plugin(self, name: str, *, scope: Scope | object | None = _UNSET) -> Context:
+        """A child owner: a new fiber disposed with this one (or earlier, by itself)."""
+        self._require_active()
+        fiber = Fiber(name, self.fiber)
+        remove = self.fiber.add(fiber.dispose)
+
+        async def detach() -> None:
+            await fiber.dispose()
+            remove.forget()
+
+        fiber_ctx = Context(
+            self.host,
+            fiber,
+            self.scope if scope is _UNSET else cast("Scope | None", scope),
+            self.agent,
+        )
+        fiber_ctx._detach = detach
+        return fiber_ctx
+
+    async def dispose(self) -> None:
+        """Dispose this context's fiber (every registration it owns, in reverse)."""
+        if self._detach is not None:
+            await self._detach()
+        else:
+            await self.fiber.dispose()
+
+    def extend(
+        self, *, agent: Agent | None = None, scope: Scope | object | None = _UNSET
+    ) -> Context:
+        """The same owner seen with another agent attribute or routing scope."""
+        return Context(
+            self.host,
+            self.fiber,
+            self.scope if scope is _UNSET else cast("Scope | None", scope),
+            agent if agent is not None else self.agent,
+        )
+
+    def _require_active(self) -> None:
+        if self.fiber.state != "active":
+            raise ContextError(
+                f"inactive context: {self.fiber.name!r} is {self.fiber.state}",
+                code="INACTIVE_EFFECT",
+            )
+
+    # -- services ------------------------------------------------------------------------------
+
+    def provide(self, name: str | ServiceKey[Any], service: object) -> Callable[[], object]:
+        """Provide a service for as long as this context lives; a second provider fails loud."""
+        key = name.name if isinstance(name, ServiceKey) else name
+        services = self.host.services
+        if key in services:
+            raise ContextError(f"service {key!r} is already provided", code="DUPLICATE_SERVICE")
+        self._require_active()
+        services[key] = service
+
+        def withdraw() -> None:
+            if services.get(key) is service:
+                del services[key]
+
+        return self.fiber.add(withdraw)
+
+    @overload
+    def get(self, name: ServiceKey[S]) -> S | None: ...
+    @overload
+    def get(self, name: str) -> Any: ...
+    def get(self, name: str | ServiceKey[Any]) -> Any:
+        """The service, bound to this context, or ``None`` when nobody provides it."""
+        key = name.name if isinstance(name, ServiceKey) else name
+        service = self.host.services.get(key)
+        if service is None:
+            return None
+        cached = self._bound.get(key)
+        if cached is not None and cached[0] is service:
+            return cached[1]
+        bind = getattr(service, "__dsh_bind__", None)
+        if bind is None:
+            return service
+        view = bind(self)
+        self._bound[key] = (service, view)
+        return view
+
+    @overload
+    def __getitem__(self, name: ServiceKey[S]) -> S: ...
+    @overload
+    def __getitem__(self, name: str) -> Any: ...
+    def __getitem__(self, name: str | ServiceKey[Any]) -> Any:
+        found = self.get(name)
+        if found is None:
+            key = name.name if isinstance(name, ServiceKey) else name
+            raise ContextError(f"no service {key!r} is provided", code="MISSING_SERVICE")
+        return found
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        service = self.host.services.get(name)
+        cached = self._bound.get(name)
+        if cached is not None and service is not None and cached[0] is service:
+            return cached[1]
+        return self[name]
+
+    # Typed accessors for the host's own services (``ctx.subagents`` and others are ``Any``).
+    if TYPE_CHECKING:
+
+        @property
+        def sessions(self) -> SessionStore: ...
+        @property
+        def session_persistence(self) -> SessionPersistence: ...
+        @property
+        def session_query(self) -> SessionQuery: ...
+        @property
+        def agents(self) -> AgentRegistry: ...
+        @property
+        def tools(self) -> ToolRegistry: ...
+        @property
+        def llm(self) -> LlmRuntime: ...
+        @property
+        def system_prompt(self) -> SystemPromptRegistry: ...
+        @property
+        def jobs(self) -> JobService: ...
+        @property
+        def invariants(self) -> InvariantRegistry: ...
+
+    # -- events --------------------------------------------------------------------------------
+
+    def on(
+        self,
+        name: str,
+        listener: Callable[..., Any],
+        *,
+        prepend: bool = False,
+        global_: bool = False,
+    ) -> Callable[[], Awaitable[None] | None]:
+        """Listen to ``name`` for as long as this context lives; returns the remover.
+
+        From a scoped context the listener sees only dispatches on that scope (or below it);
+        ``global_=True`` lifts the filter.
+        """
+        self._require_active()
+        entry = _Listener(listener, None if global_ else self.scope)
+        bus = self.host.listeners
+        current = bus.get(name, [])
+        bus[name] = [entry, *current] if prepend else [*current, entry]
+
+        def remove() -> None:
+            entries = bus.get(name)
+            if entries and entry in entries:
+                rest = [e for e in entries if e is not entry]
+                if rest:
+                    bus[name] = rest
+                else:
+                    del bus[name]
+
+        return self.fiber.add(remove)
+
+    def has_listeners(self, name: str) -> bool:
+        """Whether anything listens to ``name`` (cheap; lets hot paths skip building payloads)."""
+        return name in self.host.listeners
+
+    def _admitted(self, name: str, key: Scope | None) -> list[_Listener]:
+        entries = self.host.listeners.get(name)
+        if not entries:
+            return []
+        return [e for e in entries if e.tag is None or _admits(e.tag, key)]
+
+    def emit(self, name: str, *args: Any, scope: Scope | object | None = _UNSET) -> None:
+        """Call the listeners of ``name`` synchronously; failures are logged and contained.
+
+        A listener that returns an awaitable has it run as a host-owned task.
+        """
+        entries = self.host.listeners.get(name)
+        if not entries:
+            return
+        key = self.scope if scope is _UNSET else cast("Scope | None", scope)
+        for e in entries:
+            if e.tag is not None and not _admits(e.tag, key):
+                continue
+            try:
+                result = e.fn(*args)
+            except Exception:
+                self.host.logger.exception("listener of %r failed", name)
+                continue
+            if result is not None and inspect.isawaitable(result):
+                self.host.spawn(_contained(result, name, self.host.logger))
+
+    def emit_veto(self, name: str, *args: Any, scope: Scope | object | None = _UNSET) -> None:
+        """Like :meth:`emit`, but the first listener that raises vetoes: its error propagates."""
+        key = self.scope if scope is _UNSET else cast("Scope | None", scope)
+        for e in self._admitted(name, key):
+            result = e.fn(*args)
+            if result is not None and inspect.isawaitable(result):
+                self.host.spawn(_contained(result, name, self.host.logger))
+
+    async def waterfall(
+        self,
+        name: str,
+        *args: Any,
+        default: Callable[..., Awaitable[T]],
+        scope: Scope | object | None = _UNSET,
+    ) -> T:
+        """Around-middleware: each listener gets ``(*args, next)`` and decides.
+
+        ``await next()`` delegates with the same arguments, ``await next(*new)`` with others;
+        returning without calling it short-circuits. ``default(*args)`` ends the chain.
+        """
+        key = self.scope if scope is _UNSET else cast("Scope | None", scope)
+        chain = self._admitted(name, key)
+        if not chain:
+            return await default(*args)
+
+        def step(i: int, current: tuple[Any, ...]) -> Callable[..., Awaitable[T]]:
+            async def next_(*replacement: Any) -> T:
+                use = replacement if replacement else current
+                if i == len(chain):
+                    return await default(*use)
+                result = chain[i].fn(*use, step(i + 1, use))
+                if inspect.isawaitable(result):
+                    return cast("T", await result)
+                return cast("T", result)
+
+            return next_
+
+        return await step(0, args)()
+
+    async def serial(self, name: str, *args: Any, scope: Scope | object | None = _UNSET) -> None:
+        """Await the listeners one after another; the first failure propagates."""
+        key = self.scope if scope is _UNSET else cast("Scope | None", scope)
+        for e in self._admitted(name, key):
+            result = e.fn(*args)
+            if result is not None and inspect.isawaitable(result):
+                await result
+
+    async def parallel(self, name: str, *args: Any, scope: Scope | object | None = _UNSET) -> int:
+        """Run the listeners concurrently; after all settle, raise the first failure.
+
+        Returns how many listeners took part.
+        """
+        key = self.scope if scope is _UNSET else cast("Scope | None", scope)
+        entries = self._admitted(name, key)
+        pending: list[Awaitable[Any]] = []
+        first: BaseException | None = None
+        for e in entries:
+            try:
+                result = e.fn(*args)
+            except Exception as exc:
+                first = first or exc
+                continue
+            if result is not None and inspect.isawaitable(result):
+                pending.append(result)
+        if pending:
+            for outcome in await asyncio.gather(*pending, return_exceptions=True):
+                if isinstance(outcome, BaseException):
+                    if not isinstance(outcome, Exception):
+                        raise outcome
+                    first = first or outcome
+        if first is not None:
+            raise first
+        return len(entries)
+
+    def __repr__(self) -> str:
+        return f"Context(fiber={self.fiber.name!r}, scope={self.scope!r})"
+
+
+async def _contained(aw: Awaitable[Any], name: str, logger: logging.Logger) -> None:
+    try:
+        await aw
+    except Exception:
+        logger.exception("async listener of %r failed", name)
+
+
+def _run_sync(d: Disposer) -> None:
+    try:
+        r = d()
+        if r is not None and inspect.iscoroutine(r):
+            r.close()
+    except Exception:
+        _log.exception("rollback disposer failed")
+
+
+def iter_admitted(ctx: Context, name: str) -> Iterable[Callable[..., Any]]:
+    """The listener functions a dispatch of ``name`` on ``ctx`` would reach (for diagnostics)."""
+    return [e.fn for e in ctx._admitted(name, ctx.scope)]

@@ -1,0 +1,132 @@
+"""The one cattrs converter for durable JSON (session logs, descriptors, configs).
+
+Values unstructure to plain JSON (defaults omitted, tags added) and structure back strictly:
+an unknown key is an error, so corruption is noticed instead of silently dropped. Tagged unions
+(:mod:`dsh_core._tagged`) dispatch on their tag; an unclaimed tag becomes the union's unknown
+variant and round-trips verbatim.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+import attrs
+import cattrs
+from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn
+
+from ._content import BLOCKS, CHUNKS, SOURCES
+from ._json import freeze_json, thaw_json
+from ._tagged import TaggedUnion, TaggedUnionError
+
+__all__ = ["converter", "register_tagged_union", "structure", "unstructure"]
+
+T = TypeVar("T")
+
+#: The library-owned converter. Register hooks on it only through this module's helpers.
+#: Validation is strict but not "detailed": a durable-load error is reported by the caller
+#: (naming the file and line), so the generated structure functions stay lean.
+converter = cattrs.Converter(
+    forbid_extra_keys=True, omit_if_default=True, detailed_validation=False
+)
+
+
+def _strict_int(value: Any, _: type) -> int:
+    if type(value) is not int:
+        raise TypeError(f"expected an integer, got {value!r}")
+    return value
+
+
+def _strict_str(value: Any, _: type) -> str:
+    if type(value) is not str:
+        raise TypeError(f"expected a string, got {value!r}")
+    return value
+
+
+def _strict_bool(value: Any, _: type) -> bool:
+    if value is not True and value is not False:
+        raise TypeError(f"expected a boolean, got {value!r}")
+    return bool(value)
+
+
+def _strict_float(value: Any, _: type) -> float:
+    if type(value) is float or type(value) is int:
+        return float(value)
+    raise TypeError(f"expected a number, got {value!r}")
+
+
+# JSON scalars are taken as they are: no coercion of "5" into 5 or of 5 into "5".
+converter.register_structure_hook(int, _strict_int)
+converter.register_structure_hook(str, _strict_str)
+converter.register_structure_hook(bool, _strict_bool)
+converter.register_structure_hook(float, _strict_float)
+
+
+def register_tagged_union(union: TaggedUnion[Any]) -> None:
+    """Teach the converter to (un)structure ``union``'s base and every present/future variant."""
+    base = union.base
+    tag = union.tag
+    raw_un: dict[type, Callable[[Any], dict[str, Any]]] = {}
+    raw_st: dict[type, tuple[frozenset[str], Callable[[Mapping[str, Any], Any], Any]]] = {}
+
+    def unstructure_variant(obj: Any) -> dict[str, Any]:
+        cls = type(obj)
+        if cls is union.unknown_type:
+            return {tag: getattr(obj, tag), **thaw_json(obj.fields)}
+        fn = raw_un.get(cls)
+        if fn is None:
+            fn = raw_un[cls] = make_dict_unstructure_fn(
+                cls, converter, _cattrs_omit_if_default=True
+            )
+        out = fn(obj)
+        out[tag] = getattr(obj, tag)
+        return out
+
+    variants = union.variants
+
+    def structure_any(data: Mapping[str, Any], cls: type) -> Any:
+        if type(data) is not dict and not isinstance(data, Mapping):
+            raise TaggedUnionError(f"{base.__name__} must be an object, not {type(data).__name__}")
+        value = data.get(tag)
+        if type(value) is not str:
+            raise TaggedUnionError(f"{base.__name__} has no string {tag!r}")
+        target = variants.get(value)
+        if target is None:
+            if cls is not base and cls is not union.unknown_type:
+                raise TaggedUnionError(f"expected {cls.__name__}, got {tag} {value!r}")
+            return union.unknown(value, freeze_json({k: v for k, v in data.items() if k != tag}))
+        if cls is not base and target is not cls:
+            raise TaggedUnionError(f"expected {cls.__name__}, got {tag} {value!r}")
+        hook = raw_st.get(target)
+        if hook is None:
+            # Extra keys are checked here, against the fields plus the tag, so the payload
+            # is structured in place instead of being copied without its tag.
+            allowed = frozenset(a.name for a in attrs.fields(target)) | {tag}
+            made = make_dict_structure_fn(target, converter, _cattrs_forbid_extra_keys=False)
+            hook = raw_st[target] = (allowed, made)
+        allowed_keys, fn = hook
+        if not data.keys() <= allowed_keys:
+            extra = sorted(set(data) - allowed_keys)
+            raise TaggedUnionError(f"{target.__name__} has unknown keys {extra}")
+        return fn(data, target)
+
+    def is_member(t: Any) -> bool:
+        return isinstance(t, type) and issubclass(t, base)
+
+    converter.register_unstructure_hook_func(is_member, unstructure_variant)
+    converter.register_structure_hook_func(is_member, structure_any)
+
+
+for _union in (BLOCKS, SOURCES, CHUNKS):
+    register_tagged_union(_union)
+del _union
+
+
+def unstructure(value: object) -> Any:
+    """Plain JSON-ready data for a durable value."""
+    return converter.unstructure(value)
+
+
+def structure(data: object, cls: type[T]) -> T:
+    """Rebuild a durable value of type ``cls`` from plain data (strict: unknown keys fail)."""
+    return converter.structure(data, cls)

@@ -1,0 +1,458 @@
+"""The session log's vocabulary: header, events, payloads, and the event-type registry.
+
+A session is an append-only list of :class:`SessionEvent`. Event ``seq`` equals its index,
+``time`` is epoch milliseconds, and ``data`` is the payload: an instance of the type's
+registered attrs class, or frozen lossless JSON for free-form types. Plugins add types through
+the ``dsh_session_event_types`` hook before any log is loaded (host-core §3).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Literal, cast
+
+import attrs
+
+from ._content import LlmFailure, Message, StreamChunk, TokenUsage
+from ._converter import converter
+from ._errors import DshError
+from ._json import JsonValue, NotJsonError, freeze_json
+
+__all__ = [
+    "AgentCancelCause",
+    "AssistantChunkData",
+    "AssistantMessageData",
+    "CORE_EVENT_TYPES",
+    "EndSeedData",
+    "EpochHeader",
+    "EventTypeRegistry",
+    "EventTypeSpec",
+    "InboxSplicedData",
+    "LlmCallConfig",
+    "RequestHeaderData",
+    "SESSION_FORMAT_VERSION",
+    "SessionError",
+    "SessionEvent",
+    "SessionHeader",
+    "SessionMeta",
+    "StepData",
+    "ToolResultData",
+    "ToolResultError",
+    "ToolCallData",
+    "ToolSchema",
+    "TurnEndData",
+    "TurnEndReason",
+    "TurnStartData",
+    "encode_header",
+    "structure_header",
+]
+
+#: The header ``version`` this runtime writes and reads.
+SESSION_FORMAT_VERSION = 1
+
+
+class SessionError(DshError):
+    """A session operation was refused; ``code`` says why (SESSION_EVENT_NOT_JSON, ...)."""
+
+    code = "SESSION_ERROR"
+
+
+def _finite(_: object, attribute: attrs.Attribute[Any], value: float | None) -> None:
+    if value is not None and (
+        not math.isfinite(value) or (value == 0.0 and math.copysign(1.0, value) < 0)
+    ):
+        raise ValueError(f"{attribute.name} must be a finite JSON number, got {value!r}")
+
+
+# -- header --------------------------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class SessionMeta:
+    """The caller-chosen header fields of a new session."""
+
+    cwd: str | None = None
+    parent_session: str | None = None
+    seed_length: int | None = None
+    origin: Literal["subagent"] | None = None
+    delegation_depth: int | None = None
+
+
+@attrs.frozen(kw_only=True)
+class SessionHeader:
+    """The first line of a session: identity, lineage and delegation depth.
+
+    ``origin`` is a navigation hint only; it proves nothing. ``delegation_depth`` absent means 0.
+    """
+
+    version: int = SESSION_FORMAT_VERSION
+    id: str
+    created_at: int
+    cwd: str | None = None
+    parent_session: str | None = None
+    seed_length: int | None = None
+    origin: Literal["subagent"] | None = None
+    delegation_depth: int | None = None
+
+
+# -- events --------------------------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class SessionEvent:
+    """One log entry. Surface types (model-visible) carry ``source_event_seqs``/``surface_op``."""
+
+    type: str
+    seq: int
+    time: int
+    data: Any
+    source_event_seqs: tuple[int, ...] | None = None
+    surface_op: Literal["append"] | None = None
+    ignorable: bool = False
+
+
+# -- payloads of the core types -------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class AgentCancelCause:
+    """Why an agent's turn was cancelled (rides in the abort reason)."""
+
+    kind: Literal["user", "parent", "hook", "disposed"]
+    reason: str | None = None
+
+
+@attrs.frozen(kw_only=True)
+class TurnEndReason:
+    """Why a turn ended. ``kind`` is open: completed, aborted, blocked, error, max-tokens,
+    interrupted (crash repair only); readers treat an unknown kind as a failure."""
+
+    kind: str
+    cause: AgentCancelCause | None = None
+    error: LlmFailure | None = None
+
+
+@attrs.frozen(kw_only=True)
+class TurnStartData:
+    """``turn/start``: opens turn ``turn``."""
+
+    turn: int
+
+
+@attrs.frozen(kw_only=True)
+class TurnEndData:
+    """``turn/end``: closes the open turn."""
+
+    turn: int
+    reason: TurnEndReason
+
+
+@attrs.frozen(kw_only=True)
+class StepData:
+    """``step/start`` and ``step/end``."""
+
+    turn: int
+    step: int
+
+
+@attrs.frozen(kw_only=True)
+class AssistantChunkData:
+    """``assistant/chunk``: one raw stream chunk."""
+
+    turn: int
+    step: int
+    chunk: StreamChunk
+
+
+@attrs.frozen(kw_only=True)
+class AssistantMessageData:
+    """``assistant/message``: the assembled response (empty content is logged, never derived)."""
+
+    turn: int
+    step: int
+    message: Message
+    usage: TokenUsage | None = None
+    interrupted: bool = False
+
+
+@attrs.frozen(kw_only=True)
+class ToolCallData:
+    """``tool/call``: a call about to be executed."""
+
+    turn: int
+    step: int
+    call_id: str
+    name: str
+    arguments: str
+
+
+@attrs.frozen(kw_only=True)
+class ToolResultError:
+    """What failed in a tool call, by tool name and stable code."""
+
+    name: str
+    code: str
+
+
+@attrs.frozen(kw_only=True)
+class ToolResultData:
+    """``tool/result``: the result message of one call (model-visible)."""
+
+    turn: int
+    step: int
+    message: Message
+    error: ToolResultError | None = None
+    meta: JsonValue = attrs.field(default=None, converter=freeze_json)
+
+
+@attrs.frozen(kw_only=True)
+class LlmCallConfig:
+    """The model route and sampling settings of a request."""
+
+    provider: str
+    model: str
+    max_tokens: int | None = None
+    temperature: float | None = attrs.field(default=None, validator=_finite)
+    stop: tuple[str, ...] | None = None
+
+
+@attrs.frozen(kw_only=True)
+class ToolSchema:
+    """A tool as the model sees it: name, description, JSON Schema of its arguments."""
+
+    name: str
+    description: str
+    parameters: Mapping[str, JsonValue] = attrs.field(converter=freeze_json)
+
+
+@attrs.frozen(kw_only=True)
+class EpochHeader:
+    """The request envelope the next request is rebuilt from."""
+
+    config: LlmCallConfig
+    system: str | None = None
+    tools: tuple[ToolSchema, ...] | None = None
+
+
+@attrs.frozen(kw_only=True)
+class RequestHeaderData:
+    """``request/header``: the envelope in force from this request on."""
+
+    header: EpochHeader
+    reason: Literal["initial", "resume", "change"]
+
+
+@attrs.frozen(kw_only=True)
+class InboxSplicedData:
+    """``agent/inbox/spliced``: one durable mutation of an agent's inbox projection."""
+
+    target: Literal["next-turn", "next-step"]
+    start: int
+    removed_count: int = 0
+    inserted: tuple[Message, ...] = ()
+    outcome: Literal["canceled"] | None = None
+
+
+@attrs.frozen(kw_only=True)
+class EndSeedData:
+    """``session/end-seed``: marks the first live write after a seed."""
+
+
+# -- registry ----------------------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class EventTypeSpec:
+    """A session event type.
+
+    :param payload: the attrs class of ``data``, or ``None`` for free-form lossless JSON.
+    :param surface: model-visible (carries ``source_event_seqs`` and ``surface_op``).
+    :param ignorable: a reader that does not know the type may skip its events.
+    :param trusted: the payload class is JSON-safe by construction (typed fields only), so
+        appends skip the deep lossless-JSON check.
+    """
+
+    name: str
+    payload: type | None = None
+    surface: bool = False
+    ignorable: bool = False
+    trusted: bool = False
+
+
+CORE_EVENT_TYPES: tuple[EventTypeSpec, ...] = (
+    EventTypeSpec(name="turn/start", payload=TurnStartData, trusted=True),
+    EventTypeSpec(name="turn/end", payload=TurnEndData, trusted=True),
+    EventTypeSpec(name="step/start", payload=StepData, trusted=True),
+    EventTypeSpec(name="step/end", payload=StepData, trusted=True),
+    EventTypeSpec(name="user/message", payload=Message, surface=True, trusted=True),
+    EventTypeSpec(name="assistant/chunk", payload=AssistantChunkData, trusted=True),
+    EventTypeSpec(
+        name="assistant/message", payload=AssistantMessageData, surface=True, trusted=True
+    ),
+    EventTypeSpec(name="tool/call", payload=ToolCallData, trusted=True),
+    EventTypeSpec(name="tool/result", payload=ToolResultData, surface=True, trusted=True),
+    EventTypeSpec(name="request/header", payload=RequestHeaderData, trusted=True),
+    EventTypeSpec(name="agent/inbox/spliced", payload=InboxSplicedData, trusted=True),
+    EventTypeSpec(name="session/end-seed", payload=EndSeedData, trusted=True),
+)
+
+
+class EventTypeRegistry:
+    """The event types one host knows, and the (de)serialization of events by type."""
+
+    def __init__(self, specs: Iterable[EventTypeSpec] = CORE_EVENT_TYPES) -> None:
+        self._specs: dict[str, EventTypeSpec] = {}
+        self._hooks: dict[str, Callable[[Any, type], Any]] = {}
+        self._unhooks: dict[str, Callable[[Any], Any]] = {}
+        for spec in specs:
+            self.register(spec)
+
+    def register(self, spec: EventTypeSpec) -> None:
+        """Add a type; re-registering an equal spec is a no-op, a different one fails."""
+        known = self._specs.get(spec.name)
+        if known is not None and known != spec:
+            raise SessionError(
+                f"session event type {spec.name!r} is already registered differently",
+                code="DUPLICATE_EVENT_TYPE",
+            )
+        self._specs[spec.name] = spec
+
+    def get(self, name: str) -> EventTypeSpec | None:
+        """The spec of ``name``, if registered."""
+        return self._specs.get(name)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._specs
+
+    def snapshot(self, spec: EventTypeSpec | None, type_: str, data: object) -> object:
+        """Validate ``data`` for appending and return the value to store.
+
+        Typed payloads must be instances of their class; untrusted ones are deep-checked.
+        Free-form payloads are deep-copied frozen. Raises ``SESSION_EVENT_NOT_JSON``.
+        """
+        try:
+            if spec is None or spec.payload is None:
+                return freeze_json(data)
+            if not isinstance(data, spec.payload):
+                raise SessionError(
+                    f"{type_} data must be {spec.payload.__name__}, not {type(data).__name__}",
+                    code="SESSION_EVENT_INVALID",
+                )
+            if not spec.trusted:
+                freeze_json(converter.unstructure(data))
+            return data
+        except NotJsonError as exc:
+            raise SessionError(
+                f"{type_} data is not losslessly JSON-serializable: {exc}",
+                code="SESSION_EVENT_NOT_JSON",
+            ) from exc
+
+    def encode(self, event: SessionEvent) -> dict[str, Any]:
+        """The JSON-ready form of ``event`` (one JSONL line)."""
+        out: dict[str, Any] = {"type": event.type, "seq": event.seq, "time": event.time}
+        hook = self._unhooks.get(event.type)
+        if hook is None:
+            spec = self._specs.get(event.type)
+            if spec is None or spec.payload is None:
+                hook = _identity
+            else:
+                hook = converter.get_unstructure_hook(spec.payload)
+            self._unhooks[event.type] = hook
+        out["data"] = hook(event.data)
+        if event.source_event_seqs is not None:
+            out["source_event_seqs"] = list(event.source_event_seqs)
+        if event.surface_op is not None:
+            out["surface_op"] = event.surface_op
+        if event.ignorable:
+            out["ignorable"] = True
+        return out
+
+    def decode(self, raw: object) -> SessionEvent:
+        """Rebuild an event from its JSON form; an unknown required type is unsupported.
+
+        Persistence is a real boundary, so everything is checked: the event's own keys and
+        types, its surface metadata, and its payload (strictly, unknown keys included).
+        """
+        if type(raw) is not dict:
+            if not isinstance(raw, Mapping):
+                raise SessionError("an event must be a JSON object", code="SESSION_CORRUPT")
+            raw = dict(raw)
+        if not raw.keys() <= _EVENT_KEYS:
+            extra = sorted(set(raw) - _EVENT_KEYS)
+            raise SessionError(f"unknown event fields {extra}", code="SESSION_CORRUPT")
+        type_ = raw.get("type")
+        seq = raw.get("seq")
+        time_ = raw.get("time")
+        if type(type_) is not str or type(seq) is not int or type(time_) is not int:
+            raise SessionError("event type/seq/time are malformed", code="SESSION_CORRUPT")
+        ignorable = raw.get("ignorable", False)
+        if ignorable is not False and ignorable is not True:
+            raise SessionError("event ignorable must be a boolean", code="SESSION_CORRUPT")
+        spec = self._specs.get(type_)
+        if spec is None and not ignorable:
+            raise SessionError(
+                f"unknown required event type {type_!r}", code="SESSION_FORMAT_UNSUPPORTED"
+            )
+        surface = spec.surface if spec is not None else "source_event_seqs" in raw
+        seqs = raw.get("source_event_seqs")
+        op = raw.get("surface_op")
+        if surface:
+            if type(seqs) is not list or op != "append" or any(type(s) is not int for s in seqs):
+                raise SessionError(f"{type_} lacks surface metadata", code="SESSION_CORRUPT")
+        elif seqs is not None or op is not None:
+            raise SessionError(f"{type_} must not carry surface metadata", code="SESSION_CORRUPT")
+        try:
+            if spec is None or spec.payload is None:
+                data = freeze_json(raw.get("data"))
+            else:
+                hook = self._hooks.get(type_)
+                if hook is None:
+                    hook = self._hooks[type_] = converter.get_structure_hook(spec.payload)
+                data = hook(raw.get("data", {}), spec.payload)
+        except Exception as exc:
+            raise SessionError(f"{type_} data is malformed: {exc}", code="SESSION_CORRUPT") from exc
+        if surface:
+            return SessionEvent(
+                type=type_,
+                seq=seq,
+                time=time_,
+                data=data,
+                source_event_seqs=tuple(cast("list[int]", seqs)),
+                surface_op="append",
+                ignorable=ignorable,
+            )
+        return SessionEvent(type=type_, seq=seq, time=time_, data=data, ignorable=ignorable)
+
+
+_EVENT_KEYS = frozenset(
+    {"type", "seq", "time", "data", "source_event_seqs", "surface_op", "ignorable"}
+)
+
+
+def _identity(value: Any) -> Any:
+    return value
+
+
+def encode_header(header: SessionHeader) -> dict[str, Any]:
+    """The JSON-ready form of a header (``version`` always present)."""
+    out: dict[str, Any] = converter.unstructure(header)
+    out["version"] = header.version
+    return out
+
+
+def structure_header(raw: object) -> SessionHeader:
+    """Rebuild a header; an unknown version is unsupported, anything else malformed corrupt."""
+    if not isinstance(raw, Mapping):
+        raise SessionError("the header must be a JSON object", code="SESSION_CORRUPT")
+    version = raw.get("version")
+    if version != SESSION_FORMAT_VERSION:
+        raise SessionError(
+            f"session format version {version!r} is not supported (this runtime reads "
+            f"{SESSION_FORMAT_VERSION})",
+            code="SESSION_FORMAT_UNSUPPORTED",
+        )
+    try:
+        return converter.structure(raw, SessionHeader)
+    except Exception as exc:
+        raise SessionError(f"the header is malformed: {exc}", code="SESSION_CORRUPT") from exc

@@ -1,0 +1,158 @@
+"""The durable inbox: an agent's only queue of pending input (host-core §9).
+
+Two ordered lists, ``next_turn`` and ``next_step``. Every mutation first appends a normalised
+``agent/inbox/spliced`` event to the agent's session and only then changes the projection, so
+the projection always equals a replay of the splices (and a synchronous observer of the splice
+still sees the old lists).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Literal
+
+from ._content import Message
+from ._errors import DshError
+from ._events import InboxSplicedData, SessionEvent
+
+if TYPE_CHECKING:
+    from ._sessions import Session
+
+__all__ = ["Inbox", "InboxError", "InboxTarget", "replay_inbox"]
+
+InboxTarget = Literal["next-turn", "next-step"]
+
+
+class InboxError(DshError):
+    """An inbox operation was refused (``DUPLICATE_PENDING``)."""
+
+    code = "INBOX_ERROR"
+
+
+def _apply(lists: dict[str, list[Message]], d: InboxSplicedData) -> None:
+    target = lists[d.target]
+    target[d.start : d.start + d.removed_count] = d.inserted
+
+
+def replay_inbox(events: Iterable[SessionEvent]) -> tuple[list[Message], list[Message]]:
+    """The ``(next_turn, next_step)`` projection a sequence of events leaves behind."""
+    lists: dict[str, list[Message]] = {"next-turn": [], "next-step": []}
+    for event in events:
+        if event.type == "agent/inbox/spliced":
+            _apply(lists, event.data)
+    return lists["next-turn"], lists["next-step"]
+
+
+Notify = Callable[[str, Message], None]
+
+
+class Inbox:
+    """The pending messages of one agent; a message id may be pending at most once."""
+
+    __slots__ = ("_lists", "_notify", "_pending", "_session", "next_step", "next_turn")
+
+    def __init__(self, session: Session, notify: Notify) -> None:
+        self._session = session
+        self._notify = notify
+        start = session.header.seed_length or 0
+        self.next_turn, self.next_step = replay_inbox(session.events_since(start))
+        self._lists = {"next-turn": self.next_turn, "next-step": self.next_step}
+        self._pending = {m.id for m in (*self.next_turn, *self.next_step)}
+
+    def __len__(self) -> int:
+        return len(self.next_turn) + len(self.next_step)
+
+    def contains(self, message_id: str) -> bool:
+        """Whether ``message_id`` is pending."""
+        return message_id in self._pending
+
+    def _splice(self, data: InboxSplicedData) -> None:
+        self._session.append("agent/inbox/spliced", data)
+        _apply(self._lists, data)
+
+    def insert(self, target: InboxTarget, message: Message) -> None:
+        """Append ``message`` to ``target``; emits ``agent/inbox/inserted``."""
+        if message.id in self._pending:
+            raise InboxError(f"message {message.id!r} is already pending", code="DUPLICATE_PENDING")
+        lst = self._lists[target]
+        self._splice(InboxSplicedData(target=target, start=len(lst), inserted=(message,)))
+        self._pending.add(message.id)
+        self._notify("agent/inbox/inserted", message)
+
+    def remove(self, message_id: str) -> Message | None:
+        """Cancel one pending message; emits ``agent/inbox/discarded``."""
+        for target, lst in self._lists.items():
+            for i, m in enumerate(lst):
+                if m.id == message_id:
+                    self._splice(
+                        InboxSplicedData(
+                            target=target,  # type: ignore[arg-type]
+                            start=i,
+                            removed_count=1,
+                            outcome="canceled",
+                        )
+                    )
+                    self._pending.discard(message_id)
+                    self._notify("agent/inbox/discarded", m)
+                    return m
+        return None
+
+    def replace(self, message_id: str, new: Message) -> None:
+        """Discard ``message_id`` and insert ``new`` at its place."""
+        for target, lst in self._lists.items():
+            for i, m in enumerate(lst):
+                if m.id == message_id:
+                    self._splice(
+                        InboxSplicedData(
+                            target=target,  # type: ignore[arg-type]
+                            start=i,
+                            removed_count=1,
+                            inserted=(new,),
+                            outcome="canceled",
+                        )
+                    )
+                    self._pending.discard(message_id)
+                    self._pending.add(new.id)
+                    self._notify("agent/inbox/discarded", m)
+                    self._notify("agent/inbox/inserted", new)
+                    return
+        raise InboxError(f"message {message_id!r} is not pending", code="NOT_PENDING")
+
+    def clear(self) -> list[Message]:
+        """Cancel everything pending (next-step first, then next-turn); returns what went."""
+        gone: list[Message] = []
+        targets: tuple[InboxTarget, InboxTarget] = ("next-step", "next-turn")
+        for target in targets:
+            lst = self._lists[target]
+            if not lst:
+                continue
+            removed = list(lst)
+            self._splice(
+                InboxSplicedData(
+                    target=target,
+                    start=0,
+                    removed_count=len(removed),
+                    outcome="canceled",
+                )
+            )
+            for m in removed:
+                self._pending.discard(m.id)
+                self._notify("agent/inbox/discarded", m)
+            gone.extend(removed)
+        return gone
+
+    def claim(self, *, turn_boundary: bool) -> list[Message]:
+        """Take the next batch: all of ``next_step``, plus the first ``next_turn`` item at a
+        turn boundary. Pure deletions; the caller emits ``agent/inbox/claimed``."""
+        batch: list[Message] = []
+        if self.next_step:
+            taken = list(self.next_step)
+            self._splice(InboxSplicedData(target="next-step", start=0, removed_count=len(taken)))
+            batch.extend(taken)
+        if turn_boundary and self.next_turn:
+            first = self.next_turn[0]
+            self._splice(InboxSplicedData(target="next-turn", start=0, removed_count=1))
+            batch.append(first)
+        for m in batch:
+            self._pending.discard(m.id)
+        return batch

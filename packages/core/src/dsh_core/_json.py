@@ -1,0 +1,102 @@
+"""Lossless JSON: the only shape durable payloads may take.
+
+A lossless JSON value survives ``json.dumps`` → ``json.loads`` unchanged: ``None``, ``bool``,
+``int``, finite ``float`` other than ``-0.0``, ``str``, and arrays and objects of those, with
+string keys. Stored values are *frozen*: arrays become tuples and objects become read-only
+mappings, so a caller that mutates what it appended cannot rewrite history.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any, TypeAlias
+
+from ._errors import DshError
+
+__all__ = [
+    "JsonValue",
+    "NotJsonError",
+    "dumps",
+    "freeze_json",
+    "is_lossless_json",
+    "thaw_json",
+]
+
+JsonValue: TypeAlias = Any
+"""A lossless JSON value (see the module docstring); ``Any`` because Python cannot spell it."""
+
+
+class NotJsonError(DshError, TypeError):
+    """A value is not lossless JSON; ``path`` names where (``$.a[2]``)."""
+
+    code = "NOT_JSON"
+
+    def __init__(self, message: str, *, path: str) -> None:
+        super().__init__(f"{message} at {path}")
+        self.path = path
+
+
+def _check_float(value: float, path: str) -> None:
+    if not math.isfinite(value):
+        raise NotJsonError(f"{value!r} is not finite JSON", path=path)
+    if value == 0.0 and math.copysign(1.0, value) < 0:
+        raise NotJsonError("-0.0 does not survive JSON", path=path)
+
+
+def freeze_json(value: object, path: str = "$") -> JsonValue:
+    """Return a frozen deep copy of ``value``, or raise :class:`NotJsonError`.
+
+    Lists and tuples become tuples, dicts become read-only mappings; scalars pass through.
+    """
+    t = type(value)
+    if t is str or t is int or value is None or t is bool:
+        return value
+    if t is float:
+        _check_float(value, path)  # type: ignore[arg-type]
+        return value
+    if t is list or t is tuple:
+        items: list[object] | tuple[object, ...] = value  # type: ignore[assignment]
+        return tuple(freeze_json(v, f"{path}[{i}]") for i, v in enumerate(items))
+    if isinstance(value, Mapping):
+        out: dict[str, JsonValue] = {}
+        for k, v in value.items():
+            if type(k) is not str:
+                raise NotJsonError(f"object key {k!r} is not a string", path=path)
+            out[k] = freeze_json(v, f"{path}.{k}")
+        return MappingProxyType(out)
+    raise NotJsonError(f"{type(value).__name__} is not JSON", path=path)
+
+
+def is_lossless_json(value: object) -> bool:
+    """Whether ``value`` is lossless JSON (never raises)."""
+    try:
+        freeze_json(value)
+    except NotJsonError:
+        return False
+    return True
+
+
+def thaw_json(value: JsonValue) -> Any:
+    """The plain ``list``/``dict`` form of a frozen JSON value (for ``json.dumps``)."""
+    if isinstance(value, tuple | list):
+        return [thaw_json(v) for v in value]
+    if isinstance(value, Mapping):
+        return {k: thaw_json(v) for k, v in value.items()}
+    return value
+
+
+def _default(value: object) -> object:
+    if isinstance(value, Mapping):
+        return dict(value)
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
+_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, default=_default)
+
+
+def dumps(value: object) -> str:
+    """Compact JSON text; frozen mappings and tuples serialize as objects and arrays."""
+    return _ENCODER.encode(value)

@@ -1,0 +1,1218 @@
+"""Session persistence (``ctx.session_persistence``): memory and JSONL backends (host-core §5).
+
+A backend follows every session of its host through four events: ``session/created`` starts
+tracking (a new session's header and events so far; for a session this backend restored, only
+what lies beyond the stored log), ``session/event`` buffers, ``session/flush`` drains the buffer
+durably, and ``session/disposed`` drains and lets go. Appends are buffered so a burst of events
+costs one durable write per flush (group commit), not one per event.
+
+Stored logs are *cold* once nobody tracks them. Reading a cold log whose last turn is open (the
+process died mid-turn) closes that turn instead of truncating it: an error ``tool/result`` per
+pending call, ``step/end`` if a step is open, ``turn/end(interrupted)``. ``inspect`` adds the
+closers in memory only; ``prepare`` and ``load`` write them. A live session is never repaired.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import json
+import logging
+import os
+import sys
+from collections.abc import Callable, Coroutine, Iterable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import attrs
+
+from ._abort import AbortedError, AbortSignal
+from ._content import Message, ToolCallBlock, ToolResultBlock, ToolSource, text_blocks
+from ._events import (
+    SESSION_FORMAT_VERSION,
+    EventTypeRegistry,
+    SessionError,
+    SessionEvent,
+    SessionHeader,
+    StepData,
+    ToolResultData,
+    ToolResultError,
+    TurnEndData,
+    TurnEndReason,
+    encode_header,
+    structure_header,
+)
+from ._json import NotJsonError, dumps
+from ._log_checker import LogInvariantError, SessionLogChecker
+from ._sessions import Session, now_ms
+
+if sys.platform != "win32":
+    import fcntl
+
+if TYPE_CHECKING:
+    from ._context import Context
+
+__all__ = [
+    "JsonlSessionPersistence",
+    "MemorySessionPersistence",
+    "SessionPersistence",
+    "SessionPreparation",
+    "default_sessions_dir",
+    "install_jsonl_persistence",
+    "install_memory_persistence",
+    "repair_closers",
+]
+
+T = TypeVar("T")
+_log = logging.getLogger("dsh.sessions")
+
+
+def _check(signal: AbortSignal | None) -> None:
+    if signal is not None and signal.aborted:
+        raise AbortedError(signal.reason)
+
+
+async def _settle(fut: asyncio.Future[T]) -> T:
+    """Wait for ``fut`` even if the caller is cancelled meanwhile, then re-raise the cancel.
+
+    Storage work that has started (a write in a worker thread) cannot be recalled, and what
+    follows it (bookkeeping, releasing a lock) must see its true outcome.
+    """
+    cancelled = False
+    while not fut.done():
+        try:
+            await asyncio.shield(fut)
+        except asyncio.CancelledError:
+            cancelled = True
+        except Exception:
+            break
+    if cancelled:
+        if not fut.cancelled():
+            fut.exception()  # retrieved: the caller sees the cancel, the state reflects the rest
+        raise asyncio.CancelledError
+    return fut.result()
+
+
+def _succeeded(fut: asyncio.Future[Any]) -> bool:
+    return fut.done() and not fut.cancelled() and fut.exception() is None
+
+
+# -- validation and crash repair --------------------------------------------------------------
+
+
+@attrs.define(eq=False)
+class _Scan:
+    """What a replay of a log leaves open (for repair)."""
+
+    checker: SessionLogChecker
+    announced: dict[str, tuple[str, int]]  # call id -> (tool name, assistant/message seq)
+    calls: dict[str, tuple[str, int]]  # call id -> (tool name, tool/call seq)
+    answered: set[str]
+
+
+def _result_call_id(data: ToolResultData) -> str:
+    for block in data.message.content:
+        if isinstance(block, ToolResultBlock):
+            return block.tool_call_id
+    return ""
+
+
+def _scan(events: Sequence[SessionEvent], locate: Callable[[int], str]) -> _Scan:
+    """Replay ``events`` through the log invariant, remembering the open step's tool calls.
+
+    A violation raises ``SESSION_CORRUPT`` with a message that starts with ``locate(index)``.
+    """
+    checker = SessionLogChecker()
+    check, apply = checker.check, checker.apply
+    announced: dict[str, tuple[str, int]] = {}
+    calls: dict[str, tuple[str, int]] = {}
+    answered: set[str] = set()
+    for i, event in enumerate(events):
+        try:
+            check(event)
+        except LogInvariantError as exc:
+            raise SessionError(f"{locate(i)}: {exc}", code="SESSION_CORRUPT") from exc
+        seqs = event.source_event_seqs
+        if seqs and any(s < 0 or s >= event.seq for s in seqs):
+            raise SessionError(
+                f"{locate(i)}: cites events that do not precede it", code="SESSION_CORRUPT"
+            )
+        apply(event)
+        t = event.type
+        if t == "assistant/chunk":
+            continue
+        if t == "step/start" or t == "step/end":
+            announced = {}
+            calls = {}
+            answered = set()
+        elif t == "assistant/message":
+            announced = {
+                b.id: (b.name, event.seq)
+                for b in event.data.message.content
+                if isinstance(b, ToolCallBlock)
+            }
+        elif t == "tool/call":
+            calls[event.data.call_id] = (event.data.name, event.seq)
+        elif t == "tool/result":
+            answered.add(_result_call_id(event.data))
+    return _Scan(checker=checker, announced=announced, calls=calls, answered=answered)
+
+
+_NOT_STARTED = "Error: the session ended before this tool call started; it never ran."
+_OUTCOME_UNKNOWN = (
+    "Error: the session ended while this tool call was running (tool/call at seq {seq}); "
+    "its outcome is unknown. Check its effects before running it again."
+)
+
+
+def _tool_error(
+    session_id: str, seq: int, time: int, where: tuple[int, int], call: tuple[str, str, str, int]
+) -> SessionEvent:
+    """A synthetic error ``tool/result`` for ``call = (call id, tool name, code, cited seq)``."""
+    call_id, name, code, cite = call
+    text = _NOT_STARTED if code == "TOOL_NOT_STARTED" else _OUTCOME_UNKNOWN.format(seq=cite)
+    message = Message(
+        id=f"{session_id}:repair:{seq}",
+        role="tool",
+        content=(ToolResultBlock(tool_call_id=call_id, content=text_blocks(text), is_error=True),),
+        source=ToolSource(call_id=call_id),
+    )
+    data = ToolResultData(
+        turn=where[0], step=where[1], message=message, error=ToolResultError(name=name, code=code)
+    )
+    return SessionEvent(
+        type="tool/result",
+        seq=seq,
+        time=time,
+        data=data,
+        source_event_seqs=(cite,),
+        surface_op="append",
+    )
+
+
+def _closers(session_id: str, scan: _Scan, next_seq: int) -> list[SessionEvent]:
+    checker = scan.checker
+    turn = checker.open_turn
+    if turn is None:
+        return []
+    out: list[SessionEvent] = []
+    time = now_ms()
+    step = checker.open_step
+    if step is not None:
+        pending: list[tuple[str, str, str, int]] = []
+        for call_id, (name, announced_at) in scan.announced.items():
+            if call_id in scan.answered:
+                continue
+            logged = scan.calls.get(call_id)
+            if logged is None:
+                pending.append((call_id, name, "TOOL_NOT_STARTED", announced_at))
+            else:
+                pending.append((call_id, logged[0], "TOOL_OUTCOME_UNKNOWN", logged[1]))
+        for call_id, (name, call_seq) in scan.calls.items():
+            if call_id not in scan.answered and call_id not in scan.announced:
+                pending.append((call_id, name, "TOOL_OUTCOME_UNKNOWN", call_seq))
+        for call in pending:
+            out.append(_tool_error(session_id, next_seq + len(out), time, (turn, step), call))
+        out.append(
+            SessionEvent(
+                type="step/end",
+                seq=next_seq + len(out),
+                time=time,
+                data=StepData(turn=turn, step=step),
+            )
+        )
+    out.append(
+        SessionEvent(
+            type="turn/end",
+            seq=next_seq + len(out),
+            time=time,
+            data=TurnEndData(turn=turn, reason=TurnEndReason(kind="interrupted")),
+        )
+    )
+    return out
+
+
+def repair_closers(session_id: str, events: Sequence[SessionEvent]) -> list[SessionEvent]:
+    """The events that close ``events``' open final turn (empty when no turn is open).
+
+    Per pending call of the open step an error ``tool/result``: ``TOOL_NOT_STARTED`` (citing
+    the ``assistant/message``) when the call was announced but no ``tool/call`` was logged,
+    ``TOOL_OUTCOME_UNKNOWN`` (citing the ``tool/call``) otherwise; then ``step/end`` if a step
+    is open and ``turn/end`` with reason ``interrupted``. ``events`` must satisfy the log
+    invariant (``SESSION_CORRUPT`` otherwise).
+    """
+    scan = _scan(events, lambda i: f"session {session_id!r} event {i}")
+    return _closers(session_id, scan, len(events))
+
+
+def _validate_appended(types: EventTypeRegistry, event: SessionEvent) -> None:
+    """Refuse an event that a live session would have refused (type, JSON, surface)."""
+    spec = types.get(event.type)
+    if spec is None and not event.ignorable:
+        raise SessionError(
+            f"event {event.seq} has unknown required type {event.type!r}",
+            code="SESSION_FORMAT_UNSUPPORTED",
+        )
+    try:
+        types.snapshot(spec, event.type, event.data)
+    except NotJsonError as exc:  # pragma: no cover - snapshot converts it already
+        raise SessionError(str(exc), code="SESSION_EVENT_NOT_JSON") from exc
+    surface = spec.surface if spec is not None else event.source_event_seqs is not None
+    if surface != (event.surface_op == "append" and event.source_event_seqs is not None):
+        raise SessionError(
+            f"event {event.seq} ({event.type}) has wrong surface metadata", code="SESSION_SURFACE"
+        )
+
+
+# -- the service ------------------------------------------------------------------------------
+
+
+class _Handle:
+    """What a backend holds for one session while this host owns it (a lock, an open file)."""
+
+    __slots__ = ("created", "id", "truncate")
+
+    def __init__(self, id: str, *, created: bool) -> None:
+        self.id = id
+        self.created = created  # this holder created the log (a veto may delete it)
+        self.truncate = False  # a torn tail must be cut before the next write
+
+
+@attrs.frozen(kw_only=True)
+class _Loaded:
+    header: SessionHeader
+    events: list[SessionEvent]
+
+
+class _Tracked:
+    """A session this host writes: its buffer and what is already stored."""
+
+    __slots__ = ("buffer", "handle", "lock", "next_seq", "session", "stored", "unsynced")
+
+    def __init__(self, session: Session, handle: _Handle, *, stored: int, unsynced: bool) -> None:
+        self.session = session
+        self.handle = handle
+        self.stored = stored
+        self.unsynced = unsynced  # a new log whose creation is not durable yet
+        self.buffer: list[SessionEvent] = []
+        self.next_seq = stored
+        self.lock = asyncio.Lock()
+
+
+@attrs.define(eq=False)
+class _Prepared:
+    session: Session
+    handle: _Handle
+    stored: int
+
+
+class SessionPreparation:
+    """A restored, unpublished session, plus what the backend holds for it (host-core §5).
+
+    Entering and announcing ``session`` hands the hold over to the backend's tracking.
+    ``dispose()`` (synchronous, idempotent) releases the hold of a session that was never
+    announced, so an abandoned resume does not keep the log locked.
+    """
+
+    __slots__ = ("_release", "session")
+
+    def __init__(self, session: Session, release: Callable[[], None]) -> None:
+        self.session = session
+        self._release: Callable[[], None] | None = release
+
+    def dispose(self) -> None:
+        """Release the hold unless the session was announced meanwhile; idempotent."""
+        release, self._release = self._release, None
+        if release is not None:
+            release()
+
+    def __repr__(self) -> str:
+        return f"SessionPreparation({self.session!r})"
+
+
+class SessionPersistence:
+    """Stores session logs and restores them, with crash repair (``session_persistence``).
+
+    Backends implement five storage hooks (``_acquire``, ``_release``, ``_read``, ``_write``,
+    ``_headers``); this class owns tracking, buffering, ordering and repair, so every backend
+    has the same semantics. Storage hooks are synchronous; a backend whose hooks block sets
+    ``_threaded`` and they run in a worker thread, one flush of a session at a time.
+    """
+
+    _threaded = False
+
+    def __init__(self) -> None:
+        self._ctx: Context | None = None
+        self._types: EventTypeRegistry | None = None
+        self._closed = False
+        self._tracked: dict[str, _Tracked] = {}
+        self._prepared: dict[str, _Prepared] = {}
+        self._busy: set[str] = set()
+        self._closing: dict[str, asyncio.Task[None]] = {}
+
+    # -- wiring ----------------------------------------------------------------------------------
+
+    def install(self, ctx: Context) -> None:
+        """Follow every session of ``ctx``'s host; tracking ends when ``ctx`` is disposed.
+
+        Sessions created before ``install`` are not tracked. Disposing ``ctx`` drains every
+        tracked session and releases every hold.
+        """
+        if self._ctx is not None:
+            raise SessionError(
+                "this persistence is already installed", code="PERSISTENCE_INSTALLED"
+            )
+        types = ctx.sessions.types
+        ctx.effect(lambda: self._shutdown)
+        self._ctx = ctx
+        self._types = types
+        ctx.on("session/created", self._on_created, global_=True)
+        ctx.on("session/event", self._on_event, global_=True)
+        ctx.on("session/flush", self._on_flush, global_=True)
+        ctx.on("session/disposed", self._on_disposed, global_=True)
+
+    def _installed(self) -> Context:
+        if self._ctx is None or self._closed:
+            raise SessionError(
+                "session persistence is not installed in a live context",
+                code="PERSISTENCE_NOT_INSTALLED",
+            )
+        return self._ctx
+
+    @property
+    def types(self) -> EventTypeRegistry:
+        """The event types of the host this backend is installed in."""
+        if self._types is None:
+            raise SessionError(
+                "session persistence is not installed", code="PERSISTENCE_NOT_INSTALLED"
+            )
+        return self._types
+
+    def _submit(self, fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
+        """Start a storage hook: in the worker thread if the backend blocks, else right away."""
+        loop = asyncio.get_running_loop()
+        if self._threaded:
+            return loop.run_in_executor(None, fn, *args)
+        fut: asyncio.Future[T] = loop.create_future()
+        try:
+            fut.set_result(fn(*args))
+        except Exception as exc:
+            fut.set_exception(exc)
+        return fut
+
+    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
+        return await _settle(self._submit(fn, *args))
+
+    async def _hold(self, id: str, header: SessionHeader | None) -> _Handle:
+        """``_acquire`` off the loop; a hold obtained after a cancel is let go again."""
+        fut = self._submit(self._acquire, id, header)
+        try:
+            return await _settle(fut)
+        except BaseException:
+            if _succeeded(fut):
+                self._release(fut.result(), discard=header is not None)
+            raise
+
+    # -- listeners -------------------------------------------------------------------------------
+
+    def _claimed(self, id: str) -> bool:
+        return id in self._tracked or id in self._prepared or id in self._busy
+
+    def _on_created(self, session: Session) -> None:
+        if self._closed:
+            return
+        sid = session.header.id
+        prepared = self._prepared.get(sid)
+        if prepared is not None and prepared.session is session:
+            del self._prepared[sid]
+            rec = _Tracked(session, prepared.handle, stored=prepared.stored, unsynced=False)
+        else:
+            if self._claimed(sid) or sid in self._closing:
+                raise SessionError(
+                    f"session {sid!r} is held by this host's persistence", code="SESSION_LOCKED"
+                )
+            # Synchronous on purpose: a held or existing log must veto the creation.
+            handle = self._acquire(sid, session.header)
+            rec = _Tracked(session, handle, stored=0, unsynced=True)
+        rec.buffer.extend(session.events_since(rec.stored))
+        rec.next_seq = session.seq
+        self._tracked[sid] = rec
+
+    def _on_event(self, session: Session, event: SessionEvent) -> None:
+        rec = self._tracked.get(session.header.id)
+        if rec is not None and rec.session is session and event.seq >= rec.next_seq:
+            rec.buffer.append(event)
+            rec.next_seq = event.seq + 1
+
+    def _on_flush(self, session: Session) -> Coroutine[Any, Any, None] | None:
+        rec = self._tracked.get(session.header.id)
+        if rec is None or rec.session is not session:
+            return None
+        return self._drain(rec)
+
+    def _on_disposed(self, session: Session) -> None:
+        sid = session.header.id
+        rec = self._tracked.get(sid)
+        if rec is None or rec.session is not session:
+            return
+        del self._tracked[sid]
+        ctx = self._ctx
+        if ctx is not None and ctx.sessions.get(sid) is session:
+            # Disposed while still live: a session/created listener vetoed the creation, so the
+            # session never existed and nothing of it is kept.
+            self._release(rec.handle, discard=True)
+            return
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            self._close_now(rec)
+            return
+        assert ctx is not None
+        self._closing[sid] = ctx.host.spawn(self._close(rec), name=f"persist {sid}")
+
+    async def _close(self, rec: _Tracked) -> None:
+        try:
+            await self._drain(rec)
+        except Exception:
+            _log.exception(
+                "could not store the last %d event(s) of session %r",
+                len(rec.buffer),
+                rec.session.header.id,
+            )
+        finally:
+            self._release(rec.handle, discard=False)
+            sid = rec.session.header.id
+            if self._closing.get(sid) is asyncio.current_task():
+                del self._closing[sid]
+
+    def _close_now(self, rec: _Tracked) -> None:
+        """Drain and release without an event loop (a detach from synchronous code)."""
+        try:
+            batch, rec.buffer = rec.buffer, []
+            if batch or rec.unsynced:
+                self._write(rec.handle, batch)
+                rec.stored += len(batch)
+        finally:
+            self._release(rec.handle, discard=False)
+
+    async def _drain(self, rec: _Tracked) -> None:
+        async with rec.lock:
+            if not rec.buffer and not rec.unsynced:
+                return
+            batch, rec.buffer = rec.buffer, []
+            fut = self._submit(self._write, rec.handle, batch)
+            try:
+                await _settle(fut)
+            finally:
+                if _succeeded(fut):
+                    rec.stored += len(batch)
+                    rec.unsynced = False
+                else:
+                    rec.buffer[:0] = batch  # kept, in order, for the next flush
+
+    async def _quiesce(self, id: str) -> None:
+        """Wait for a disposed session's last drain, so a reader sees its whole log."""
+        task = self._closing.get(id)
+        if task is not None:
+            await asyncio.wait((task,))
+
+    async def _shutdown(self) -> None:
+        self._closed = True
+        tracked = list(self._tracked.values())
+        self._tracked.clear()
+        prepared = list(self._prepared.values())
+        self._prepared.clear()
+        for held in prepared:
+            self._release(held.handle, discard=False)
+        # Failures are logged by ``_close`` and by the host's task bookkeeping.
+        await asyncio.gather(
+            *(self._close(rec) for rec in tracked), *self._closing.values(), return_exceptions=True
+        )
+
+    # -- refusing and holding --------------------------------------------------------------------
+
+    def _refuse_live(self, ctx: Context, id: str) -> None:
+        if ctx.sessions.get(id) is not None:
+            raise SessionError(
+                f"session {id!r} is live in this host; its open turn is never repaired",
+                code="SESSION_LIVE",
+            )
+
+    def _claim(self, id: str) -> None:
+        if self._claimed(id) or id in self._closing:
+            raise SessionError(
+                f"session {id!r} is held by this host's persistence", code="SESSION_LOCKED"
+            )
+        self._busy.add(id)
+
+    def _abandon(self, id: str, session: Session) -> None:
+        prepared = self._prepared.get(id)
+        if prepared is not None and prepared.session is session:
+            del self._prepared[id]
+            self._release(prepared.handle, discard=False)
+
+    # -- reading ---------------------------------------------------------------------------------
+
+    def _load_sync(self, id: str, handle: _Handle | None, commit: bool) -> _Loaded:
+        header, events, locate = self._read(id, handle)
+        scan = _scan(events, locate)
+        closers = _closers(id, scan, len(events))
+        if commit and handle is not None and (closers or handle.truncate):
+            self._write(handle, closers)
+        if closers:
+            _log.warning(
+                "session %r ended inside turn %s; closed it with %d repair event(s)%s",
+                id,
+                scan.checker.open_turn,
+                len(closers),
+                "" if commit else " (in memory only)",
+            )
+        events.extend(closers)
+        return _Loaded(header=header, events=events)
+
+    # -- public API ------------------------------------------------------------------------------
+
+    async def create(self, header: SessionHeader) -> None:
+        """Store a new, empty session under ``header`` (durable on return).
+
+        Fails with ``SESSION_EXISTS`` when the id is already stored, ``SESSION_LIVE`` when it is
+        live in this host, ``SESSION_LOCKED`` when another holder has it.
+        """
+        ctx = self._installed()
+        if header.version != SESSION_FORMAT_VERSION:
+            raise SessionError(
+                f"session format version {header.version!r} is not supported",
+                code="SESSION_FORMAT_UNSUPPORTED",
+            )
+        await self._quiesce(header.id)
+        self._refuse_live(ctx, header.id)
+        self._claim(header.id)
+        try:
+            handle = await self._hold(header.id, header)
+            try:
+                await self._run(self._write, handle, [])
+            finally:
+                self._release(handle, discard=False)
+        finally:
+            self._busy.discard(header.id)
+
+    async def append(self, id: str, events: Iterable[SessionEvent]) -> None:
+        """Append ``events`` to a stored, untracked session (durable on return).
+
+        The first event's seq must equal the stored next seq (``SESSION_SEQ_MISMATCH``), and the
+        events must keep the log valid (``SESSION_APPEND_INVALID``). A torn last line is dropped
+        first. Live sessions are written through their own log, never through this method.
+        """
+        ctx = self._installed()
+        batch = list(events)
+        await self._quiesce(id)
+        self._refuse_live(ctx, id)
+        self._claim(id)
+        try:
+            handle = await self._hold(id, None)
+            try:
+                await self._run(self._append_sync, id, handle, batch)
+            finally:
+                self._release(handle, discard=False)
+        finally:
+            self._busy.discard(id)
+
+    def _append_sync(self, id: str, handle: _Handle, batch: builtins.list[SessionEvent]) -> None:
+        _, stored, locate = self._read(id, handle)
+        if batch and batch[0].seq != len(stored):
+            raise SessionError(
+                f"append to session {id!r} must start at seq {len(stored)}, got {batch[0].seq}",
+                code="SESSION_SEQ_MISMATCH",
+            )
+        types = self.types
+        for event in batch:
+            try:
+                _validate_appended(types, event)
+            except SessionError as exc:
+                raise SessionError(
+                    f"cannot append to session {id!r}: {exc}", code="SESSION_APPEND_INVALID"
+                ) from exc
+        scan = _scan(stored, locate)
+        checker = scan.checker
+        for event in batch:
+            try:
+                checker.check(event)
+            except LogInvariantError as exc:
+                raise SessionError(
+                    f"cannot append to session {id!r}: {exc}", code="SESSION_APPEND_INVALID"
+                ) from exc
+            checker.apply(event)
+        self._write(handle, batch)
+
+    async def prepare(self, id: str, signal: AbortSignal | None = None) -> SessionPreparation:
+        """Load ``id`` (committing crash repair) as an unpublished restored session.
+
+        The backend holds the log (``SESSION_LOCKED`` for anyone else) until the session is
+        announced and later disposed, or until the preparation is disposed unannounced.
+        """
+        ctx = self._installed()
+        _check(signal)
+        await self._quiesce(id)
+        self._refuse_live(ctx, id)
+        self._claim(id)
+        handle: _Handle | None = None
+        try:
+            handle = await self._hold(id, None)
+            loaded = await self._run(self._load_sync, id, handle, True)
+            _check(signal)
+            session = ctx.sessions.prepare(id, seed=loaded.events, restored=loaded.header)
+            self._prepared[id] = _Prepared(
+                session=session, handle=handle, stored=len(loaded.events)
+            )
+        except BaseException:
+            if handle is not None:
+                self._release(handle, discard=False)
+            raise
+        finally:
+            self._busy.discard(id)
+        return SessionPreparation(session, lambda: self._abandon(id, session))
+
+    async def load(self, id: str) -> tuple[SessionHeader, tuple[SessionEvent, ...]]:
+        """The stored log of a cold session, crash repair committed.
+
+        Refuses a session live in this host (``SESSION_LIVE``): its open turn is not a crash.
+        """
+        ctx = self._installed()
+        await self._quiesce(id)
+        self._refuse_live(ctx, id)
+        self._claim(id)
+        try:
+            handle = await self._hold(id, None)
+            try:
+                loaded = await self._run(self._load_sync, id, handle, True)
+            finally:
+                self._release(handle, discard=False)
+        finally:
+            self._busy.discard(id)
+        return loaded.header, tuple(loaded.events)
+
+    async def inspect(
+        self, id: str, signal: AbortSignal | None = None
+    ) -> tuple[SessionHeader, tuple[SessionEvent, ...]]:
+        """The stored log with repair closers added in memory only; nothing is written or held.
+
+        For a session live in this host this is the part stored so far.
+        """
+        self._installed()
+        _check(signal)
+        await self._quiesce(id)
+        loaded = await self._run(self._load_sync, id, None, False)
+        _check(signal)
+        return loaded.header, tuple(loaded.events)
+
+    async def list(self, signal: AbortSignal | None = None) -> builtins.list[SessionHeader]:
+        """The headers of every stored session, oldest first (events are never read)."""
+        self._installed()
+        _check(signal)
+        headers = await self._run(self._headers, signal)
+        _check(signal)
+        headers.sort(key=lambda h: (h.created_at, h.id))
+        return headers
+
+    # -- storage hooks ---------------------------------------------------------------------------
+
+    def _acquire(self, id: str, header: SessionHeader | None) -> _Handle:
+        """Hold ``id`` exclusively. With ``header``: create it (``SESSION_EXISTS`` if stored)
+        and store the header line; without: open it (``SESSION_NOT_FOUND``)."""
+        raise NotImplementedError
+
+    def _release(self, handle: _Handle, *, discard: bool) -> None:
+        """Let go of ``handle``; ``discard`` also deletes a log that ``_acquire`` created."""
+        raise NotImplementedError
+
+    def _read(
+        self, id: str, handle: _Handle | None
+    ) -> tuple[SessionHeader, builtins.list[SessionEvent], Callable[[int], str]]:
+        """The stored header and events, and where event ``i`` lives (for error messages).
+
+        A torn tail is dropped (and, through ``handle``, truncated before the next write).
+        """
+        raise NotImplementedError
+
+    def _write(self, handle: _Handle, events: Sequence[SessionEvent]) -> None:
+        """Append ``events`` durably (one sync), finishing a new log's creation."""
+        raise NotImplementedError
+
+    def _headers(self, signal: AbortSignal | None) -> builtins.list[SessionHeader]:
+        """Every stored header, unordered."""
+        raise NotImplementedError
+
+
+def _not_found(id: str, where: str = "") -> SessionError:
+    return SessionError(f"no stored session {id!r}{where}", code="SESSION_NOT_FOUND")
+
+
+# -- memory ---------------------------------------------------------------------------------------
+
+
+@attrs.define(eq=False)
+class _MemoryLog:
+    header: SessionHeader
+    events: list[SessionEvent]
+
+
+class MemorySessionPersistence(SessionPersistence):
+    """Keeps logs as event objects in this process (tests, ephemeral hosts); no file lock."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._logs: dict[str, _MemoryLog] = {}
+
+    def _acquire(self, id: str, header: SessionHeader | None) -> _Handle:
+        if header is not None:
+            if id in self._logs:
+                raise SessionError(f"session {id!r} is already stored", code="SESSION_EXISTS")
+            self._logs[id] = _MemoryLog(header=header, events=[])
+            return _Handle(id, created=True)
+        if id not in self._logs:
+            raise _not_found(id)
+        return _Handle(id, created=False)
+
+    def _release(self, handle: _Handle, *, discard: bool) -> None:
+        if discard and handle.created:
+            self._logs.pop(handle.id, None)
+
+    def _read(
+        self, id: str, handle: _Handle | None
+    ) -> tuple[SessionHeader, list[SessionEvent], Callable[[int], str]]:
+        log = self._logs.get(id)
+        if log is None:
+            raise _not_found(id)
+        return log.header, list(log.events), lambda i: f"session {id!r} event {i}"
+
+    def _write(self, handle: _Handle, events: Sequence[SessionEvent]) -> None:
+        self._logs[handle.id].events.extend(events)
+
+    def _headers(self, signal: AbortSignal | None) -> list[SessionHeader]:
+        return [log.header for log in self._logs.values()]
+
+
+# -- JSONL ----------------------------------------------------------------------------------------
+
+
+def default_sessions_dir() -> Path:
+    """Where JSONL logs live by default.
+
+    ``$DSH_HOME/sessions`` when ``DSH_HOME`` is set; otherwise the platform data directory:
+    ``$XDG_DATA_HOME/dsh/sessions`` (or ``~/.local/share/dsh/sessions``) on Linux and other
+    POSIX systems, ``~/Library/Application Support/dsh/sessions`` on macOS,
+    ``%LOCALAPPDATA%\\dsh\\sessions`` on Windows.
+    """
+    home = os.environ.get("DSH_HOME")
+    if home:
+        return Path(home) / "sessions"
+    if sys.platform == "win32":
+        local = os.environ.get("LOCALAPPDATA")
+        base = Path(local) if local else Path.home() / "AppData" / "Local"
+    elif sys.platform == "darwin":
+        base = Path.home() / "Library" / "Application Support"
+    else:
+        xdg = os.environ.get("XDG_DATA_HOME")
+        # The XDG spec says a relative value is invalid and must be ignored.
+        base = Path(xdg) if xdg and os.path.isabs(xdg) else Path.home() / ".local" / "share"
+    return base / "dsh" / "sessions"
+
+
+def _check_id(id: str) -> None:
+    if not id or id in (".", "..") or "/" in id or "\\" in id or "\0" in id:
+        raise SessionError(
+            f"session id {id!r} cannot name a file (no '/', '\\\\', NUL, '.' or '..')",
+            code="SESSION_INVALID_ID",
+        )
+
+
+class _FileHandle(_Handle):
+    __slots__ = ("dir_synced", "fd", "path", "size")
+
+    def __init__(self, id: str, path: Path, fd: int, *, created: bool) -> None:
+        super().__init__(id, created=created)
+        self.path = path
+        self.fd = fd
+        self.size = 0  # bytes of complete, valid lines; a torn tail lies beyond
+        self.dir_synced = not created
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _pread(fd: int, size: int, offset: int) -> bytes:
+    if sys.platform == "win32":  # no pread there; appends ignore the file position anyway
+        os.lseek(fd, offset, os.SEEK_SET)
+        return os.read(fd, size)
+    return os.pread(fd, size, offset)
+
+
+def _read_all(fd: int) -> bytes:
+    size = os.fstat(fd).st_size
+    parts: list[bytes] = []
+    offset = 0
+    while True:
+        chunk = _pread(fd, max(size - offset, 1 << 16), offset)
+        if not chunk:
+            return b"".join(parts)
+        parts.append(chunk)
+        offset += len(chunk)
+
+
+def _fsync_dir(path: Path) -> None:
+    if sys.platform == "win32":  # directories cannot be opened for syncing there
+        return
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _lock(fd: int, path: Path) -> None:
+    if sys.platform == "win32":
+        return  # documented: the cross-process lock is POSIX-only
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise SessionError(
+            f"session file {path} is locked by another process", code="SESSION_LOCKED"
+        ) from None
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    """Whether ``path`` still names the open file (it may have been replaced before the lock)."""
+    try:
+        named = os.stat(path)
+    except FileNotFoundError:
+        return False
+    held = os.fstat(fd)
+    return (held.st_ino, held.st_dev) == (named.st_ino, named.st_dev)
+
+
+def _loads(line: bytes) -> Any:
+    return json.loads(line.decode("utf-8", "surrogatepass"))
+
+
+_HEADER_CHUNK = 4096
+
+
+class JsonlSessionPersistence(SessionPersistence):
+    """One ``<root>/<id>.jsonl`` file per session: a header line, then one event per line.
+
+    Flushes append and ``fsync`` once per batch (and sync the directory when a file is
+    created), in a worker thread, one flush of a session at a time. While this host holds a
+    session (from creation or ``prepare`` until disposal) the file carries an exclusive
+    ``flock``; another process gets ``SESSION_LOCKED``. The lock is POSIX-only: on Windows
+    nothing stops two processes from appending to one file.
+    """
+
+    _threaded = True
+
+    def __init__(self, root: Path | None = None) -> None:
+        super().__init__()
+        self.root = Path(root) if root is not None else default_sessions_dir()
+        # file name -> ((inode, ctime), header): a header never changes once written.
+        self._header_cache: dict[str, tuple[tuple[int, int], SessionHeader]] = {}
+
+    def path_of(self, id: str) -> Path:
+        """The file of session ``id`` (``SESSION_INVALID_ID`` if it cannot name one)."""
+        _check_id(id)
+        return self.root / f"{id}.jsonl"
+
+    # -- holding ---------------------------------------------------------------------------------
+
+    def _ensure_root(self) -> None:
+        if self.root.is_dir():
+            return
+        self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        _fsync_dir(self.root.parent)
+
+    def _acquire(self, id: str, header: SessionHeader | None) -> _Handle:
+        path = self.path_of(id)
+        try:
+            if header is not None:
+                self._ensure_root()
+            handle = self._open_locked(id, path, create=header is not None)
+            if header is not None:
+                self._start(handle, header)
+        except OSError as exc:
+            raise SessionError(
+                f"cannot open session file {path}: {exc}", code="SESSION_IO"
+            ) from exc
+        return handle
+
+    def _open_locked(self, id: str, path: Path, *, create: bool) -> _FileHandle:
+        flags = os.O_RDWR | os.O_APPEND | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
+        while True:
+            created = False
+            try:
+                if create:
+                    try:
+                        fd = os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o600)
+                        created = True
+                    except FileExistsError:
+                        fd = os.open(path, flags)
+                else:
+                    fd = os.open(path, flags)
+            except FileNotFoundError:
+                if create:
+                    continue  # removed between the two opens: try again
+                raise _not_found(id) from None
+            try:
+                _lock(fd, path)
+                if _same_file(fd, path):
+                    return _FileHandle(id, path, fd, created=created)
+            except BaseException:
+                os.close(fd)
+                raise
+            os.close(fd)  # replaced or removed while we waited for the lock: start over
+
+    def _start(self, handle: _FileHandle, header: SessionHeader) -> None:
+        """Write a new log's header line (made durable by the first flush)."""
+        try:
+            if os.fstat(handle.fd).st_size:
+                if self._header_of(handle.fd, handle.path) is not None:
+                    raise SessionError(
+                        f"session {handle.id!r} is already stored in {handle.path}",
+                        code="SESSION_EXISTS",
+                    )
+                os.ftruncate(handle.fd, 0)  # a log that was never created: replace it
+                handle.created = True
+                handle.dir_synced = False
+            line = (dumps(encode_header(header)) + "\n").encode("utf-8", "surrogatepass")
+            _write_all(handle.fd, line)
+            handle.size = len(line)
+        except BaseException:
+            self._release(handle, discard=handle.created)
+            raise
+
+    def _release(self, handle: _Handle, *, discard: bool) -> None:
+        assert isinstance(handle, _FileHandle)
+        if handle.fd < 0:
+            return
+        try:
+            if discard and handle.created:
+                try:
+                    os.unlink(handle.path)
+                except FileNotFoundError:
+                    pass
+        finally:
+            fd, handle.fd = handle.fd, -1
+            os.close(fd)  # also drops the lock
+
+    # -- reading ---------------------------------------------------------------------------------
+
+    def _read(
+        self, id: str, handle: _Handle | None
+    ) -> tuple[SessionHeader, list[SessionEvent], Callable[[int], str]]:
+        path = self.path_of(id)
+        try:
+            if isinstance(handle, _FileHandle):
+                data = _read_all(handle.fd)
+            else:
+                try:
+                    fd = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+                except FileNotFoundError:
+                    raise _not_found(id) from None
+                try:
+                    data = _read_all(fd)
+                finally:
+                    os.close(fd)
+        except OSError as exc:
+            raise SessionError(
+                f"cannot read session file {path}: {exc}", code="SESSION_IO"
+            ) from exc
+        header, events, size = self._parse(id, path, data)
+        if isinstance(handle, _FileHandle):
+            handle.size = size
+            handle.truncate = size != len(data)
+        return header, events, lambda i: f"session file {path} line {i + 2}"
+
+    def _parse(
+        self, id: str, path: Path, data: bytes
+    ) -> tuple[SessionHeader, list[SessionEvent], int]:
+        """Header, events and the byte length of the valid part of ``data``."""
+        end = data.rfind(b"\n") + 1
+        lines = data[:end].split(b"\n")
+        lines.pop()  # the empty remainder after the last newline
+        torn = len(data) - end  # bytes after the last newline: a line cut mid-write
+        values = self._parse_lines(lines)
+        if values is None:
+            values = []
+            for number, line in enumerate(lines, start=1):
+                try:
+                    values.append(_loads(line))
+                except ValueError as exc:
+                    if number == len(lines) and not torn:
+                        break  # an unparsable last line is torn too (e.g. zero-filled)
+                    raise SessionError(
+                        f"session file {path} line {number} is not JSON: {exc}",
+                        code="SESSION_CORRUPT",
+                    ) from None
+        if len(values) < len(lines):
+            torn += len(lines[-1]) + 1
+            end -= len(lines[-1]) + 1
+        if torn:
+            _log.warning(
+                "session file %s: dropped a torn last line (%d bytes of an unfinished write)",
+                path,
+                torn,
+            )
+        if not values:
+            _log.warning("session file %s was cut inside its header: never created", path)
+            raise _not_found(id, f" (its file {path} was cut inside the header line)")
+        try:
+            header = structure_header(values[0])
+        except SessionError as exc:
+            raise SessionError(f"session file {path} line 1: {exc}", code=exc.code) from exc
+        if header.id != id:
+            raise SessionError(
+                f"session file {path} line 1: header names session {header.id!r}",
+                code="SESSION_CORRUPT",
+            )
+        decode = self.types.decode
+        events: list[SessionEvent] = []
+        append = events.append
+        try:
+            for i in range(1, len(values)):
+                append(decode(values[i]))
+                values[i] = None  # free each parsed line at once: far less for the GC to walk
+        except SessionError as exc:
+            number = len(events) + 2
+            raise SessionError(f"session file {path} line {number}: {exc}", code=exc.code) from exc
+        return header, events, end
+
+    @staticmethod
+    def _parse_lines(lines: list[bytes]) -> list[Any] | None:
+        """All lines parsed in one call, or ``None`` when any of them is not one JSON object."""
+        if not lines:
+            return []
+        try:
+            text = b",".join(lines).decode("utf-8", "surrogatepass")
+            values = json.loads(f"[{text}]")
+        except ValueError:
+            return None
+        if len(values) != len(lines) or not all(type(v) is dict for v in values):
+            return None
+        return values  # type: ignore[no-any-return]
+
+    def _header_of(self, fd: int, path: Path) -> SessionHeader | None:
+        """The header of an open log, or ``None`` if the file was cut inside it."""
+        first = b""
+        offset = 0
+        while b"\n" not in first:
+            chunk = _pread(fd, _HEADER_CHUNK, offset)
+            if not chunk:
+                return None  # no complete header line
+            first += chunk
+            offset += len(chunk)
+        line, _, rest = first.partition(b"\n")
+        try:
+            raw = _loads(line)
+        except ValueError as exc:
+            if not rest and os.fstat(fd).st_size == len(line) + 1:
+                return None  # the header is the torn last line
+            raise SessionError(
+                f"session file {path} line 1 is not JSON: {exc}", code="SESSION_CORRUPT"
+            ) from None
+        try:
+            return structure_header(raw)
+        except SessionError as exc:
+            raise SessionError(f"session file {path} line 1: {exc}", code=exc.code) from exc
+
+    def _headers(self, signal: AbortSignal | None) -> list[SessionHeader]:
+        try:
+            entries = list(os.scandir(self.root))
+        except FileNotFoundError:
+            return []
+        cache = self._header_cache
+        fresh: dict[str, tuple[tuple[int, int], SessionHeader]] = {}
+        out: list[SessionHeader] = []
+        for entry in entries:
+            name = entry.name
+            if not name.endswith(".jsonl"):
+                continue
+            if signal is not None and signal.aborted:
+                raise AbortedError(signal.reason)
+            try:
+                st = entry.stat()
+            except FileNotFoundError:
+                continue  # removed while listing
+            key = (st.st_ino, st.st_ctime_ns)
+            known = cache.get(name)
+            if known is not None and known[0] == key:
+                header: SessionHeader | None = known[1]
+            else:
+                header = self._header_at(Path(entry.path))
+            if header is None:
+                continue
+            if header.id != name[:-6]:
+                raise SessionError(
+                    f"session file {entry.path} line 1: header names session {header.id!r}",
+                    code="SESSION_CORRUPT",
+                )
+            fresh[name] = (key, header)
+            out.append(header)
+        self._header_cache = fresh
+        return out
+
+    def _header_at(self, path: Path) -> SessionHeader | None:
+        try:
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+        except FileNotFoundError:
+            return None
+        try:
+            header = self._header_of(fd, path)
+        finally:
+            os.close(fd)
+        if header is None:
+            _log.warning("session file %s was cut inside its header: never created", path)
+        return header
+
+    # -- writing ---------------------------------------------------------------------------------
+
+    def _write(self, handle: _Handle, events: Sequence[SessionEvent]) -> None:
+        assert isinstance(handle, _FileHandle)
+        encode = self.types.encode
+        data = "".join([dumps(encode(e)) + "\n" for e in events]).encode("utf-8", "surrogatepass")
+        fd = handle.fd
+        try:
+            if handle.truncate:
+                os.ftruncate(fd, handle.size)
+                handle.truncate = False
+            if data:
+                _write_all(fd, data)
+            os.fsync(fd)
+            if not handle.dir_synced:
+                _fsync_dir(handle.path.parent)  # a new file's name must survive a power cut too
+                handle.dir_synced = True
+        except OSError as exc:
+            handle.truncate = True  # whatever was written goes before the retry
+            raise SessionError(
+                f"cannot write session file {handle.path}: {exc}", code="SESSION_IO"
+            ) from exc
+        handle.size += len(data)
+
+
+# -- installation ---------------------------------------------------------------------------------
+
+
+def install_memory_persistence(ctx: Context) -> MemorySessionPersistence:
+    """Install an in-memory backend and provide it as ``session_persistence``."""
+    persistence = MemorySessionPersistence()
+    persistence.install(ctx)
+    ctx.provide("session_persistence", persistence)
+    return persistence
+
+
+def install_jsonl_persistence(ctx: Context, root: Path | None = None) -> JsonlSessionPersistence:
+    """Install a JSONL backend (``root`` or :func:`default_sessions_dir`) as
+    ``session_persistence``."""
+    persistence = JsonlSessionPersistence(root)
+    persistence.install(ctx)
+    ctx.provide("session_persistence", persistence)
+    return persistence

@@ -1,0 +1,315 @@
+"""The system prompt (``ctx.system_prompt``): ordered sections, variables, runtime contexts.
+
+A section registered through an agent's context is scoped to that agent and *shadows* the
+global section of the same name for that agent alone: this is how a child's persona replaces
+the deployment's ``deployment:persona`` (order 0). Section text is a strict template:
+``{{name}}`` must name a registered variable that has a value, or assembly fails with
+``PROMPT_TEMPLATE`` (host-core §8). Order bands: -100 identity, 0 persona, 100-199 tool
+guidance.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING
+
+import attrs
+
+from ._abort import AbortSignal
+from ._errors import DshError
+
+if TYPE_CHECKING:
+    from ._agent import Agent
+    from ._context import Context, Scope
+
+__all__ = [
+    "AssembleContext",
+    "PromptAssembly",
+    "PromptContext",
+    "PromptError",
+    "PromptSection",
+    "SystemPromptRegistry",
+    "SystemPromptService",
+    "render_prompt",
+]
+
+PERSONA_SECTION = "deployment:persona"
+
+
+class PromptError(DshError):
+    """A prompt template is malformed or names an unknown/valueless variable."""
+
+    code = "PROMPT_TEMPLATE"
+
+
+@attrs.frozen(kw_only=True)
+class AssembleContext:
+    """For whom the prompt is being assembled."""
+
+    scope: Scope | None = None
+    signal: AbortSignal | None = attrs.field(default=None, eq=False)
+    agent: Agent | None = attrs.field(default=None, eq=False)
+
+
+TextSource = str | Callable[[AssembleContext], str]
+
+
+@attrs.frozen(kw_only=True)
+class PromptSection:
+    """A piece of the system text. ``text`` may be computed per assembly."""
+
+    name: str
+    order: float
+    text: TextSource = attrs.field(eq=False)
+
+
+@attrs.frozen(kw_only=True)
+class PromptContext:
+    """A runtime-context statement; changed contexts reach the model as a user message."""
+
+    name: str
+    order: float
+    text: TextSource = attrs.field(eq=False)
+
+
+@attrs.frozen(kw_only=True)
+class PromptAssembly:
+    """One assembly: the rendered system text, its sections, and the joined contexts."""
+
+    system: str
+    sections: tuple[tuple[str, str], ...]
+    context: str
+    variables: Mapping[str, str]
+
+
+_TOKEN = re.compile(r"\{\{(.*?)\}\}")
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:-]*$")
+
+
+def render_prompt(template: str, variables: Mapping[str, str | None]) -> str:
+    """Substitute ``{{name}}`` strictly: unknown, valueless or malformed -> ``PROMPT_TEMPLATE``."""
+    if "{{" not in template and "}}" not in template:
+        return template
+
+    def sub(match: re.Match[str]) -> str:
+        name = match.group(1).strip()
+        if not _NAME.match(name):
+            raise PromptError(f"malformed prompt variable {match.group(0)!r}")
+        if name not in variables:
+            raise PromptError(f"unknown prompt variable {{{{{name}}}}}")
+        value = variables[name]
+        if value is None:
+            raise PromptError(f"prompt variable {{{{{name}}}}} has no value here")
+        return value
+
+    rendered = _TOKEN.sub(sub, template)
+    if "{{" in _TOKEN.sub("", template) or "}}" in _TOKEN.sub("", template):
+        raise PromptError(f"unbalanced braces in prompt template {template[:60]!r}")
+    return rendered
+
+
+@attrs.define(eq=False)
+class _Item:
+    value: PromptSection | PromptContext
+    index: int
+
+
+class SystemPromptService:
+    """The sections, variables and contexts of one host (provided as ``system_prompt``)."""
+
+    def __init__(self) -> None:
+        self.sections: dict[Scope | None, dict[str, _Item]] = {None: {}}
+        self.contexts: dict[Scope | None, dict[str, _Item]] = {None: {}}
+        self.variables: dict[Scope | None, dict[str, Callable[[AssembleContext], str | None]]] = {
+            None: {}
+        }
+        self._counter = 0
+        #: Bumped on every change; assemblies of static text are cached per scope and version.
+        self.version = 0
+        self.cache: dict[Scope | None, tuple[int, PromptAssembly]] = {}
+
+    def __dsh_bind__(self, ctx: Context) -> SystemPromptRegistry:
+        return SystemPromptRegistry(self, ctx)
+
+    def next_index(self) -> int:
+        self._counter += 1
+        return self._counter
+
+    def effective_scope(self, scope: Scope | None) -> Scope | None:
+        """The nearest scope in ``scope``'s chain with entries of its own (``None``: only
+        global entries apply), so agents without scoped entries share one cached assembly."""
+        s = scope
+        while s is not None:
+            if s in self.sections or s in self.contexts or s in self.variables:
+                return s
+            s = s.parent
+        return None
+
+    def changed(self) -> None:
+        self.version += 1
+        if self.cache:
+            self.cache.clear()
+
+
+class _Variables(Mapping[str, "str | None"]):
+    """Variables computed on first use, once per assembly."""
+
+    __slots__ = ("_actx", "_providers", "cache")
+
+    def __init__(
+        self,
+        providers: Mapping[str, Callable[[AssembleContext], str | None]],
+        actx: AssembleContext,
+    ) -> None:
+        self._providers = providers
+        self._actx = actx
+        self.cache: dict[str, str | None] = {}
+
+    def __getitem__(self, key: str) -> str | None:
+        cache = self.cache
+        if key not in cache:
+            cache[key] = self._providers[key](self._actx)
+        return cache[key]
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._providers
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._providers)
+
+    def __len__(self) -> int:
+        return len(self._providers)
+
+
+def _layered(
+    layers: Mapping[Scope | None, Mapping[str, _Item]], scope: Scope | None
+) -> dict[str, _Item]:
+    out: dict[str, _Item] = {}
+    chain: list[Scope | None] = [*scope.chain(), None] if scope is not None else [None]
+    for s in chain:  # nearest first
+        for name, item in layers.get(s, {}).items():
+            out.setdefault(name, item)
+    return out
+
+
+def _text(source: TextSource, ctx: AssembleContext) -> str:
+    return source if isinstance(source, str) else source(ctx)
+
+
+class SystemPromptRegistry:
+    """``ctx.system_prompt``: the registry seen from one context (its scope and owner)."""
+
+    __slots__ = ("_ctx", "_svc")
+
+    def __init__(self, service: SystemPromptService, ctx: Context) -> None:
+        self._svc = service
+        self._ctx = ctx
+
+    def _register(
+        self, layers: dict[Scope | None, dict[str, _Item]], value: PromptSection | PromptContext
+    ) -> Callable[[], object]:
+        self._ctx._require_active()
+        scope = self._ctx.scope
+        layer = layers.setdefault(scope, {})
+        if value.name in layer:
+            raise PromptError(
+                f"prompt entry {value.name!r} is already registered in this scope",
+                code="DUPLICATE_SECTION",
+            )
+        svc = self._svc
+        item = _Item(value, svc.next_index())
+        layer[value.name] = item
+        ctx = self._ctx
+
+        def remove() -> None:
+            current = layers.get(scope)
+            if current is not None and current.get(value.name) is item:
+                del current[value.name]
+                if not current and scope is not None:
+                    del layers[scope]
+                svc.changed()
+                ctx.emit("system-prompt/change")
+
+        disposer = ctx.fiber.add(remove)
+        svc.changed()
+        ctx.emit("system-prompt/change")
+        return disposer
+
+    def section(self, section: PromptSection) -> Callable[[], object]:
+        """Register a section (scoped from an agent context, shadowing the global one)."""
+        return self._register(self._svc.sections, section)
+
+    def context(self, context: PromptContext) -> Callable[[], object]:
+        """Register a runtime-context statement."""
+        return self._register(self._svc.contexts, context)
+
+    def variable(
+        self, name: str, provider: Callable[[AssembleContext], str | None]
+    ) -> Callable[[], object]:
+        """Register a template variable; ``provider`` returns its value (``None``: no value)."""
+        self._ctx._require_active()
+        scope = self._ctx.scope
+        layer = self._svc.variables.setdefault(scope, {})
+        if name in layer:
+            raise PromptError(
+                f"prompt variable {name!r} is already registered", code="DUPLICATE_VARIABLE"
+            )
+        layer[name] = provider
+        svc = self._svc
+        variables = svc.variables
+        ctx = self._ctx
+        svc.changed()
+
+        def remove() -> None:
+            current = variables.get(scope)
+            if current is not None and current.get(name) is provider:
+                del current[name]
+                svc.changed()
+                ctx.emit("system-prompt/change")
+
+        disposer = ctx.fiber.add(remove)
+        ctx.emit("system-prompt/change")
+        return disposer
+
+    def assemble(self, actx: AssembleContext | None = None) -> PromptAssembly:
+        """Render every visible section (ordered), and join the visible contexts."""
+        if actx is None:
+            actx = AssembleContext(scope=self._ctx.scope, agent=self._ctx.agent)
+        scope = actx.scope
+        svc = self._svc
+        key = svc.effective_scope(scope)
+        cached = svc.cache.get(key)
+        if cached is not None and cached[0] == svc.version:
+            return cached[1]
+        providers: dict[str, Callable[[AssembleContext], str | None]] = {}
+        chain = list(scope.chain()) if scope is not None else []
+        for s in [*chain, None]:
+            for name, fn in svc.variables.get(s, {}).items():
+                providers.setdefault(name, fn)
+        variables = _Variables(providers, actx)
+        rendered: list[tuple[str, str]] = []
+        sections = _layered(svc.sections, scope)
+        context_items = _layered(svc.contexts, scope)
+        static = all(
+            isinstance(i.value.text, str) for i in (*sections.values(), *context_items.values())
+        )
+        for name, item in sorted(sections.items(), key=lambda kv: (kv[1].value.order, kv[1].index)):
+            text = render_prompt(_text(item.value.text, actx), variables).strip()
+            if text:
+                rendered.append((name, text))
+        contexts = [
+            render_prompt(_text(item.value.text, actx), variables).strip()
+            for _, item in sorted(
+                context_items.items(), key=lambda kv: (kv[1].value.order, kv[1].index)
+            )
+        ]
+        assembly = PromptAssembly(
+            system="\n\n".join(t for _, t in rendered),
+            sections=tuple(rendered),
+            context="\n\n".join(c for c in contexts if c),
+            variables={k: v for k, v in variables.cache.items() if v is not None},
+        )
+        if not variables.cache and static:
+            svc.cache[key] = (svc.version, assembly)
+        return assembly

@@ -1,0 +1,465 @@
+"""The append-only session log (:class:`Session`) and the live store (``ctx.sessions``).
+
+A session validates every event *before* it commits (lossless JSON, surface metadata,
+pre-commit validators such as the invariant checker), so a refused append writes nothing.
+Publication (``session/event``) happens after the commit, to listeners captured before it;
+appending to a session from inside its own publication is refused (host-core §3).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING
+
+import attrs
+
+from ._content import Message, new_id
+from ._events import (
+    SESSION_FORMAT_VERSION,
+    EndSeedData,
+    EpochHeader,
+    EventTypeRegistry,
+    SessionError,
+    SessionEvent,
+    SessionHeader,
+    SessionMeta,
+)
+from ._log_checker import LogInvariantError, check_balanced
+
+if TYPE_CHECKING:
+    from ._context import Context
+
+__all__ = ["Session", "SessionStore", "SessionStoreService", "now_ms"]
+
+Validator = Callable[["Session", SessionEvent], None]
+
+
+def now_ms() -> int:
+    """Epoch milliseconds."""
+    return time.time_ns() // 1_000_000
+
+
+_DERIVED = frozenset({"user/message", "assistant/message", "tool/result"})
+
+
+class Session:
+    """One durable conversation log.
+
+    Construct through ``ctx.sessions.prepare``/``create`` (or persistence, for a restored one).
+    ``seed`` events must be contiguous from seq 0, lossless and balanced; the constructor then
+    writes ``session/end-seed`` unless the seed already ends with one.
+    """
+
+    __slots__ = (
+        "_announced",
+        "_ctx",
+        "_events",
+        "_messages",
+        "_messages_view",
+        "_publishing",
+        "_request_header",
+        "_types",
+        "_validators",
+        "_view",
+        "first_live_seq",
+        "header",
+    )
+
+    def __init__(
+        self,
+        header: SessionHeader,
+        *,
+        types: EventTypeRegistry,
+        seed: Sequence[SessionEvent] | None = None,
+    ) -> None:
+        self.header = header
+        self._types = types
+        self._events: list[SessionEvent] = []
+        self._messages: list[Message] = []
+        self._messages_view: tuple[Message, ...] | None = ()
+        self._view: tuple[SessionEvent, ...] | None = ()
+        self._validators: list[Validator] = []
+        self._publishing = False
+        self._request_header: EpochHeader | None = None
+        self._ctx: Context | None = None
+        self._announced = False
+        self.first_live_seq = 0
+        if seed is not None:
+            self._load_seed(seed)
+
+    def _load_seed(self, given: Sequence[SessionEvent]) -> None:
+        seed = list(given)
+        for i, event in enumerate(seed):
+            if event.seq != i:
+                raise SessionError(
+                    f"seed event {i} has seq {event.seq}; a seed is contiguous from 0",
+                    code="SESSION_SEED_INVALID",
+                )
+            spec = self._types.get(event.type)
+            if spec is None and not event.ignorable:
+                raise SessionError(
+                    f"seed event {i} has unknown required type {event.type!r}",
+                    code="SESSION_FORMAT_UNSUPPORTED",
+                )
+            stored = self._types.snapshot(spec, event.type, event.data)
+            if stored is not event.data:  # free-form data is kept as a frozen copy
+                seed[i] = event = attrs.evolve(event, data=stored)
+            surface = spec.surface if spec is not None else event.source_event_seqs is not None
+            if surface != (event.surface_op == "append" and event.source_event_seqs is not None):
+                raise SessionError(
+                    f"seed event {i} ({event.type}) has wrong surface metadata",
+                    code="SESSION_SEED_INVALID",
+                )
+        try:
+            check_balanced(seed)
+        except LogInvariantError as exc:
+            raise SessionError(
+                f"the seed is not balanced: {exc}", code="SESSION_SEED_INVALID"
+            ) from exc
+        for event in seed:
+            self._fold(event)
+        self._events.extend(seed)
+        self._view = None
+        self.first_live_seq = len(seed)
+        if not seed or seed[-1].type != "session/end-seed":
+            self.append("session/end-seed", EndSeedData())
+
+    # -- reading ---------------------------------------------------------------------------------
+
+    @property
+    def id(self) -> str:
+        """The session id (from the header)."""
+        return self.header.id
+
+    @property
+    def events(self) -> tuple[SessionEvent, ...]:
+        """An immutable snapshot of the whole log."""
+        view = self._view
+        if view is None:
+            view = self._view = tuple(self._events)
+        return view
+
+    @property
+    def seq(self) -> int:
+        """The seq the next event will get (the log's length)."""
+        return len(self._events)
+
+    def event(self, seq: int) -> SessionEvent:
+        """The event at ``seq``."""
+        return self._events[seq]
+
+    def events_since(self, seq: int) -> Sequence[SessionEvent]:
+        """The events from ``seq`` on (a copy)."""
+        return self._events[seq:]
+
+    def derive_messages(self) -> tuple[Message, ...]:
+        """The model-visible history: user messages, non-empty assistant messages, results."""
+        view = self._messages_view
+        if view is None:
+            view = self._messages_view = tuple(self._messages)
+        return view
+
+    def request_header(self) -> EpochHeader | None:
+        """The envelope of the latest ``request/header``, if any."""
+        return self._request_header
+
+    @property
+    def published(self) -> bool:
+        """Whether the session is entered into a store."""
+        return self._ctx is not None
+
+    # -- writing ---------------------------------------------------------------------------------
+
+    def add_validator(self, validator: Validator) -> Callable[[], None]:
+        """Run ``validator(session, event)`` before every commit; a raise vetoes the append."""
+        self._validators.append(validator)
+
+        def remove() -> None:
+            if validator in self._validators:
+                self._validators.remove(validator)
+
+        return remove
+
+    def append(
+        self,
+        type: str,
+        data: object,
+        *,
+        source_event_seqs: Iterable[int] | None = None,
+        ignorable: bool = False,
+    ) -> SessionEvent:
+        """Validate, commit and publish one event; on any failure nothing is written.
+
+        Surface types need ``source_event_seqs`` (possibly empty); others must omit it.
+        An unregistered type may be appended only as ``ignorable`` free-form JSON.
+        """
+        if self._publishing:
+            raise SessionError(
+                f"cannot append {type!r} to session {self.header.id!r} from inside its own "
+                "session/event publication",
+                code="SESSION_REENTRANT_APPEND",
+            )
+        spec = self._types.get(type)
+        if spec is not None and spec.trusted and data.__class__ is spec.payload:
+            seq = len(self._events)
+            if not spec.surface:
+                if source_event_seqs is None:
+                    return self._commit(
+                        SessionEvent(
+                            type=type,
+                            seq=seq,
+                            time=time.time_ns() // 1_000_000,
+                            data=data,
+                            ignorable=ignorable,
+                        )
+                    )
+            elif source_event_seqs is not None:
+                seqs = tuple(source_event_seqs)
+                if not seqs or (min(seqs) >= 0 and max(seqs) < seq):
+                    return self._commit(
+                        SessionEvent(
+                            type=type,
+                            seq=seq,
+                            time=time.time_ns() // 1_000_000,
+                            data=data,
+                            source_event_seqs=seqs,
+                            surface_op="append",
+                            ignorable=ignorable,
+                        )
+                    )
+        if spec is None and not ignorable:
+            raise SessionError(
+                f"session event type {type!r} is not registered (register it through the "
+                "dsh_session_event_types hook, or append it as ignorable)",
+                code="SESSION_EVENT_UNKNOWN_TYPE",
+            )
+        stored = self._types.snapshot(spec, type, data)
+        seq = len(self._events)
+        surface = spec is not None and spec.surface
+        if surface:
+            if source_event_seqs is None:
+                raise SessionError(f"{type} needs source_event_seqs", code="SESSION_SURFACE")
+            seqs = tuple(source_event_seqs)
+            if any(s < 0 or s >= seq for s in seqs):
+                raise SessionError(f"{type} cites events that do not exist", code="SESSION_SURFACE")
+            event = SessionEvent(
+                type=type,
+                seq=seq,
+                time=now_ms(),
+                data=stored,
+                source_event_seqs=seqs,
+                surface_op="append",
+                ignorable=ignorable,
+            )
+        else:
+            if source_event_seqs is not None:
+                raise SessionError(f"{type} is not a surface type", code="SESSION_SURFACE")
+            event = SessionEvent(
+                type=type, seq=seq, time=now_ms(), data=stored, ignorable=ignorable
+            )
+        return self._commit(event)
+
+    def _commit(self, event: SessionEvent) -> SessionEvent:
+        if self._publishing:
+            raise SessionError(
+                f"cannot append {event.type!r} to session {self.header.id!r} from inside its "
+                "own session/event publication",
+                code="SESSION_REENTRANT_APPEND",
+            )
+        for validator in self._validators:
+            validator(self, event)
+        self._events.append(event)
+        self._view = None
+        self._fold(event)
+        ctx = self._ctx
+        if ctx is not None and ctx.has_listeners("session/event"):
+            self._publishing = True
+            try:
+                ctx.emit("session/event", self, event)
+            finally:
+                self._publishing = False
+        return event
+
+    def _fold(self, event: SessionEvent) -> None:
+        t = event.type
+        if t in _DERIVED:
+            if t == "user/message":
+                self._messages.append(event.data)
+            elif t == "assistant/message":
+                if event.data.message.content:
+                    self._messages.append(event.data.message)
+            else:
+                self._messages.append(event.data.message)
+            self._messages_view = None
+        elif t == "request/header":
+            self._request_header = event.data.header
+
+    def __repr__(self) -> str:
+        return f"Session({self.header.id!r}, events={len(self._events)})"
+
+
+# -- the store ------------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class _Entry:
+    session: Session
+    owner: Context
+
+
+class SessionStoreService:
+    """The live sessions of one host (provided as ``sessions``; use the bound view)."""
+
+    def __init__(self, types: EventTypeRegistry) -> None:
+        self.types = types
+        self._live: dict[str, _Entry] = {}
+
+    def __dsh_bind__(self, ctx: Context) -> SessionStore:
+        return SessionStore(self, ctx)
+
+    def live(self) -> dict[str, _Entry]:
+        """The live entries, by id, in creation order (read-only use)."""
+        return self._live
+
+
+class SessionStore:
+    """``ctx.sessions``: the store seen from one context (its owner for ``create``/``enter``)."""
+
+    __slots__ = ("_ctx", "_svc")
+
+    def __init__(self, service: SessionStoreService, ctx: Context) -> None:
+        self._svc = service
+        self._ctx = ctx
+
+    @property
+    def types(self) -> EventTypeRegistry:
+        """The event types this host knows."""
+        return self._svc.types
+
+    def prepare(
+        self,
+        id: str | None = None,
+        *,
+        seed: Sequence[SessionEvent] | None = None,
+        meta: SessionMeta | None = None,
+        restored: SessionHeader | None = None,
+    ) -> Session:
+        """Build an unpublished session (nothing is announced or stored yet).
+
+        ``restored`` rebuilds a persisted session under its stored header (``seed`` is then the
+        stored log). A live duplicate id or a relative ``cwd`` fails.
+        """
+        if restored is not None:
+            header = restored
+        else:
+            meta = meta or SessionMeta()
+            if meta.cwd is not None and not os.path.isabs(meta.cwd):
+                raise SessionError(
+                    f"session cwd must be absolute, got {meta.cwd!r}", code="SESSION_INVALID_CWD"
+                )
+            header = SessionHeader(
+                version=SESSION_FORMAT_VERSION,
+                id=id or f"session-{new_id()}",
+                created_at=_now(),
+                cwd=meta.cwd,
+                parent_session=meta.parent_session,
+                seed_length=meta.seed_length,
+                origin=meta.origin,
+                delegation_depth=meta.delegation_depth,
+            )
+        if header.id in self._svc._live:
+            raise SessionError(f"session {header.id!r} is already live", code="DUPLICATE_SESSION")
+        return Session(header, types=self._svc.types, seed=seed)
+
+    def enter(self, session: Session) -> Callable[[], None]:
+        """Publish ``session`` into the store, owned by this context; returns ``detach``.
+
+        ``detach`` removes it and, if it was announced, emits ``session/disposed``.
+        """
+        live = self._svc._live
+        if session.header.id in live:
+            raise SessionError(
+                f"session {session.header.id!r} is already live", code="DUPLICATE_SESSION"
+            )
+        owner = self._ctx
+        entry = _Entry(session, owner)
+        live[session.header.id] = entry
+        session._ctx = owner
+
+        def detach() -> None:
+            if live.get(session.header.id) is not entry:
+                return
+            del live[session.header.id]
+            if session._announced:
+                session._announced = False
+                owner.emit("session/disposed", session)
+            session._ctx = None
+
+        return detach
+
+    def announce(self, session: Session) -> None:
+        """Emit ``session/created`` once; a listener that raises vetoes the session.
+
+        On a veto the session is detached with a paired ``session/disposed`` and the error
+        propagates.
+        """
+        if session._announced:
+            return
+        entry = self._svc._live.get(session.header.id)
+        if entry is None or entry.session is not session:
+            raise SessionError("announce needs an entered session", code="SESSION_NOT_LIVE")
+        session._announced = True
+        try:
+            entry.owner.emit_veto("session/created", session)
+        except BaseException:
+            entry.owner.emit("session/disposed", session)
+            session._announced = False
+            del self._svc._live[session.header.id]
+            session._ctx = None
+            raise
+
+    def create(
+        self,
+        id: str | None = None,
+        *,
+        seed: Sequence[SessionEvent] | None = None,
+        meta: SessionMeta | None = None,
+    ) -> Session:
+        """``prepare`` + ``enter`` + ``announce``; the session lives as long as this context."""
+        session = self.prepare(id, seed=seed, meta=meta)
+        detach = self.enter(session)
+        try:  # owned before it is announced: a disposed owner must not leave it live
+            owned = self._ctx.fiber.add(detach)
+        except BaseException:
+            detach()
+            raise
+        try:
+            self.announce(session)
+        except BaseException:
+            owned()
+            raise
+        return session
+
+    def get(self, id: str) -> Session | None:
+        """The live session ``id``, if any."""
+        entry = self._svc._live.get(id)
+        return entry.session if entry is not None else None
+
+    def list(self) -> list[Session]:
+        """Live sessions in creation order."""
+        return [e.session for e in self._svc._live.values()]
+
+    async def flush(self, session: Session) -> bool:
+        """Run the ``session/flush`` event; return whether any listener took part.
+
+        Raises the first listener failure after all have settled.
+        """
+        owner = session._ctx or self._ctx
+        taken: int = await owner.parallel("session/flush", session, scope=owner.scope)
+        return taken > 0
+
+
+def _now() -> int:
+    return now_ms()

@@ -1,0 +1,501 @@
+"""Tools (``ctx.tools``): scoped registration, one visibility rule, guarded execution.
+
+A tool registered through an agent's context is *scoped* to that agent and shadows a global
+tool of the same name. ``restrict`` hides inherited tools from one scope; ``guard`` can only
+deny. One resolver feeds the prompt, lookup and execution, so a hidden tool is absent from the
+prompt *and* fails as ``UNKNOWN_TOOL`` (host-core §7). Tool failures are results, never turn
+failures.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import fastjsonschema
+
+from ._abort import AbortSignal
+from ._content import ContentBlock, Message, TextBlock, ToolResultBlock, ToolSource
+from ._errors import DshError
+from ._events import ToolSchema
+from ._json import JsonValue, NotJsonError, dumps, freeze_json, thaw_json
+
+if TYPE_CHECKING:
+    from ._agent import Agent
+    from ._context import Context, Scope
+
+__all__ = [
+    "ToolDefinition",
+    "ToolError",
+    "ToolExecutionInput",
+    "ToolExecutionResult",
+    "ToolFailure",
+    "ToolOutput",
+    "ToolRegistry",
+    "ToolRegistryService",
+    "ToolRestriction",
+    "ToolRunContext",
+    "compile_schema",
+]
+
+
+class ToolError(DshError):
+    """Raised by a tool body to fail with a chosen ``code``; any other exception is TOOL_ERROR."""
+
+    code = "TOOL_ERROR"
+
+
+@attrs.frozen(kw_only=True)
+class ToolFailure:
+    """Why a call failed: a message for the model and a stable code."""
+
+    message: str
+    code: str
+
+
+@attrs.frozen(kw_only=True)
+class ToolOutput:
+    """How a tool's value is checked (JSON Schema) and shown to the model (``render``)."""
+
+    schema: Mapping[str, JsonValue] | None = None
+    render: Callable[[Any, ToolRunContext], tuple[ContentBlock, ...]] | None = attrs.field(
+        default=None, eq=False
+    )
+
+
+@attrs.frozen(kw_only=True)
+class ToolDefinition:
+    """A tool: its model-facing schema, its body, and how its value is rendered.
+
+    ``execute(arguments, run)`` receives validated, frozen JSON arguments. Calls marked
+    ``concurrency_safe`` in one model response may run together (results keep model order).
+    """
+
+    name: str
+    description: str
+    parameters: Mapping[str, JsonValue] = attrs.field(
+        factory=lambda: {"type": "object"}, converter=freeze_json
+    )
+    execute: Callable[[Any, ToolRunContext], Awaitable[Any]] = attrs.field(eq=False)
+    output: ToolOutput = ToolOutput()
+    concurrency_safe: bool = False
+
+    @property
+    def schema(self) -> ToolSchema:
+        """What the model sees."""
+        return ToolSchema(name=self.name, description=self.description, parameters=self.parameters)
+
+
+@attrs.frozen(kw_only=True)
+class ToolRestriction:
+    """Hide inherited tools from one scope: keep only ``allow``, and/or drop ``deny``."""
+
+    allow: tuple[str, ...] | None = None
+    deny: tuple[str, ...] | None = None
+
+
+@attrs.frozen(kw_only=True)
+class ToolExecutionInput:
+    """One call to execute. ``arguments`` is the model's raw JSON text or a parsed value."""
+
+    call_id: str
+    name: str
+    arguments: Any
+    signal: AbortSignal = attrs.field(eq=False)
+    agent: Agent | None = attrs.field(default=None, eq=False)
+    root_call_id: str | None = None
+
+
+@attrs.frozen(kw_only=True)
+class ToolExecutionResult:
+    """A call's outcome: ``error`` is ``None`` on success. ``content`` is what the model sees."""
+
+    value: Any = None
+    content: tuple[ContentBlock, ...] = ()
+    error: ToolFailure | None = None
+    meta: JsonValue = None
+    additional_contexts: tuple[Message, ...] = ()
+    concludes_turn: bool = False
+
+    @property
+    def ok(self) -> bool:
+        """Whether the call succeeded."""
+        return self.error is None
+
+    def message(self, call_id: str) -> Message:
+        """The ``tool``-role message carrying this result."""
+        return Message(
+            id=f"result-{call_id}",
+            role="tool",
+            content=(
+                ToolResultBlock(
+                    tool_call_id=call_id, content=self.content, is_error=self.error is not None
+                ),
+            ),
+            source=ToolSource(call_id=call_id),
+        )
+
+
+def failure(message: str, code: str, **fields: Any) -> ToolExecutionResult:
+    """A failed result, rendered ``Error: <message>``."""
+    return ToolExecutionResult(
+        error=ToolFailure(message=message, code=code),
+        content=(TextBlock(text=f"Error: {message}"),),
+        **fields,
+    )
+
+
+class ToolRunContext:
+    """What a tool body sees of its call, and the two things it may ask of the loop."""
+
+    __slots__ = (
+        "_concludes",
+        "_deferred",
+        "agent",
+        "arguments",
+        "call",
+        "call_id",
+        "ctx",
+        "name",
+        "signal",
+    )
+
+    def __init__(
+        self,
+        *,
+        call_id: str,
+        name: str,
+        arguments: Any,
+        signal: AbortSignal,
+        agent: Agent | None,
+        ctx: Context,
+        call: ToolExecutionInput | None = None,
+    ) -> None:
+        #: The execution this run belongs to (the object ``tools/result`` reports), so state
+        #: can be keyed by execution rather than by a model-chosen call id.
+        self.call = call
+        self.call_id = call_id
+        self.name = name
+        self.arguments = arguments
+        self.signal = signal
+        self.agent = agent
+        self.ctx = ctx
+        self._deferred: list[Message] = []
+        self._concludes = False
+
+    def defer_context(self, message: Message) -> None:
+        """Add ``message`` to the agent's next step, after this call's result."""
+        self._deferred.append(message)
+
+    def conclude_turn(self) -> None:
+        """On success, end the turn after this step (no further model request)."""
+        self._concludes = True
+
+
+_VALIDATORS: dict[str, Callable[[Any], Any]] = {}
+
+
+def compile_schema(schema: Mapping[str, JsonValue]) -> Callable[[Any], Any]:
+    """A fastjsonschema validator for ``schema``, compiled once per distinct schema."""
+    key = dumps(schema)
+    validator = _VALIDATORS.get(key)
+    if validator is None:
+        validator = _VALIDATORS[key] = fastjsonschema.compile(thaw_json(schema))
+    return validator
+
+
+@attrs.define(eq=False)
+class _Entry:
+    definition: ToolDefinition
+    validate: Callable[[Any], Any]
+    validate_output: Callable[[Any], Any] | None
+    schema: ToolSchema
+
+
+class ToolRegistryService:
+    """The tools of one host (provided as ``tools``; use the bound view)."""
+
+    def __init__(self) -> None:
+        self.layers: dict[Scope | None, dict[str, _Entry]] = {None: {}}
+        self.restrictions: dict[Scope, list[ToolRestriction]] = {}
+        self.guards: dict[Scope | None, list[Callable[[ToolExecutionInput], str | None]]] = {}
+        self.version = 0
+        self._visible: dict[Scope | None, tuple[int, dict[str, _Entry]]] = {}
+        self._schemas: dict[Scope | None, tuple[int, tuple[ToolSchema, ...]]] = {}
+
+    def __dsh_bind__(self, ctx: Context) -> ToolRegistry:
+        return ToolRegistry(self, ctx)
+
+    def changed(self, ctx: Context) -> None:
+        self.version += 1
+        self._visible.clear()
+        self._schemas.clear()
+        ctx.emit("tools/change")
+
+    def schemas(self, scope: Scope | None) -> tuple[ToolSchema, ...]:
+        """The visible schemas of ``scope`` (the same tuple object until something changes)."""
+        cached = self._schemas.get(scope)
+        if cached is not None and cached[0] == self.version:
+            return cached[1]
+        schemas = tuple(e.schema for e in self.visible(scope).values())
+        self._schemas[scope] = (self.version, schemas)
+        return schemas
+
+    def inherited(self, scope: Scope | None) -> dict[str, _Entry]:
+        """What ``scope`` inherits: ancestor layers nearest-first, then the global layer."""
+        out: dict[str, _Entry] = {}
+        if scope is not None:
+            parent = scope.parent
+            while parent is not None:
+                for name, entry in self.layers.get(parent, {}).items():
+                    out.setdefault(name, entry)
+                parent = parent.parent
+        for name, entry in self.layers[None].items():
+            out.setdefault(name, entry)
+        return out
+
+    def visible(self, scope: Scope | None) -> dict[str, _Entry]:
+        """The one visibility rule: own layer, plus inherited tools minus restrictions."""
+        cached = self._visible.get(scope)
+        if cached is not None and cached[0] == self.version:
+            return cached[1]
+        inherited = self.inherited(scope)
+        if scope is not None:
+            for restriction in self.restrictions.get(scope, ()):
+                if restriction.allow is not None:
+                    keep = set(restriction.allow)
+                    inherited = {n: e for n, e in inherited.items() if n in keep}
+                if restriction.deny is not None:
+                    drop = set(restriction.deny)
+                    inherited = {n: e for n, e in inherited.items() if n not in drop}
+            own = self.layers.get(scope, {})
+            result = {**inherited, **own}
+        else:
+            result = inherited
+        self._visible[scope] = (self.version, result)
+        return result
+
+
+class ToolRegistry:
+    """``ctx.tools``: the registry seen from one context (its scope and owner)."""
+
+    __slots__ = ("_ctx", "_svc")
+
+    def __init__(self, service: ToolRegistryService, ctx: Context) -> None:
+        self._svc = service
+        self._ctx = ctx
+
+    def register(self, definition: ToolDefinition) -> Callable[[], object]:
+        """Register a tool in this context's layer (scoped from an agent context).
+
+        A duplicate name in the same layer fails; a scoped tool shadows a global one.
+        """
+        self._ctx._require_active()
+        svc = self._svc
+        scope = self._ctx.scope
+        layer = svc.layers.setdefault(scope, {})
+        if definition.name in layer:
+            raise ToolError(
+                f"tool {definition.name!r} is already registered in this scope",
+                code="DUPLICATE_TOOL",
+            )
+        entry = _Entry(
+            definition,
+            compile_schema(definition.parameters),
+            compile_schema(definition.output.schema) if definition.output.schema else None,
+            definition.schema,
+        )
+        layer[definition.name] = entry
+        ctx = self._ctx
+
+        def remove() -> None:
+            current = svc.layers.get(scope)
+            if current is not None and current.get(definition.name) is entry:
+                del current[definition.name]
+                if not current and scope is not None:
+                    del svc.layers[scope]
+                svc.changed(ctx)
+
+        disposer = ctx.fiber.add(remove)
+        svc.changed(ctx)
+        return disposer
+
+    def restrict(self, restriction: ToolRestriction) -> Callable[[], object]:
+        """Hide inherited tools from this scope (prompt and execution alike).
+
+        Only through a scoped context. An empty filter, an unknown name, or a name registered
+        in this scope itself fails loud. Restrictions intersect; own tools stay visible.
+        """
+        self._ctx._require_active()
+        scope = self._ctx.scope
+        if scope is None:
+            raise ToolError("restrict() needs a scoped (agent) context", code="TOOL_RESTRICTION")
+        if restriction.allow is None and restriction.deny is None:
+            raise ToolError("a tool restriction needs allow and/or deny", code="TOOL_RESTRICTION")
+        inherited = self._svc.inherited(scope)
+        own = self._svc.layers.get(scope, {})
+        for name in (*(restriction.allow or ()), *(restriction.deny or ())):
+            if name in own:
+                raise ToolError(
+                    f"tool {name!r} is registered in this scope; a restriction only filters "
+                    "inherited tools",
+                    code="TOOL_RESTRICTION",
+                )
+            if name not in inherited:
+                raise ToolError(f'unknown global tool "{name}"', code="UNKNOWN_TOOL")
+        svc = self._svc
+        svc.restrictions.setdefault(scope, []).append(restriction)
+        ctx = self._ctx
+
+        def remove() -> None:
+            items = svc.restrictions.get(scope)
+            if items and restriction in items:
+                items.remove(restriction)
+                if not items:
+                    del svc.restrictions[scope]
+                svc.changed(ctx)
+
+        disposer = ctx.fiber.add(remove)
+        svc.changed(ctx)
+        return disposer
+
+    def guard(self, fn: Callable[[ToolExecutionInput], str | None]) -> Callable[[], object]:
+        """Add a guard: it returns a denial reason, or ``None`` to let the call through."""
+        self._ctx._require_active()
+        scope = self._ctx.scope
+        self._svc.guards.setdefault(scope, []).append(fn)
+        svc = self._svc
+
+        def remove() -> None:
+            items = svc.guards.get(scope)
+            if items and fn in items:
+                items.remove(fn)
+
+        return self._ctx.fiber.add(remove)
+
+    def get(self, name: str, scope: Scope | object | None = ...) -> ToolDefinition | None:
+        """The tool ``name`` as visible from ``scope`` (default: this context's)."""
+        sc = self._ctx.scope if scope is ... else scope
+        entry = self._svc.visible(sc).get(name)  # type: ignore[arg-type]
+        return entry.definition if entry is not None else None
+
+    def schemas(self, scope: Scope | object | None = ...) -> tuple[ToolSchema, ...]:
+        """The tools visible from ``scope``, as the model sees them (registration order)."""
+        sc = self._ctx.scope if scope is ... else scope
+        return self._svc.schemas(sc)  # type: ignore[arg-type]
+
+    def definitions(self, scope: Scope | object | None = ...) -> tuple[ToolDefinition, ...]:
+        """The visible definitions from ``scope``."""
+        sc = self._ctx.scope if scope is ... else scope
+        return tuple(e.definition for e in self._svc.visible(sc).values())  # type: ignore[arg-type]
+
+    async def execute(self, call: ToolExecutionInput) -> ToolExecutionResult:
+        """Run one call through validation, ``tools/pre-execute``, guards, ``tools/execute``,
+        output checks and ``tools/post-execute``; then emit ``tools/result``. Never raises for
+        a tool's own failure."""
+        ctx = call.agent.ctx if call.agent is not None else self._ctx
+        result = await self._execute(call, ctx)
+        if ctx.has_listeners("tools/result"):
+            ctx.emit("tools/result", call, result)
+        return result
+
+    async def _execute(self, call: ToolExecutionInput, ctx: Context) -> ToolExecutionResult:
+        svc = self._svc
+        entry = svc.visible(ctx.scope).get(call.name)
+        if entry is None:
+            return failure(f"unknown tool {call.name!r}", "UNKNOWN_TOOL")
+        raw = call.arguments
+        try:
+            parsed = json.loads(raw) if isinstance(raw, str) else raw
+            arguments = freeze_json(parsed)
+        except (ValueError, NotJsonError) as exc:
+            return failure(f"arguments are not valid JSON: {exc}", "INVALID_ARGS")
+        try:
+            entry.validate(parsed if isinstance(raw, str) else thaw_json(arguments))
+        except fastjsonschema.JsonSchemaException as exc:
+            return failure(f"invalid arguments for {call.name}: {exc}", "INVALID_ARGS")
+        if call.signal.aborted:
+            return failure("tool call aborted before dispatch", "ABORTED_BEFORE_DISPATCH")
+        if ctx.has_listeners("tools/pre-execute"):
+            decision: str = await ctx.waterfall("tools/pre-execute", call, default=_allow)
+            if decision != "allow":
+                return failure(f"tool call denied: {decision}", "TOOL_DENIED")
+        for scope in (ctx.scope, None) if ctx.scope is not None else (None,):
+            for guard in svc.guards.get(scope, ()):
+                denial = guard(call)
+                if denial is not None:
+                    return failure(f"tool call denied: {denial}", "TOOL_DENIED")
+        definition = entry.definition
+        run = ToolRunContext(
+            call_id=call.call_id,
+            name=call.name,
+            arguments=arguments,
+            signal=call.signal,
+            agent=call.agent,
+            ctx=ctx,
+            call=call,
+        )
+
+        async def body(c: ToolExecutionInput) -> ToolExecutionResult:
+            if c.signal is not call.signal:
+                run.signal = AbortSignal.any((call.signal, c.signal))
+            try:
+                value = await definition.execute(arguments, run)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                code = getattr(exc, "code", None)
+                return failure(
+                    str(exc) or type(exc).__name__, code if isinstance(code, str) else "TOOL_ERROR"
+                )
+            return ToolExecutionResult(value=value)
+
+        if ctx.has_listeners("tools/execute"):
+            outcome = await ctx.waterfall("tools/execute", call, default=body)
+        else:
+            outcome = await body(call)
+        if outcome.error is None:
+            if run.signal.aborted:
+                outcome = failure("tool call aborted", "ABORTED")
+            else:
+                outcome = self._finish(entry, outcome, run)
+        if run._deferred:
+            outcome = attrs.evolve(outcome, additional_contexts=tuple(run._deferred))
+        if ctx.has_listeners("tools/post-execute"):
+            outcome = await ctx.waterfall("tools/post-execute", call, outcome, default=_accept)
+        return outcome
+
+    def _finish(
+        self, entry: _Entry, outcome: ToolExecutionResult, run: ToolRunContext
+    ) -> ToolExecutionResult:
+        value = outcome.value
+        try:
+            frozen = freeze_json(value)
+        except NotJsonError as exc:
+            return failure(f"tool returned a non-JSON value: {exc}", "INVALID_TOOL_OUTPUT")
+        if entry.validate_output is not None:
+            try:
+                entry.validate_output(thaw_json(frozen))
+            except fastjsonschema.JsonSchemaException as exc:
+                return failure(f"tool output is invalid: {exc}", "INVALID_TOOL_OUTPUT")
+        render = entry.definition.output.render
+        if render is not None:
+            content = render(frozen, run)
+        elif isinstance(frozen, str):
+            content = (TextBlock(text=frozen),)
+        else:
+            content = (TextBlock(text=dumps(frozen)),)
+        return ToolExecutionResult(
+            value=frozen, content=content, concludes_turn=run._concludes, meta=outcome.meta
+        )
+
+
+async def _allow(call: ToolExecutionInput) -> str:
+    return "allow"
+
+
+async def _accept(call: ToolExecutionInput, outcome: ToolExecutionResult) -> ToolExecutionResult:
+    return outcome

@@ -1,0 +1,337 @@
+"""The offline scripted model: callables, reply lists, echo, script files (host-core §2)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dsh_core import (
+    AbortController,
+    Finish,
+    LlmError,
+    LlmFailure,
+    Message,
+    ReasoningDelta,
+    StreamChunk,
+    TextBlock,
+    TextDelta,
+    TokenUsage,
+    ToolCallDelta,
+    ToolResultBlock,
+    ToolSchema,
+    ToolSource,
+    UsageChunk,
+    user_message,
+)
+from dsh_core._llm import GenerateOptions
+from dsh_core._scripted import ScriptError
+from dsh_core.testing import ScriptedAdapter, ScriptedReply, ScriptedRequest, ScriptedToolCall
+
+
+def options(
+    *messages: Message,
+    system: str | None = None,
+    tools: tuple[str, ...] = (),
+    signal: Any = None,
+) -> GenerateOptions:
+    return GenerateOptions(
+        provider="scripted",
+        model="m",
+        messages=messages,
+        system=system,
+        tools=tuple(ToolSchema(name=t, description=t, parameters={}) for t in tools) or None,
+        signal=signal,
+    )
+
+
+async def run(adapter: ScriptedAdapter, opts: GenerateOptions) -> list[StreamChunk]:
+    stream: AsyncIterator[StreamChunk] = adapter.stream(opts)
+    return [chunk async for chunk in stream]
+
+
+def text_of(chunks: list[StreamChunk]) -> str:
+    return "".join(c.text for c in chunks if isinstance(c, TextDelta))
+
+
+def tool_result(call_id: str, text: str) -> Message:
+    return Message(
+        id=f"r-{call_id}",
+        role="tool",
+        content=(ToolResultBlock(tool_call_id=call_id, content=(TextBlock(text=text),)),),
+        source=ToolSource(call_id=call_id),
+    )
+
+
+# -- constructors -----------------------------------------------------------------------------
+
+
+async def test_callable_script_sees_each_request_with_its_index() -> None:
+    """host-core §2: a script callable sees each request and its index; requests are recorded."""
+    seen: list[tuple[int, str]] = []
+
+    def script(request: ScriptedRequest) -> str:
+        seen.append((request.index, request.last_user_text))
+        return f"reply {request.index}"
+
+    adapter = ScriptedAdapter(script)
+    first = await run(adapter, options(user_message("one")))
+    second = await run(adapter, options(user_message("two")))
+    assert text_of(first) == "reply 0"
+    assert text_of(second) == "reply 1"
+    assert first[-1] == Finish(reason="stop")
+    assert seen == [(0, "one"), (1, "two")]
+    assert len(adapter.requests) == 2
+
+
+async def test_async_callable_script_may_return_a_full_reply() -> None:
+    """host-core §2: an async script returning ScriptedReply drives reasoning, text and usage."""
+    usage = TokenUsage(input_tokens=1, output_tokens=2)
+
+    async def script(request: ScriptedRequest) -> ScriptedReply:
+        return ScriptedReply(reasoning="hmm", text="answer", usage=usage)
+
+    chunks = await run(ScriptedAdapter(script), options(user_message("q")))
+    assert chunks == [
+        ReasoningDelta(index=0, text="hmm"),
+        TextDelta(index=1, text="answer"),
+        UsageChunk(usage=usage),
+        Finish(reason="stop"),
+    ]
+
+
+async def test_replies_are_served_in_order_then_exhaust_with_an_error_finish() -> None:
+    """host-core §2: replies() serves one reply per request; running out is SCRIPT_EXHAUSTED."""
+    adapter = ScriptedAdapter.replies("first", ScriptedReply(text="second"))
+    assert text_of(await run(adapter, options(user_message("a")))) == "first"
+    assert text_of(await run(adapter, options(user_message("b")))) == "second"
+    last = (await run(adapter, options(user_message("c"))))[-1]
+    assert isinstance(last, Finish) and last.reason == "error"
+    assert last.failure is not None and last.failure.code == "SCRIPT_EXHAUSTED"
+
+
+async def test_echo_answers_the_latest_user_text_with_a_prefix() -> None:
+    """host-core §2: echo() answers prefix + the latest user-role text."""
+    adapter = ScriptedAdapter.echo("you said: ")
+    chunks = await run(adapter, options(user_message("old"), user_message("new")))
+    assert text_of(chunks) == "you said: new"
+
+
+async def test_tool_calls_stream_raw_json_arguments_and_finish_tool_calls() -> None:
+    """host-core §2: scripted tool calls become ToolCallDeltas with raw JSON; finish tool-calls."""
+    adapter = ScriptedAdapter.replies(
+        ScriptedReply(
+            text="calling",
+            tool_calls=(
+                ScriptedToolCall(name="grep", arguments={"q": "x"}, id="c1"),
+                ScriptedToolCall(name="raw", arguments='{"bad json'),
+            ),
+        )
+    )
+    chunks = await run(adapter, options(user_message("go")))
+    calls = [c for c in chunks if isinstance(c, ToolCallDelta)]
+    assert calls[0] == ToolCallDelta(index=1, id="c1", name="grep", arguments_delta='{"q":"x"}')
+    assert calls[1].name == "raw" and calls[1].arguments_delta == '{"bad json'
+    assert calls[1].id  # a fresh id is minted
+    assert chunks[-1] == Finish(reason="tool-calls")
+
+
+async def test_failure_ends_with_an_error_finish_or_raises_llm_error() -> None:
+    """host-core §2: a provider failure is an error finish, or LlmError with raise_failure."""
+    failure = LlmFailure(message="boom", code="HTTP_500", status=500)
+    finishing = ScriptedAdapter.replies(ScriptedReply(text="part", failure=failure))
+    chunks = await run(finishing, options(user_message("x")))
+    assert chunks == [TextDelta(index=0, text="part"), Finish(reason="error", failure=failure)]
+    raising = ScriptedAdapter.replies(ScriptedReply(failure=failure, raise_failure=True))
+    with pytest.raises(LlmError) as err:
+        await run(raising, options(user_message("x")))
+    assert err.value.failure == failure
+    assert err.value.code == "HTTP_500"
+
+
+async def test_wait_holds_the_request_until_the_gate_opens() -> None:
+    """host-core §2: wait holds the request open (after the text) until it resolves."""
+    gate = asyncio.Event()
+    adapter = ScriptedAdapter.replies(ScriptedReply(text="held", wait=gate.wait))
+    controller = AbortController()
+    stream = adapter.stream(options(user_message("x"), signal=controller.signal))
+    assert await anext(stream) == TextDelta(index=0, text="held")
+    pending = asyncio.ensure_future(anext(stream))
+    await asyncio.wait((pending,), timeout=0)
+    assert not pending.done()
+    gate.set()
+    assert await pending == Finish(reason="stop")
+
+
+async def test_wait_finishes_aborted_when_the_request_signal_fires() -> None:
+    """host-core §2: a held request whose signal fires finishes aborted."""
+    adapter = ScriptedAdapter.replies(ScriptedReply(text="held", wait=asyncio.Event().wait))
+    controller = AbortController()
+    stream = adapter.stream(options(user_message("x"), signal=controller.signal))
+    assert await anext(stream) == TextDelta(index=0, text="held")
+    pending = asyncio.ensure_future(anext(stream))
+    controller.abort("stop")
+    finish = await pending
+    assert isinstance(finish, Finish) and finish.reason == "aborted"
+    assert [c async for c in stream] == []
+
+
+async def test_a_consumer_that_stops_reading_cancels_the_held_wait() -> None:
+    """host-core §1 (tasks are owned): cancelling a held request's reader cancels its wait."""
+    entered, cancelled = asyncio.Event(), asyncio.Event()
+
+    async def wait() -> None:
+        entered.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    adapter = ScriptedAdapter.replies(ScriptedReply(text="held", wait=wait))
+    stream = adapter.stream(options(user_message("x"), signal=AbortController().signal))
+    assert await anext(stream) == TextDelta(index=0, text="held")
+    reader = asyncio.ensure_future(anext(stream))
+    await entered.wait()
+    reader.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await reader
+    async with asyncio.timeout(5):
+        await cancelled.wait()
+
+
+async def test_exact_chunks_replace_the_generated_stream() -> None:
+    """host-core §2: ScriptedReply(chunks=...) streams exactly those chunks."""
+    exact = (TextDelta(index=0, text="x"),)
+    chunks = await run(ScriptedAdapter.replies(ScriptedReply(chunks=exact)), options())
+    assert chunks == list(exact)
+
+
+# -- script files -----------------------------------------------------------------------------
+
+RULES: dict[str, Any] = {
+    "rules": [
+        {"when": {"last_user": "^weather"}, "reply": {"text": "sunny, you asked {{last_user}}"}},
+        {
+            "when": {"last_role": "tool"},
+            "reply": {"text": "the tool said {{last_tool_result}}"},
+        },
+        {"when": {"tool": "grep", "system": "search"}, "reply": {"tool_calls": [{"name": "grep"}]}},
+        {"when": {"last_user": "explode"}, "reply": {"error": {"message": "no", "code": "X"}}},
+    ],
+    "default": "default reply",
+}
+
+TOML_RULES = """
+default = "default reply"
+
+[[rules]]
+when = { last_user = "^weather" }
+reply = { text = "sunny, you asked {{last_user}}" }
+
+[[rules]]
+when = { last_role = "tool" }
+reply = { text = "the tool said {{last_tool_result}}" }
+
+[[rules]]
+when = { tool = "grep", system = "search" }
+reply = { tool_calls = [{ name = "grep" }] }
+
+[[rules]]
+when = { last_user = "explode" }
+reply = { error = { message = "no", code = "X" } }
+"""
+
+
+@pytest.fixture(params=["json", "toml"])
+def script_file(request: pytest.FixtureRequest, tmp_path: Path) -> Path:
+    """The same rules as a JSON and as a TOML script file."""
+    if request.param == "json":
+        path = tmp_path / "script.json"
+        path.write_text(json.dumps(RULES), encoding="utf-8")
+    else:
+        path = tmp_path / "script.toml"
+        path.write_text(TOML_RULES, encoding="utf-8")
+    return path
+
+
+async def test_script_file_rules_default_and_templating(script_file: Path) -> None:
+    """host-core §2: JSON/TOML scripts: first matching rule, else default; {{...}} templating."""
+    adapter = ScriptedAdapter.from_file(script_file)
+    weather = await run(adapter, options(user_message("weather today?")))
+    assert text_of(weather) == "sunny, you asked weather today?"
+    tool = await run(adapter, options(user_message("q"), tool_result("c1", "42 lines")))
+    assert text_of(tool) == "the tool said 42 lines"
+    call = await run(adapter, options(user_message("find"), system="you search", tools=("grep",)))
+    assert [c.name for c in call if isinstance(c, ToolCallDelta)] == ["grep"]
+    no_tool = await run(adapter, options(user_message("find"), system="you search"))
+    assert text_of(no_tool) == "default reply"
+    failed = (await run(adapter, options(user_message("explode"))))[-1]
+    assert failed == Finish(reason="error", failure=LlmFailure(message="no", code="X"))
+
+
+async def test_script_without_default_fails_unmatched_requests() -> None:
+    """host-core §2: with no rule matching and no default the reply is SCRIPT_NO_MATCH."""
+    adapter = ScriptedAdapter.from_data({"rules": [{"when": {"last_user": "x"}, "reply": "y"}]})
+    last = (await run(adapter, options(user_message("nope"))))[-1]
+    assert isinstance(last, Finish) and last.failure is not None
+    assert last.failure.code == "SCRIPT_NO_MATCH"
+
+
+async def test_script_file_tool_call_keeps_its_id() -> None:
+    """host-core §2: a scripted tool call's `id` (an accepted key) reaches the stream."""
+    adapter = ScriptedAdapter.from_data(
+        {"default": {"tool_calls": [{"name": "grep", "arguments": {"q": 1}, "id": "fixed"}]}}
+    )
+    calls = [c for c in await run(adapter, options()) if isinstance(c, ToolCallDelta)]
+    assert calls == [ToolCallDelta(index=0, id="fixed", name="grep", arguments_delta='{"q":1}')]
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        pytest.param({"rules": [], "extra": 1}, id="unknown-top-level-key"),
+        pytest.param({"rules": [{"when": {}}]}, id="rule-without-reply"),
+        pytest.param({"rules": [{"reply": "x", "then": 1}]}, id="unknown-rule-key"),
+        pytest.param({"rules": [{"when": {"who": "x"}, "reply": "x"}]}, id="unknown-when-key"),
+        pytest.param({"rules": [{"when": {"last_user": "("}, "reply": "x"}]}, id="bad-regex"),
+        pytest.param({"rules": [{"when": {"last_role": "usr"}, "reply": "x"}]}, id="bad-role"),
+        pytest.param({"rules": ["x"]}, id="rule-not-a-table"),
+        pytest.param({"default": {"txt": "x"}}, id="unknown-reply-key"),
+        pytest.param({"default": 3}, id="reply-not-text-or-table"),
+        pytest.param({"default": {"text": 3}}, id="text-not-a-string"),
+        pytest.param({"default": {"reasoning": ["a"]}}, id="reasoning-not-a-string"),
+        pytest.param({"default": {"finish": "aborted"}}, id="bad-finish"),
+        pytest.param({"default": {"tool_calls": [{"arguments": {}}]}}, id="call-without-name"),
+        pytest.param({"default": {"tool_calls": ["grep"]}}, id="call-not-a-table"),
+        pytest.param({"default": {"error": "boom"}}, id="error-not-a-table"),
+    ],
+)
+def test_malformed_script_data_is_script_invalid(data: dict[str, Any]) -> None:
+    """host-core §2: a malformed script fails SCRIPT_INVALID when loaded, never at request time."""
+    with pytest.raises(ScriptError) as err:
+        ScriptedAdapter.from_data(data)
+    assert err.value.code == "SCRIPT_INVALID"
+
+
+@pytest.mark.parametrize(
+    ("name", "text"),
+    [
+        ("broken.json", "{not json"),
+        ("broken.toml", "rules = [ {"),
+        ("list.json", "[1, 2]"),
+    ],
+)
+def test_unreadable_script_files_are_script_invalid(tmp_path: Path, name: str, text: str) -> None:
+    """host-core §2: invalid JSON/TOML, a non-object script or a missing file is SCRIPT_INVALID."""
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(ScriptError) as err:
+        ScriptedAdapter.from_file(path)
+    assert err.value.code == "SCRIPT_INVALID"
+    with pytest.raises(ScriptError):
+        ScriptedAdapter.from_file(tmp_path / "missing.json")
