@@ -1,0 +1,160 @@
+"""Delegation benchmark: what one parent -> child -> parent round trip costs.
+
+One delegation = a fresh parent agent whose scripted model emits one tool call -> the tool
+starts a one-shot child through ``ctx.subagents.start()`` -> the child's scripted model answers
+in one call -> the run is disposed -> the parent's model answers with the child's text -> the
+parent is disposed. The same shape as the peer scripts in ``benchmarks/peers/`` (each of their
+delegations is a fresh ``run``), so the ratios are comparable.
+
+Each configuration (provider x store) runs in its own process: one warm-up, N sequential
+delegations, then N concurrent ones (``asyncio.gather``), and reports ms per delegation and the
+process's peak RSS.
+
+    python benchmarks/delegation.py                 # every configuration, a table
+    python benchmarks/delegation.py --seq 200 --conc 50 --only spawn:memory
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+CONFIGS = ("spawn:memory", "fork:memory", "spawn:jsonl", "fork:jsonl")
+
+
+async def _measure(
+    provider: str, store: str, n_seq: int, n_conc: int, root: Path
+) -> dict[str, Any]:
+    import dsh_subagent.plugin
+    import dsh_subagent_fork.plugin
+    import dsh_subagent_spawn.plugin
+    from dsh_core import AbortController, ToolDefinition, ToolRunContext, blocks_text, text_blocks
+    from dsh_core.testing import ScriptedReply, ScriptedRequest, ScriptedToolCall, scripted_host
+    from dsh_subagent import SUBAGENTS, SubagentStartRequest
+
+    call = ScriptedReply(
+        tool_calls=(ScriptedToolCall(name="delegate", arguments={"task": "summarise X"}),)
+    )
+
+    def model(request: ScriptedRequest) -> ScriptedReply | str:
+        if request.last_user_text == "summarise X":
+            return "child result"
+        if request.last_tool_result is not None:
+            return f"parent got: {request.last_tool_result}"
+        return call
+
+    async def delegate(args: Any, run: ToolRunContext) -> str:
+        assert run.agent is not None
+        started = await run.ctx[SUBAGENTS].start(
+            provider,
+            SubagentStartRequest(
+                prompt=text_blocks(args["task"]), parent=run.agent, signal=AbortController().signal
+            ),
+        )
+        try:
+            result = await started.result
+        finally:
+            await started.dispose()
+        return blocks_text(result.output)
+
+    async with scripted_host(
+        "subagent",
+        f"subagent-{provider}",
+        model=model,
+        store=store,  # type: ignore[arg-type]
+        store_root=root,
+        invariants=False,
+        modules={
+            "subagent": dsh_subagent.plugin,
+            "subagent-spawn": dsh_subagent_spawn.plugin,
+            "subagent-fork": dsh_subagent_fork.plugin,
+        },
+    ) as host:
+        host.ctx.tools.register(
+            ToolDefinition(
+                name="delegate",
+                description="Delegate a task to a child agent.",
+                parameters={
+                    "type": "object",
+                    "properties": {"task": {"type": "string"}},
+                    "required": ["task"],
+                },
+                execute=delegate,
+                concurrency_safe=True,
+            )
+        )
+
+        async def one() -> None:
+            handle = await host.create_agent()
+            try:
+                answer = await host.run(handle.agent, "do the thing")
+            finally:
+                await handle.dispose()
+            assert answer == "parent got: child result", answer
+
+        await one()
+        t0 = time.perf_counter()
+        for _ in range(n_seq):
+            await one()
+        seq = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        await asyncio.gather(*(one() for _ in range(n_conc)))
+        conc = time.perf_counter() - t0
+        live = len(host.ctx.agents.list())
+    return {
+        "config": f"{provider}:{store}",
+        "seq_ms": seq / n_seq * 1000,
+        "conc_s": conc,
+        "conc_ms_each": conc / n_conc * 1000,
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "leftover_agents": live,
+    }
+
+
+def _child(config: str, n_seq: int, n_conc: int) -> None:
+    provider, store = config.split(":")
+    with tempfile.TemporaryDirectory(prefix="dsh-bench-") as tmp:
+        result = asyncio.run(_measure(provider, store, n_seq, n_conc, Path(tmp)))
+    print(json.dumps(result))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seq", type=int, default=200, help="sequential delegations")
+    parser.add_argument("--conc", type=int, default=50, help="concurrent delegations")
+    parser.add_argument("--only", choices=CONFIGS, action="append", help="run only these")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        _child(args.child, args.seq, args.conc)
+        return
+    rows = []
+    sizes = ["--seq", str(args.seq), "--conc", str(args.conc)]
+    for config in args.only or CONFIGS:
+        out = subprocess.run(
+            [sys.executable, __file__, "--child", config, *sizes],
+            capture_output=True,
+            text=True,
+            check=True,
+            env={**os.environ, "DSH_DISABLE_PLUGIN_AUTOLOAD": "1"},
+        )
+        rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    print(f"python {sys.version.split()[0]}; {args.seq} sequential, {args.conc} concurrent")
+    print(f"{'config':<14} {'ms/delegation (seq)':>20} {'conc total s':>13} {'peak RSS MB':>12}")
+    for r in rows:
+        print(
+            f"{r['config']:<14} {r['seq_ms']:>20.3f} {r['conc_s']:>13.3f} {r['peak_rss_mb']:>12.1f}"
+        )
+
+
+if __name__ == "__main__":
+    main()

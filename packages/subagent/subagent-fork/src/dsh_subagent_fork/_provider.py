@@ -1,0 +1,38 @@
+"""The ``fork`` provider: a child seeded with the parent's completed turns.
+
+The seed is the balanced completed-turn prefix (FORK-1); the in-flight turn is excluded.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from dsh_subagent import (
+    ContinuableCreateRequest,
+    ContinuableCreateSpec,
+    ResolvedSubagentStartRequest,
+    SubagentCapabilities,
+    SubagentRun,
+)
+from dsh_subagent.in_process import completed_turn_prefix, start_in_process_run
+
+__all__ = ["ForkProvider"]
+
+_ALL = SubagentCapabilities(output_schema=True, depth_limit=True, tool_filter=True, persona=True)
+
+
+@attrs.frozen(kw_only=True)
+class ForkProvider:
+    """Subagent provider ``fork`` (in-process; every start-time capability)."""
+
+    name: str = "fork"
+    capabilities: SubagentCapabilities = _ALL
+    inherits_parent_context: bool = True
+
+    async def start(self, request: ResolvedSubagentStartRequest) -> SubagentRun:
+        """Create and prompt a one-shot child (the shared in-process driver)."""
+        return await start_in_process_run(request, seed=completed_turn_prefix(request.parent))
+
+    async def prepare_continuable(self, request: ContinuableCreateRequest) -> ContinuableCreateSpec:
+        """A continuable child's creation input: the parent's completed-turn prefix."""
+        return ContinuableCreateSpec(seed=completed_turn_prefix(request.parent))

@@ -1,0 +1,35 @@
+"""The ``spawn`` provider: a fresh child: it sees nothing of the parent's conversation."""
+
+from __future__ import annotations
+
+import attrs
+
+from dsh_subagent import (
+    ContinuableCreateRequest,
+    ContinuableCreateSpec,
+    ResolvedSubagentStartRequest,
+    SubagentCapabilities,
+    SubagentRun,
+)
+from dsh_subagent.in_process import start_in_process_run
+
+__all__ = ["SpawnProvider"]
+
+_ALL = SubagentCapabilities(output_schema=True, depth_limit=True, tool_filter=True, persona=True)
+
+
+@attrs.frozen(kw_only=True)
+class SpawnProvider:
+    """Subagent provider ``spawn`` (in-process; every start-time capability)."""
+
+    name: str = "spawn"
+    capabilities: SubagentCapabilities = _ALL
+    inherits_parent_context: bool = False
+
+    async def start(self, request: ResolvedSubagentStartRequest) -> SubagentRun:
+        """Create and prompt a one-shot child (the shared in-process driver)."""
+        return await start_in_process_run(request)
+
+    async def prepare_continuable(self, request: ContinuableCreateRequest) -> ContinuableCreateSpec:
+        """The creation input of a continuable child: nothing (a fresh session)."""
+        return ContinuableCreateSpec()

@@ -1,0 +1,60 @@
+"""Errors of the subagent seam. ``SubagentError.code`` is stable (see the table in the README).
+
+``SubagentDepthError`` is deliberately *not* a ``SubagentError`` (DEP-2): a depth refusal is a
+policy outcome of the request, not a fault of the seam. Invalid ``max_depth`` values raise a
+``TypeError`` and depths outside the safe-integer range an ``OverflowError`` (DEP-1/2, SVC-6).
+"""
+
+from __future__ import annotations
+
+from dsh_core import DshError
+
+__all__ = [
+    "DepthOverflowError",
+    "DescriptorError",
+    "InvalidMaxDepthError",
+    "SubagentDepthError",
+    "SubagentError",
+    "UnsupportedSchemaError",
+]
+
+
+class SubagentError(DshError):
+    """A refusal of the subagent service; ``code`` names the rule (e.g. ``NO_PROVIDER``)."""
+
+    code = "SUBAGENT_ERROR"
+
+
+class SubagentDepthError(DshError):
+    """The child's delegation depth would exceed ``max_depth`` (DEP-2)."""
+
+    code = "SUBAGENT_DEPTH_EXCEEDED"
+
+    def __init__(self, attempted_depth: int, max_depth: int) -> None:
+        super().__init__(f"subagent depth {attempted_depth} exceeds maxDepth {max_depth}")
+        self.attempted_depth = attempted_depth
+        self.max_depth = max_depth
+
+
+class InvalidMaxDepthError(DshError, TypeError):
+    """``max_depth`` (or a runtime depth) is not a non-negative safe integer."""
+
+    code = "INVALID_MAX_DEPTH"
+
+
+class DepthOverflowError(DshError, OverflowError):
+    """A derived delegation depth left the safe-integer range."""
+
+    code = "DEPTH_OVERFLOW"
+
+
+class UnsupportedSchemaError(DshError, ValueError):
+    """An ``output_schema`` is outside the supported object-rooted JSON Schema subset."""
+
+    code = "UNSUPPORTED_SCHEMA"
+
+
+class DescriptorError(DshError, ValueError):
+    """A persisted ``subagent/descriptor`` payload of the current version is malformed."""
+
+    code = "SUBAGENT_DESCRIPTOR_INVALID"

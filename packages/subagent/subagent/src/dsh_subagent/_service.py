@@ -1,0 +1,182 @@
+"""The subagent service, ``ctx.subagents``: the provider registry and one-shot starts.
+
+Providers are named; several coexist (the seam differs from single-executor seams there).
+``start`` checks the request against the named provider *before* anything exists, in the order
+SVC-5/6 give, so an unsupported request fails loud instead of being accepted and ignored.
+Lifecycle events are observation only: a listener failure is logged and contained (SVC-11).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+from dsh_core import Context, ServiceKey
+
+from ._depth import assert_subagent_max_depth
+from ._descriptor import snapshot_one_shot_descriptor
+from ._errors import SubagentError
+from ._schema import assert_object_json_schema
+from ._types import (
+    ResolvedSubagentStartRequest,
+    SubagentProvider,
+    SubagentResult,
+    SubagentRun,
+    SubagentRunEndInfo,
+    SubagentRunInfo,
+    SubagentStartRequest,
+)
+
+if TYPE_CHECKING:
+    from dsh_core import Registration
+
+__all__ = ["SUBAGENTS", "SubagentService", "SubagentState"]
+
+
+class SubagentState:
+    """What every view of ``ctx.subagents`` shares (the provided service object)."""
+
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+        self.providers: dict[str, SubagentProvider] = {}
+
+    def __dsh_bind__(self, ctx: Context) -> SubagentService:
+        return SubagentService(self, ctx)
+
+
+#: Typed access to the service: ``ctx[SUBAGENTS]`` (``ctx.subagents`` is untyped).
+SUBAGENTS: ServiceKey[SubagentService] = ServiceKey("subagents")
+
+_CAPABILITY_ORDER = (
+    ("output_schema", "output_schema"),
+    ("max_depth", "depth_limit"),
+    ("tool_filter", "tool_filter"),
+    ("persona", "persona"),
+)
+
+
+class SubagentService:
+    """``ctx.subagents``, seen from one context (registrations are owned by that context)."""
+
+    __slots__ = ("_ctx", "_state")
+
+    def __init__(self, state: SubagentState, ctx: Context) -> None:
+        self._state = state
+        self._ctx = ctx
+
+    # -- the registry (SVC-1..3) -----------------------------------------------------------------
+
+    def register_provider(self, provider: SubagentProvider) -> Registration:
+        """Register ``provider`` under its name for as long as this context lives.
+
+        Emits ``subagent/provider-added``; if a listener raises, the registration is rolled
+        back (announced as ``subagent/provider-removed``) and the error propagates (SVC-1). A
+        duplicate name fails synchronously with ``DUPLICATE_PROVIDER`` and leaves the first
+        registration intact (SVC-2). Disposing deletes the name, then emits
+        ``subagent/provider-removed`` (contained, SVC-3).
+        """
+        name = provider.name
+        providers = self._state.providers
+        if not name:
+            raise SubagentError("a provider needs a non-empty name", code="INVALID_PROVIDER")
+        if name in providers:
+            raise SubagentError(
+                f"subagent provider {name!r} is already registered", code="DUPLICATE_PROVIDER"
+            )
+        self._ctx._require_active()
+        providers[name] = provider
+        emitter = self._state.ctx
+        try:
+            emitter.emit_veto("subagent/provider-added", provider)
+        except BaseException:
+            if providers.get(name) is provider:
+                del providers[name]
+                # Observers that saw the add (the lifecycle checker) see it undone, so the
+                # same name can be registered again.
+                emitter.emit("subagent/provider-removed", name)
+            raise
+
+        def unregister() -> None:
+            if providers.get(name) is provider:
+                del providers[name]
+                emitter.emit("subagent/provider-removed", name)
+
+        return self._ctx.fiber.add(unregister)
+
+    def get_provider(self, name: str) -> SubagentProvider | None:
+        """The provider registered as ``name``, if any."""
+        return self._state.providers.get(name)
+
+    def list(self) -> list[str]:
+        """Registered provider names, in registration order."""
+        return list(self._state.providers)
+
+    # -- one-shot starts (SVC-4..11) ---------------------------------------------------------
+
+    async def start(self, name: str, request: SubagentStartRequest) -> SubagentRun:
+        """Validate ``request`` against provider ``name``, start it, announce the run.
+
+        Order: provider exists (``NO_PROVIDER``); capabilities in the order output_schema,
+        max_depth, tool_filter, persona (``UNSUPPORTED_CAPABILITY``); then ``max_depth`` is a
+        non-negative safe integer (``TypeError``) and ``output_schema`` is in the supported
+        subset. Only then is the provider called, with a fresh resolved request carrying the
+        one-shot descriptor. A provider failure passes through unchanged and emits nothing.
+        """
+        provider = self._state.providers.get(name)
+        if provider is None:
+            raise SubagentError(
+                f"no subagent provider is registered as {name!r}", code="NO_PROVIDER"
+            )
+        caps = provider.capabilities
+        for field, flag in _CAPABILITY_ORDER:
+            if getattr(request, field) is not None and not getattr(caps, flag):
+                raise SubagentError(
+                    f"subagent provider {name!r} does not support {field}",
+                    code="UNSUPPORTED_CAPABILITY",
+                )
+        if request.max_depth is not None:
+            assert_subagent_max_depth(request.max_depth)
+        if request.output_schema is not None:
+            assert_object_json_schema(request.output_schema)
+        resolved = ResolvedSubagentStartRequest(
+            **{a.name: getattr(request, a.name) for a in attrs.fields(SubagentStartRequest)},
+            descriptor=snapshot_one_shot_descriptor(name, request.label),
+        )
+        run = await provider.start(resolved)
+        info = SubagentRunInfo(
+            run_id=str(uuid.uuid4()), provider=name, id=run.id, local=run.local_agent is not None
+        )
+        emitter = request.parent.ctx
+        run.result.add_done_callback(_end_observer(emitter, info, run))
+        emitter.emit("subagent/start", info)
+        return run
+
+
+def _end_observer(
+    emitter: Context, info: SubagentRunInfo, run: SubagentRun
+) -> Callable[[asyncio.Future[SubagentResult]], None]:
+    def observe(future: asyncio.Future[SubagentResult]) -> None:
+        last: Any = None
+        if future.cancelled() or future.exception() is not None:
+            stop = "error"
+        else:
+            result = future.result()
+            stop = result.stop_reason
+            last = result.output or None
+        emitter.emit(
+            "subagent/end",
+            SubagentRunEndInfo(
+                run_id=info.run_id,
+                provider=info.provider,
+                id=info.id,
+                local=info.local,
+                stop_reason=stop,
+                last_assistant_message=last,
+            ),
+        )
+
+    return observe

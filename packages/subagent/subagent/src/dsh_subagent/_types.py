@@ -1,0 +1,362 @@
+"""The vocabulary of the subagent seam (the seed's types, in Python names).
+
+Values are frozen attrs classes. A :class:`SubagentRun` is the one mutable handle: the consumer
+awaits ``result`` and always calls ``dispose()``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Literal, Protocol, TypeAlias, runtime_checkable
+
+import attrs
+
+from dsh_core import (
+    AbortSignal,
+    ContentBlock,
+    JsonValue,
+    MessageSource,
+    SessionEvent,
+    freeze_json,
+)
+
+if TYPE_CHECKING:
+    from dsh_core import Agent, AgentOptions, ToolRestriction
+
+    from ._descriptor import SubagentDescriptorData
+
+__all__ = [
+    "NO_START_CAPABILITIES",
+    "AncestorInterruptAuthority",
+    "ContinuableCreateRequest",
+    "ContinuableCreateSpec",
+    "ContinuableStart",
+    "ContinuableStartSpec",
+    "CoordinatorMessageSource",
+    "ResolvedSubagentStartRequest",
+    "SubagentCapabilities",
+    "SubagentChildEntry",
+    "SubagentDescendantListEntry",
+    "SubagentDiagnosticEntry",
+    "SubagentFollowupOptions",
+    "SubagentInterruptAuthority",
+    "SubagentListEntry",
+    "SubagentProvider",
+    "SubagentReportDelivery",
+    "SubagentReportMessageSource",
+    "SubagentReportOptions",
+    "SubagentResult",
+    "SubagentRun",
+    "SubagentRunEndInfo",
+    "SubagentRunInfo",
+    "SubagentSettledMessageSource",
+    "SubagentStartRequest",
+    "SubagentStopReason",
+    "UserInterruptAuthority",
+    "KNOWN_STOP_REASONS",
+]
+
+#: Why a run ended. Open: providers may add reasons; consumers treat unknown ones as failures.
+SubagentStopReason: TypeAlias = str
+KNOWN_STOP_REASONS = frozenset({"completed", "aborted", "error", "max-tokens", "refusal"})
+
+
+@attrs.frozen(kw_only=True)
+class SubagentCapabilities:
+    """Start-time features of a provider's one-shot path, checked before ``start`` (SVC-5).
+
+    Each flag matches one request field; ``depth_limit`` matches ``max_depth``.
+    """
+
+    output_schema: bool = False
+    depth_limit: bool = False
+    tool_filter: bool = False
+    persona: bool = False
+
+
+#: A provider supporting none of the optional start-time features.
+NO_START_CAPABILITIES = SubagentCapabilities()
+
+
+@attrs.frozen(kw_only=True)
+class SubagentStartRequest:
+    """What a caller asks for when starting a ONE-SHOT subagent.
+
+    ``parent`` gives the child its workspace, lineage and delegation depth; ``signal`` is the
+    one cancellation channel before and after start-up. The optional fields each need the
+    matching provider capability, or the start is refused (SVC-5).
+    """
+
+    prompt: tuple[ContentBlock, ...]
+    parent: Agent = attrs.field(eq=False)
+    signal: AbortSignal = attrs.field(eq=False)
+    label: str | None = None
+    agent_options: AgentOptions | None = None
+    output_schema: JsonValue = attrs.field(default=None, converter=freeze_json)
+    max_depth: int | None = None
+    tool_filter: ToolRestriction | None = None
+    persona: str | None = None
+
+
+@attrs.frozen(kw_only=True)
+class ResolvedSubagentStartRequest(SubagentStartRequest):
+    """The provider-facing request: the caller's fields plus the resolved descriptor (SVC-7)."""
+
+    descriptor: SubagentDescriptorData
+
+
+@attrs.frozen(kw_only=True)
+class SubagentResult:
+    """The terminal outcome of a run.
+
+    ``output`` is the child's final assistant content (OUT-1); ``structured`` is present only
+    when an ``output_schema`` was satisfied; a non-``completed`` ``stop_reason`` means
+    ``output`` may be partial. ``diagnostic`` is safe provider text (at most 4096 UTF-8 bytes),
+    kept apart from ``output``.
+    """
+
+    output: tuple[ContentBlock, ...]
+    stop_reason: SubagentStopReason
+    structured: JsonValue = attrs.field(default=None, converter=freeze_json)
+    diagnostic: str | None = None
+
+
+class SubagentRun:
+    """A published ONE-SHOT child: await ``result``, and always ``dispose()`` (idempotent).
+
+    ``id`` is the child session id for a local run (``local_agent`` is that agent), or a fresh
+    parent-scoped id for a remote one (``local_agent`` is ``None``). ``result`` resolves with
+    a non-``completed`` stop reason on child failure and raises only on an infrastructure fault
+    the seam cannot express as a stop reason.
+    """
+
+    __slots__ = ("_dispose", "_disposing", "id", "local_agent", "result")
+
+    def __init__(
+        self,
+        *,
+        id: str,
+        local_agent: Agent | None,
+        result: asyncio.Future[SubagentResult],
+        dispose: Callable[[], Awaitable[None]],
+    ) -> None:
+        self.id = id
+        self.local_agent = local_agent
+        self.result = result
+        self._dispose = dispose
+        self._disposing: asyncio.Future[None] | None = None
+
+    async def dispose(self) -> None:
+        """Cancel remaining work, reach quiescence, release resources. Idempotent: every
+        caller awaits the same disposal (the first one runs it)."""
+        if self._disposing is not None:
+            await asyncio.shield(self._disposing)
+            return
+        done = self._disposing = asyncio.get_running_loop().create_future()
+        try:
+            await self._dispose()
+        except BaseException as exc:
+            done.set_exception(exc)
+            done.exception()  # retrieved: later callers re-raise it themselves
+            raise
+        done.set_result(None)
+
+    def __repr__(self) -> str:
+        return f"SubagentRun({self.id!r}, local={self.local_agent is not None})"
+
+
+@runtime_checkable
+class SubagentProvider(Protocol):
+    """One named transport for child agents (``spawn``, ``fork``, ``acp``, ...).
+
+    ``start`` establishes a ONE-SHOT child and returns it once published; before that it owns
+    set-up and cleans any unpublished resources before raising. ``inherits_parent_context``
+    says whether the child sees the parent's completed turns (descriptive only). A provider that
+    can create continuable children also defines ``prepare_continuable`` (see
+    :class:`ContinuableCreateRequest`): its presence *is* the capability.
+    """
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def capabilities(self) -> SubagentCapabilities: ...
+
+    @property
+    def inherits_parent_context(self) -> bool: ...
+
+    async def start(self, request: ResolvedSubagentStartRequest) -> SubagentRun: ...
+
+
+@attrs.frozen(kw_only=True)
+class ContinuableCreateRequest:
+    """What the continuation manager asks a provider while creating a continuable child's
+    FIRST activation: only what distinguishes a fresh child from a seeded one."""
+
+    session_id: str
+    parent: Agent = attrs.field(eq=False)
+    signal: AbortSignal = attrs.field(eq=False)
+
+
+@attrs.frozen(kw_only=True)
+class ContinuableCreateSpec:
+    """A provider's detached contribution to one continuable child: data, never a capability.
+
+    ``seed`` is the parent's balanced completed-turn prefix (contiguous from seq 0, lossless),
+    or ``None`` for a fresh child.
+    """
+
+    seed: tuple[SessionEvent, ...] | None = None
+
+
+@attrs.frozen(kw_only=True)
+class ContinuableStartSpec:
+    """``start_continuable``: a provider, the durable label, and the child's request."""
+
+    provider: str
+    label: str
+    prompt: tuple[ContentBlock, ...]
+    parent: Agent = attrs.field(eq=False)
+    signal: AbortSignal = attrs.field(eq=False)
+    agent_options: AgentOptions | None = None
+    max_depth: int | None = None
+    tool_filter: ToolRestriction | None = None
+    persona: str | None = None
+    child_id: str | None = None
+
+
+@attrs.frozen(kw_only=True)
+class ContinuableStart:
+    """Identities returned once a continuable child accepted its initial prompt."""
+
+    child_id: str
+    message_id: str
+
+
+# -- message sources the seam writes --------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class CoordinatorMessageSource(MessageSource):
+    """A model coordinator's follow-up to one of its children (attribution, not authority)."""
+
+    kind: Literal["coordinator"] = attrs.field(default="coordinator", init=False)
+    sender_session_id: str
+    form: Literal["relay"] = "relay"
+
+
+@attrs.frozen(kw_only=True)
+class SubagentReportMessageSource(MessageSource):
+    """A continuable child's explicit report to its direct parent."""
+
+    kind: Literal["subagent-report"] = attrs.field(default="subagent-report", init=False)
+    sender_session_id: str
+    form: Literal["relay"] = "relay"
+
+
+@attrs.frozen(kw_only=True)
+class SubagentSettledMessageSource(MessageSource):
+    """The runtime's notice that a background child settled."""
+
+    kind: Literal["subagent-settled"] = attrs.field(default="subagent-settled", init=False)
+    sender_session_id: str
+    summary: str
+    form: Literal["notice"] = "notice"
+
+
+SubagentReportDelivery = Literal["quiet", "wakeup", "next-step"]
+
+
+@attrs.frozen(kw_only=True)
+class SubagentFollowupOptions:
+    """Options for following up with one continuable child."""
+
+    source: MessageSource
+    signal: AbortSignal = attrs.field(eq=False)
+
+
+@attrs.frozen(kw_only=True)
+class SubagentReportOptions:
+    """Options for one continuable child's report to its direct parent."""
+
+    delivery: SubagentReportDelivery
+    signal: AbortSignal = attrs.field(eq=False)
+
+
+@attrs.frozen(kw_only=True)
+class UserInterruptAuthority:
+    """A person interrupting a child of ``parent_session_id``."""
+
+    parent_session_id: str
+    kind: Literal["user"] = "user"
+
+
+@attrs.frozen(kw_only=True)
+class AncestorInterruptAuthority:
+    """A live ancestor agent interrupting one of its descendants."""
+
+    agent: Agent = attrs.field(eq=False)
+    kind: Literal["ancestor"] = "ancestor"
+
+
+SubagentInterruptAuthority: TypeAlias = "UserInterruptAuthority | AncestorInterruptAuthority"
+
+
+# -- lifecycle events and listing ---------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class SubagentRunInfo:
+    """``subagent/start``: a run (or a continuable residency epoch) began."""
+
+    run_id: str
+    provider: str
+    id: str
+    local: bool
+
+
+@attrs.frozen(kw_only=True)
+class SubagentRunEndInfo:
+    """``subagent/end``: the run began as ``run_id`` ended (``last_assistant_message`` is
+    omitted when there was no output)."""
+
+    run_id: str
+    provider: str
+    id: str
+    local: bool
+    stop_reason: SubagentStopReason
+    last_assistant_message: tuple[ContentBlock, ...] | None = None
+
+
+@attrs.frozen(kw_only=True)
+class SubagentChildEntry:
+    """A listed child with a valid descriptor. ``label`` is always present when continuable."""
+
+    id: str
+    mode: Literal["one-shot", "continuable"]
+    activity: Literal["running", "inactive"]
+    label: str | None = None
+    has_children: bool = False
+    kind: Literal["child"] = "child"
+
+
+@attrs.frozen(kw_only=True)
+class SubagentDiagnosticEntry:
+    """A child that could not be classified; one broken sibling never hides healthy ones."""
+
+    id: str
+    reason: Literal["corrupt", "unsupported", "unavailable"]
+    kind: Literal["diagnostic"] = "diagnostic"
+
+
+SubagentListEntry: TypeAlias = "SubagentChildEntry | SubagentDiagnosticEntry"
+
+
+@attrs.frozen(kw_only=True)
+class SubagentDescendantListEntry:
+    """A listing entry with its durable direct parent and depth below the root (children: 1)."""
+
+    entry: SubagentListEntry
+    parent_id: str
+    depth: int

@@ -1,0 +1,234 @@
+"""The in-process one-shot driver shared by the ``spawn`` and ``fork`` providers (DRV-1..9).
+
+``start_in_process_run(request, seed=...)`` creates an ordinary child agent through
+``request.parent.ctx.agents.create`` (so the parent owns it and its disposal takes the child
+along), composes it inside the unpublished creation window (persona, tool filter, structured
+output, the delegation statement, and the descriptor hook), and returns the published
+:class:`SubagentRun` before the child's turn is over. The result is read from the child's own
+log (after its seed): the stop reason from the last consumed-work turn end (DRV-6), the
+output by OUT-1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+from dsh_core import (
+    PERSONA_SECTION,
+    AbortedError,
+    AbortSignal,
+    Agent,
+    AgentCancelCause,
+    AgentOptions,
+    Context,
+    CreateAgentOptions,
+    PreStep,
+    PreStepDecision,
+    PromptContext,
+    PromptSection,
+    SessionEvent,
+    SessionMeta,
+    fold_consumed_work,
+    user_message,
+)
+
+from ._depth import SUBAGENT_DEPTH_KEY, resolve_child_depth
+from ._descriptor import DESCRIPTOR_EVENT, descriptor_payload
+from ._output import one_shot_stop_reason, select_output, truncate_diagnostic
+from ._structured import StructuredCapture
+from ._types import ResolvedSubagentStartRequest, SubagentResult, SubagentRun
+
+__all__ = [
+    "DELEGATION_CONTEXT",
+    "DELEGATION_STATEMENT",
+    "child_agent_options",
+    "completed_turn_prefix",
+    "start_in_process_run",
+]
+
+ABORTED_BEFORE_PUBLICATION = "subagent request was aborted before child publication"
+DELEGATION_CONTEXT = "subagent:delegation"
+DELEGATION_STATEMENT = (
+    "You are a subagent: another agent delegated this task to you and receives your final "
+    "answer. Your tools and permissions are fixed for this task. If you cannot do something "
+    "with what you have, say so in your answer instead of retrying."
+)
+NO_CAPTURE = (
+    "the child ended its turn without calling structured_output, so no structured result "
+    "was recorded (the run is not re-prompted)"
+)
+
+
+def child_agent_options(parent: Agent, requested: AgentOptions | None, depth: int) -> AgentOptions:
+    """DEP-4: the parent's route and ``max_tokens`` overlaid with the request's declared fields,
+    plus the runtime ``subagent_depth``. Nothing undeclared is invented."""
+    base = parent.options
+    req = requested or AgentOptions()
+    return AgentOptions(
+        provider=req.provider if req.provider is not None else base.provider,
+        model=req.model if req.model is not None else base.model,
+        max_tokens=req.max_tokens if req.max_tokens is not None else base.max_tokens,
+        extensions={**req.extensions, SUBAGENT_DEPTH_KEY: depth},
+    )
+
+
+def completed_turn_prefix(parent: Agent) -> tuple[SessionEvent, ...] | None:
+    """FORK-1: the parent's events from seq 0 through its last ``turn/end`` (a balanced
+    prefix; the in-flight turn and anything after the last turn end are cut off), or ``None``
+    when no turn has completed."""
+    events = parent.session.events
+    for i in range(len(events) - 1, -1, -1):
+        if events[i].type == "turn/end":
+            return events[: i + 1]
+    return None
+
+
+def _compose(
+    request: ResolvedSubagentStartRequest,
+    capture: StructuredCapture | None,
+    descriptor: dict[str, Any],
+) -> Callable[[Context], None]:
+    """The creation-window set-up (DEP-5, DSC-4, STR-1): nothing is visible until publish."""
+
+    def setup(ctx: Context) -> None:
+        if request.persona is not None:
+            ctx.system_prompt.section(
+                PromptSection(name=PERSONA_SECTION, order=0, text=request.persona)
+            )
+        ctx.system_prompt.context(
+            PromptContext(name=DELEGATION_CONTEXT, order=120, text=DELEGATION_STATEMENT)
+        )
+        if capture is not None:
+            capture.install(ctx)
+        if request.tool_filter is not None:
+            ctx.tools.restrict(request.tool_filter)
+        appended = False
+
+        async def on_pre_step(
+            pre: PreStep, next_: Callable[..., Awaitable[PreStepDecision]]
+        ) -> PreStepDecision:
+            nonlocal appended
+            decision = await next_()
+            if not appended and decision.kind == "enter":
+                appended = True
+                pre.agent.session.append(DESCRIPTOR_EVENT, descriptor, ignorable=True)
+            return decision
+
+        ctx.on("agent/pre-step", on_pre_step)
+
+    return setup
+
+
+def _refuse_if_aborted(signal: AbortSignal) -> None:
+    if signal.aborted:
+        raise AbortedError(signal.reason, ABORTED_BEFORE_PUBLICATION)
+
+
+async def start_in_process_run(
+    request: ResolvedSubagentStartRequest,
+    *,
+    seed: Sequence[SessionEvent] | None = None,
+) -> SubagentRun:
+    """Create, publish and prompt a one-shot in-process child; see the module docstring.
+
+    Before publication the caller's signal aborts creation (nothing is left behind, DRV-2);
+    afterwards it cancels the child's remaining work (DRV-5).
+    """
+    parent = request.parent
+    signal = request.signal
+    _refuse_if_aborted(signal)
+    depth = resolve_child_depth(parent, request.max_depth)
+    header = parent.session.header
+    meta = SessionMeta(
+        cwd=header.cwd,
+        parent_session=parent.id,
+        seed_length=len(seed) if seed else None,
+        origin="subagent",
+        delegation_depth=depth,
+    )
+    capture = (
+        StructuredCapture(request.output_schema) if request.output_schema is not None else None
+    )
+    try:
+        handle = await parent.ctx.agents.create(
+            CreateAgentOptions(
+                meta=meta,
+                seed=seed or None,
+                agent_options=child_agent_options(parent, request.agent_options, depth),
+                signal=signal,
+                setup=_compose(request, capture, descriptor_payload(request.descriptor)),
+            )
+        )
+    except AbortedError as exc:
+        raise AbortedError(exc.reason, ABORTED_BEFORE_PUBLICATION) from exc
+    child = handle.agent
+    result: asyncio.Future[SubagentResult] = asyncio.get_running_loop().create_future()
+    cancelled = False
+
+    def cancel(_: object = None) -> None:
+        nonlocal cancelled
+        if not result.done():
+            cancelled = True
+            child.cancel(AgentCancelCause(kind="parent"))
+
+    def settle() -> None:
+        if not result.done():
+            try:
+                outcome = _result_of(child, capture, cancelled)
+            except Exception as exc:  # an infrastructure fault no stop reason can express
+                result.set_exception(exc)
+            else:
+                result.set_result(outcome)
+
+    def on_status(agent: Agent, status: str) -> None:
+        if status == "idle":
+            settle()
+
+    if signal.aborted:  # DRV-4: aborted between publication and listener installation
+        cancelled = True
+        result.set_result(SubagentResult(output=(), stop_reason="aborted"))
+        remove: Callable[[], None] = _nothing
+    else:
+        remove = signal.add_listener(cancel)
+        child.ctx.on("agent/status", on_status)
+        child.followup(user_message(request.prompt))
+
+    async def dispose() -> None:
+        remove()
+        cancel()
+        await child.when_idle()
+        settle()
+        await handle.dispose()
+
+    return SubagentRun(id=child.id, local_agent=child, result=result, dispose=dispose)
+
+
+def _nothing() -> None:
+    return None
+
+
+def _result_of(child: Agent, capture: StructuredCapture | None, cancelled: bool) -> SubagentResult:
+    """Read a settled child's result from its own log (DRV-6, DRV-7, OUT-1, STR-3)."""
+    session = child.session
+    events = session.events_since(session.first_live_seq)
+    end = fold_consumed_work(events).end
+    stop = one_shot_stop_reason(end.reason if end is not None else None, cancelled=cancelled)
+    diagnostic = None
+    if end is not None and end.reason.error is not None and stop == "error":
+        diagnostic = truncate_diagnostic(end.reason.error.message)
+    structured = None
+    if capture is not None and stop == "completed":
+        if capture.captured:
+            structured = capture.value
+        elif cancelled:  # STR-3: cancelled after a clean turn that captured nothing
+            stop = "aborted"
+        else:
+            stop, diagnostic = "error", NO_CAPTURE
+    return SubagentResult(
+        output=select_output(events) or (),
+        stop_reason=stop,
+        structured=structured,
+        diagnostic=diagnostic,
+    )

@@ -1,0 +1,247 @@
+"""The provider contract suite: what every subagent provider must do, as runnable tests.
+
+Subclass :class:`ProviderContract` in your provider's tests and implement
+``contract_host()``, an async context manager that yields a :class:`ContractHost`: a booted
+host where your provider is registered, a live parent agent, and two prompts (one the child
+answers with ``expected_output`` in it, one the child keeps working on until cancelled).
+pytest then runs every ``test_*`` method below against your provider::
+
+    class TestMyProviderContract(ProviderContract):
+        def contract_host(self):
+            return in_process_contract_host("subagent-mine", modules={...})
+
+Needs ``dsh-core[testing]`` (pytest, hypothesis) and the async test plugin
+``dsh_core.testing.pytest_plugin``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+import attrs
+import pytest
+
+from dsh_core import (
+    AbortController,
+    AbortedError,
+    Agent,
+    TextBlock,
+    blocks_text,
+    check_balanced,
+    text_blocks,
+)
+from dsh_core.testing import ScriptedReply, ScriptedRequest, TestHost, scripted_host
+
+from ._service import SUBAGENTS, SubagentService
+from ._types import (
+    ContinuableCreateRequest,
+    ContinuableCreateSpec,
+    SubagentCapabilities,
+    SubagentRunEndInfo,
+    SubagentRunInfo,
+    SubagentStartRequest,
+)
+
+__all__ = [
+    "ANSWER_PREFIX",
+    "HOLD_PROMPT",
+    "ContractHost",
+    "ProviderContract",
+    "contract_model",
+    "in_process_contract_host",
+]
+
+#: The scripted child answers every prompt with this prefix + the prompt.
+ANSWER_PREFIX = "contract answer: "
+#: A prompt the scripted child keeps working on until its request is aborted.
+HOLD_PROMPT = "contract: hold until cancelled"
+
+
+@attrs.frozen(kw_only=True)
+class ContractHost:
+    """What the suite needs: the host, the parent, the provider's name, and the prompts."""
+
+    host: TestHost
+    parent: Agent = attrs.field(eq=False)
+    provider_name: str
+    prompt: str = "contract: say hello"
+    expected_output: str = f"{ANSWER_PREFIX}contract: say hello"
+    hold_prompt: str = HOLD_PROMPT
+
+    @property
+    def subagents(self) -> SubagentService:
+        """The service, seen from the parent."""
+        return self.parent.ctx[SUBAGENTS]
+
+
+def contract_model(request: ScriptedRequest) -> ScriptedReply | str:
+    """The scripted model the in-process contract hosts use (children and parent alike)."""
+    if request.last_user_text == HOLD_PROMPT:
+        return ScriptedReply(text="working", wait=asyncio.Event().wait)
+    return ANSWER_PREFIX + request.last_user_text
+
+
+@contextlib.asynccontextmanager
+async def in_process_contract_host(
+    *plugins: str,
+    provider_name: str,
+    modules: Mapping[str, Any],
+    config: Mapping[str, Mapping[str, Any]] | None = None,
+) -> AsyncIterator[ContractHost]:
+    """A scripted host mounting ``subagent`` and ``plugins``, with a parent that has finished
+    one turn (so seeded providers have history to inherit)."""
+    async with scripted_host(
+        "subagent", *plugins, model=contract_model, modules=modules, config=config
+    ) as host:
+        handle = await host.create_agent()
+        await host.run(handle.agent, "contract: parent's first turn")
+        yield ContractHost(host=host, parent=handle.agent, provider_name=provider_name)
+        await handle.dispose()
+
+
+class ProviderContract:
+    """The contract every subagent provider meets (subclass; implement ``contract_host``)."""
+
+    def contract_host(self) -> contextlib.AbstractAsyncContextManager[ContractHost]:
+        """Yield a :class:`ContractHost` for the provider under test."""
+        raise NotImplementedError
+
+    def _request(self, h: ContractHost, prompt: str, signal: Any = None) -> SubagentStartRequest:
+        return SubagentStartRequest(
+            prompt=text_blocks(prompt),
+            parent=h.parent,
+            signal=signal or AbortController().signal,
+            label="contract",
+        )
+
+    async def test_provider_shape(self) -> None:
+        """SVC-1: the provider is registered under a non-empty name with typed capabilities."""
+        async with self.contract_host() as h:
+            provider = h.subagents.get_provider(h.provider_name)
+            assert provider is not None
+            assert provider.name == h.provider_name != ""
+            assert isinstance(provider.capabilities, SubagentCapabilities)
+            assert isinstance(provider.inherits_parent_context, bool)
+            assert h.provider_name in h.subagents.list()
+
+    async def test_start_publishes_then_completes(self) -> None:
+        """DRV-1: start returns a published run; the result carries the child's answer."""
+        async with self.contract_host() as h:
+            run = await h.subagents.start(h.provider_name, self._request(h, h.prompt))
+            try:
+                assert run.id
+                child = run.local_agent
+                if child is not None:
+                    assert child.id == run.id
+                    assert h.host.ctx.agents.get(run.id) is child
+                    assert child.session.header.parent_session == h.parent.id
+                result = await run.result
+                assert result.stop_reason == "completed"
+                assert h.expected_output in blocks_text(result.output)
+            finally:
+                await run.dispose()
+            if child is not None:
+                assert h.host.ctx.agents.get(run.id) is None
+
+    async def test_dispose_is_idempotent_and_settles(self) -> None:
+        """DRV-5: dispose is idempotent, cancels remaining work and settles the result."""
+        async with self.contract_host() as h:
+            run = await h.subagents.start(h.provider_name, self._request(h, h.hold_prompt))
+            await asyncio.gather(run.dispose(), run.dispose())
+            await run.dispose()
+            result = await run.result
+            assert result.stop_reason == "aborted"
+
+    async def test_pre_aborted_signal_leaves_nothing(self) -> None:
+        """DRV-2: a signal aborted before start rejects; no agent or session is left behind."""
+        async with self.contract_host() as h:
+            agents = len(h.host.ctx.agents.list())
+            sessions = len(h.host.ctx.sessions.list())
+            controller = AbortController()
+            controller.abort("stop")
+            with pytest.raises(AbortedError) as caught:
+                await h.subagents.start(
+                    h.provider_name, self._request(h, h.prompt, controller.signal)
+                )
+            assert caught.value.reason == "stop"
+            assert len(h.host.ctx.agents.list()) == agents
+            assert len(h.host.ctx.sessions.list()) == sessions
+
+    async def test_abort_after_publication_settles_aborted(self) -> None:
+        """DRV-5: aborting the request signal after publication settles the run aborted."""
+        async with self.contract_host() as h:
+            controller = AbortController()
+            run = await h.subagents.start(
+                h.provider_name, self._request(h, h.hold_prompt, controller.signal)
+            )
+            try:
+                controller.abort("changed my mind")
+                result = await run.result
+                assert result.stop_reason == "aborted"
+            finally:
+                await run.dispose()
+
+    async def test_concurrent_starts_are_independent(self) -> None:
+        """SVC-13: concurrent children settle independently; cancelling one spares the other."""
+        async with self.contract_host() as h:
+            held = AbortController()
+            first, second = await asyncio.gather(
+                h.subagents.start(h.provider_name, self._request(h, h.hold_prompt, held.signal)),
+                h.subagents.start(h.provider_name, self._request(h, h.prompt)),
+            )
+            try:
+                assert first.id != second.id
+                done = await second.result
+                assert done.stop_reason == "completed"
+                assert not first.result.done()
+                held.abort("only the first")
+                assert (await first.result).stop_reason == "aborted"
+            finally:
+                await asyncio.gather(first.dispose(), second.dispose())
+
+    async def test_lifecycle_events_pair(self) -> None:
+        """SVC-9/10: subagent/start then subagent/end with the same run id and identity."""
+        async with self.contract_host() as h:
+            seen: list[SubagentRunInfo | SubagentRunEndInfo] = []
+            h.parent.ctx.on("subagent/start", seen.append)
+            h.parent.ctx.on("subagent/end", seen.append)
+            run = await h.subagents.start(h.provider_name, self._request(h, h.prompt))
+            try:
+                await run.result
+            finally:
+                await run.dispose()
+            start, end = seen
+            assert isinstance(start, SubagentRunInfo)
+            assert isinstance(end, SubagentRunEndInfo)
+            assert (end.run_id, end.provider, end.id, end.local) == (
+                start.run_id,
+                h.provider_name,
+                run.id,
+                run.local_agent is not None,
+            )
+            assert end.stop_reason == "completed"
+            assert end.last_assistant_message
+            assert isinstance(end.last_assistant_message[0], TextBlock)
+
+    async def test_prepare_continuable_returns_detached_data(self) -> None:
+        """CONT-4: prepare_continuable (if present) returns data only: a balanced seed or none."""
+        async with self.contract_host() as h:
+            provider = h.subagents.get_provider(h.provider_name)
+            assert provider is not None
+            prepare = getattr(provider, "prepare_continuable", None)
+            if prepare is None:
+                return
+            spec = await prepare(
+                ContinuableCreateRequest(
+                    session_id="contract-child", parent=h.parent, signal=AbortController().signal
+                )
+            )
+            assert isinstance(spec, ContinuableCreateSpec)
+            if spec.seed is not None:
+                assert [e.seq for e in spec.seed] == list(range(len(spec.seed)))
+                check_balanced(spec.seed)
+                if not provider.inherits_parent_context:
+                    raise AssertionError("a provider that does not inherit context seeded a child")
