@@ -22,6 +22,7 @@ import attrs
 
 from ._abort import AbortController, AbortedError, AbortSignal, fuse, race_abort
 from ._content import (
+    ContentBlock,
     Finish,
     LlmError,
     LlmFailure,
@@ -499,22 +500,7 @@ class Agent:
             if signal.aborted:
                 blocks = assembler.interrupted_blocks()
                 if blocks:
-                    session.append(
-                        "assistant/message",
-                        AssistantMessageData(
-                            turn=turn,
-                            step=step,
-                            message=Message(
-                                id=new_id(),
-                                role="assistant",
-                                content=blocks,
-                                source=ModelSource(provider=config.provider, model=config.model),
-                            ),
-                            usage=assembler.usage,
-                            interrupted=True,
-                        ),
-                        source_event_seqs=chunk_seqs,
-                    )
+                    self._log_answer(turn, step, config, blocks, assembler, chunk_seqs, True)
                 raise _TurnAborted
             assert finish is not None
             if finish.reason in ("error", "aborted"):
@@ -532,7 +518,29 @@ class Agent:
                 raise _RequestFailed(fail)
             break
         blocks = assembler.blocks()
-        session.append(
+        self._log_answer(turn, step, config, blocks, assembler, chunk_seqs, False)
+        if finish.reason == "max-tokens":
+            return "max-tokens"
+        calls = [b for b in blocks if isinstance(b, ToolCallBlock)]
+        if not calls:
+            return "done"
+        concluded = await self._run_calls(calls, turn, step, signal)
+        if signal.aborted:
+            raise _TurnAborted
+        return "concluded" if concluded else "tools"
+
+    def _log_answer(
+        self,
+        turn: int,
+        step: int,
+        config: LlmCallConfig,
+        blocks: tuple[ContentBlock, ...],
+        assembler: BlockAssembler,
+        chunk_seqs: list[int],
+        interrupted: bool,
+    ) -> None:
+        """Append the step's ``assistant/message`` (citing its chunks)."""
+        self.session.append(
             "assistant/message",
             AssistantMessageData(
                 turn=turn,
@@ -544,18 +552,10 @@ class Agent:
                     source=ModelSource(provider=config.provider, model=config.model),
                 ),
                 usage=assembler.usage,
+                interrupted=interrupted,
             ),
             source_event_seqs=chunk_seqs,
         )
-        if finish.reason == "max-tokens":
-            return "max-tokens"
-        calls = [b for b in blocks if isinstance(b, ToolCallBlock)]
-        if not calls:
-            return "done"
-        concluded = await self._run_calls(calls, turn, step, signal)
-        if signal.aborted:
-            raise _TurnAborted
-        return "concluded" if concluded else "tools"
 
     def _config(self) -> LlmCallConfig | None:
         cached = self._route
@@ -814,6 +814,7 @@ async def _teardown(
             agent.ctx.emit("agent/disposed", agent)
     if detach_session is not None:
         detach_session()
+    agent.ctx._bound.clear()  # views refer back to the context: let refcounting free them
 
 
 @attrs.define(eq=False)

@@ -45,6 +45,7 @@ __all__ = [
     "TurnEndReason",
     "TurnStartData",
     "encode_header",
+    "make_event",
     "structure_header",
 ]
 
@@ -110,6 +111,35 @@ class SessionEvent:
     source_event_seqs: tuple[int, ...] | None = None
     surface_op: Literal["append"] | None = None
     ignorable: bool = False
+
+
+_EVENT_FIELDS = ("type", "seq", "time", "data", "source_event_seqs", "surface_op", "ignorable")
+_SET_EVENT = tuple(SessionEvent.__dict__[name].__set__ for name in _EVENT_FIELDS)
+_new_object = object.__new__
+
+
+def make_event(
+    type: str,
+    seq: int,
+    time: int,
+    data: Any,
+    source_event_seqs: tuple[int, ...] | None = None,
+    surface_op: Literal["append"] | None = None,
+    ignorable: bool = False,
+) -> SessionEvent:
+    """Build a :class:`SessionEvent` from already-validated parts (the hot path of appends
+    and loads): it fills the frozen slots directly, about twice as fast as ``__init__``. The
+    result is an ordinary, immutable ``SessionEvent``."""
+    event: SessionEvent = _new_object(SessionEvent)
+    set_type, set_seq, set_time, set_data, set_seqs, set_op, set_ignorable = _SET_EVENT
+    set_type(event, type)
+    set_seq(event, seq)
+    set_time(event, time)
+    set_data(event, data)
+    set_seqs(event, source_event_seqs)
+    set_op(event, surface_op)
+    set_ignorable(event, ignorable)
+    return event
 
 
 # -- payloads of the core types -------------------------------------------------------------------
@@ -413,16 +443,10 @@ class EventTypeRegistry:
         except Exception as exc:
             raise SessionError(f"{type_} data is malformed: {exc}", code="SESSION_CORRUPT") from exc
         if surface:
-            return SessionEvent(
-                type=type_,
-                seq=seq,
-                time=time_,
-                data=data,
-                source_event_seqs=tuple(cast("list[int]", seqs)),
-                surface_op="append",
-                ignorable=ignorable,
+            return make_event(
+                type_, seq, time_, data, tuple(cast("list[int]", seqs)), "append", ignorable
             )
-        return SessionEvent(type=type_, seq=seq, time=time_, data=data, ignorable=ignorable)
+        return make_event(type_, seq, time_, data, None, None, ignorable)
 
 
 _EVENT_KEYS = frozenset(

@@ -79,44 +79,40 @@ class Inbox:
         self._pending.add(message.id)
         self._notify("agent/inbox/inserted", message)
 
+    def _find(self, message_id: str) -> tuple[InboxTarget, int, Message] | None:
+        targets: tuple[InboxTarget, InboxTarget] = ("next-turn", "next-step")
+        for target in targets:
+            for i, m in enumerate(self._lists[target]):
+                if m.id == message_id:
+                    return target, i, m
+        return None
+
     def remove(self, message_id: str) -> Message | None:
         """Cancel one pending message; emits ``agent/inbox/discarded``."""
-        for target, lst in self._lists.items():
-            for i, m in enumerate(lst):
-                if m.id == message_id:
-                    self._splice(
-                        InboxSplicedData(
-                            target=target,  # type: ignore[arg-type]
-                            start=i,
-                            removed_count=1,
-                            outcome="canceled",
-                        )
-                    )
-                    self._pending.discard(message_id)
-                    self._notify("agent/inbox/discarded", m)
-                    return m
-        return None
+        found = self._find(message_id)
+        if found is None:
+            return None
+        target, i, m = found
+        self._splice(InboxSplicedData(target=target, start=i, removed_count=1, outcome="canceled"))
+        self._pending.discard(message_id)
+        self._notify("agent/inbox/discarded", m)
+        return m
 
     def replace(self, message_id: str, new: Message) -> None:
         """Discard ``message_id`` and insert ``new`` at its place."""
-        for target, lst in self._lists.items():
-            for i, m in enumerate(lst):
-                if m.id == message_id:
-                    self._splice(
-                        InboxSplicedData(
-                            target=target,  # type: ignore[arg-type]
-                            start=i,
-                            removed_count=1,
-                            inserted=(new,),
-                            outcome="canceled",
-                        )
-                    )
-                    self._pending.discard(message_id)
-                    self._pending.add(new.id)
-                    self._notify("agent/inbox/discarded", m)
-                    self._notify("agent/inbox/inserted", new)
-                    return
-        raise InboxError(f"message {message_id!r} is not pending", code="NOT_PENDING")
+        found = self._find(message_id)
+        if found is None:
+            raise InboxError(f"message {message_id!r} is not pending", code="NOT_PENDING")
+        target, i, m = found
+        self._splice(
+            InboxSplicedData(
+                target=target, start=i, removed_count=1, inserted=(new,), outcome="canceled"
+            )
+        )
+        self._pending.discard(message_id)
+        self._pending.add(new.id)
+        self._notify("agent/inbox/discarded", m)
+        self._notify("agent/inbox/inserted", new)
 
     def clear(self) -> list[Message]:
         """Cancel everything pending (next-step first, then next-turn); returns what went."""

@@ -25,6 +25,7 @@ from ._events import (
     SessionEvent,
     SessionHeader,
     SessionMeta,
+    make_event,
 )
 from ._log_checker import LogInvariantError, check_balanced
 
@@ -207,26 +208,16 @@ class Session:
             if not spec.surface:
                 if source_event_seqs is None:
                     return self._commit(
-                        SessionEvent(
-                            type=type,
-                            seq=seq,
-                            time=time.time_ns() // 1_000_000,
-                            data=data,
-                            ignorable=ignorable,
+                        make_event(
+                            type, seq, time.time_ns() // 1_000_000, data, None, None, ignorable
                         )
                     )
             elif source_event_seqs is not None:
                 seqs = tuple(source_event_seqs)
                 if not seqs or (min(seqs) >= 0 and max(seqs) < seq):
                     return self._commit(
-                        SessionEvent(
-                            type=type,
-                            seq=seq,
-                            time=time.time_ns() // 1_000_000,
-                            data=data,
-                            source_event_seqs=seqs,
-                            surface_op="append",
-                            ignorable=ignorable,
+                        make_event(
+                            type, seq, time.time_ns() // 1_000_000, data, seqs, "append", ignorable
                         )
                     )
         if spec is None and not ignorable:

@@ -1128,3 +1128,30 @@ async def test_cancel_after_clean_turn_without_capture_is_aborted() -> None:
         assert result.stop_reason == "aborted"
         assert result.structured is None
         await run.dispose()
+
+
+async def test_handle_disposal_failure_rejects_dispose_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """DRV-5: only a handle-disposal failure rejects dispose; the result keeps its own outcome,
+    and every later dispose() re-raises that same failure."""
+    from dsh_core import AgentHandle
+
+    real = AgentHandle.dispose
+
+    async def failing(self: AgentHandle) -> None:
+        await real(self)
+        raise RuntimeError("handle teardown failed")
+
+    async with boot() as b:
+        run = await b.start()
+        result = await run.result
+        monkeypatch.setattr(AgentHandle, "dispose", failing)
+        with pytest.raises(RuntimeError, match="handle teardown failed"):
+            await run.dispose()
+        with pytest.raises(RuntimeError, match="handle teardown failed"):
+            await run.dispose()
+        monkeypatch.setattr(AgentHandle, "dispose", real)
+        assert result.stop_reason == "completed"
+        assert await run.result is result
+        assert b.host.ctx.agents.get(run.id) is None

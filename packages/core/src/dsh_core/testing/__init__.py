@@ -1,7 +1,8 @@
 """Test support for dsh distributions and for users' own tests (public API).
 
-See ``docs/testing.md``. Nothing here is imported by the runtime. Needs ``dsh-core[testing]``.
-``dsh_core.testing.strategies`` (hypothesis strategies) is imported separately.
+See ``docs/testing.md``. Nothing here is imported by the runtime. The host builder and the
+scripted model need nothing extra; ``pytest_plugin`` and ``check_entry_point`` need pytest and
+``strategies`` needs hypothesis (``pip install "dsh-core[testing]"``).
 """
 
 from __future__ import annotations

@@ -6,8 +6,6 @@ import importlib.metadata as md
 import json
 from pathlib import Path
 
-import pytest
-
 from .._plugins import ENTRY_POINT_GROUP, make_plugin_manager
 
 __all__ = ["check_entry_point"]
@@ -30,6 +28,8 @@ def check_entry_point(name: str, *, distribution: str, module: str) -> None:
     assert declared == distribution, f"{name!r} is declared by {declared!r}, not {distribution!r}"
     direct = dist.read_text("direct_url.json")
     if direct and json.loads(direct).get("dir_info", {}).get("editable"):
+        import pytest  # only a test calls this; the rest of dsh_core.testing needs no pytest
+
         pytest.skip(f"{distribution} is installed editable; the wheel check runs under nox")
     loaded = ep.load()
     origin = Path(loaded.__file__ or "").resolve()
