@@ -167,3 +167,14 @@ def test_cli_plugins_lists_and_exits_nonzero_on_failure(
     assert "broken (dsh-broken 0.0.9): import failed: ImportError" in text
     monkeypatch.setenv("DSH_PLUGINS", "alpha,beta")
     assert main(["plugins"], out=io.StringIO()) == 0
+
+
+def test_cli_demo_runs_one_offline_turn(monkeypatch: pytest.MonkeyPatch) -> None:
+    """[foundation] `dsh demo` lists the plugins and runs one turn on the scripted model."""
+    monkeypatch.setenv("DSH_PLUGINS", "core")
+    out = io.StringIO()
+    assert main(["demo"], out=out) == 0
+    text = out.getvalue()
+    assert "mounts 'agents'" in text
+    assert "assistant > hello from the demo" in text
+    assert "turn/start" in text and "turn/end" in text

@@ -462,6 +462,10 @@ class SessionPersistence:
             # session never existed and nothing of it is kept.
             self._release(rec.handle, discard=True)
             return
+        if not self._threaded and not rec.lock.locked():
+            # Nothing here blocks (the memory backend): close at once instead of in a task.
+            self._close_now(rec)
+            return
         try:
             asyncio.get_running_loop()
         except RuntimeError:

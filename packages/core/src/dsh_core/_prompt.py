@@ -125,9 +125,8 @@ class SystemPromptService:
             None: {}
         }
         self._counter = 0
-        #: Bumped on every change; assemblies of static text are cached per scope and version.
-        self.version = 0
-        self.cache: dict[Scope | None, tuple[int, PromptAssembly]] = {}
+        #: Assemblies of static text, by effective scope; a change drops the entries it affects.
+        self.cache: dict[Scope | None, PromptAssembly] = {}
 
     def __dsh_bind__(self, ctx: Context) -> SystemPromptRegistry:
         return SystemPromptRegistry(self, ctx)
@@ -146,10 +145,18 @@ class SystemPromptService:
             s = s.parent
         return None
 
-    def changed(self) -> None:
-        self.version += 1
-        if self.cache:
-            self.cache.clear()
+    def changed(self, scope: Scope | None) -> None:
+        """Drop the cached assemblies a change in ``scope`` can affect: every one for a global
+        change, else that scope's and its descendants' (an agent's scoped section never
+        invalidates another agent's prompt)."""
+        cache = self.cache
+        if not cache:
+            return
+        if scope is None:
+            cache.clear()
+            return
+        for key in [k for k in cache if k is not None and scope in k.chain()]:
+            del cache[key]
 
 
 class _Variables(Mapping[str, "str | None"]):
@@ -228,11 +235,11 @@ class SystemPromptRegistry:
                 del current[value.name]
                 if not current and scope is not None:
                     del layers[scope]
-                svc.changed()
+                svc.changed(scope)
                 ctx.emit("system-prompt/change")
 
         disposer = ctx.fiber.add(remove)
-        svc.changed()
+        svc.changed(scope)
         ctx.emit("system-prompt/change")
         return disposer
 
@@ -259,13 +266,13 @@ class SystemPromptRegistry:
         svc = self._svc
         variables = svc.variables
         ctx = self._ctx
-        svc.changed()
+        svc.changed(scope)
 
         def remove() -> None:
             current = variables.get(scope)
             if current is not None and current.get(name) is provider:
                 del current[name]
-                svc.changed()
+                svc.changed(scope)
                 ctx.emit("system-prompt/change")
 
         disposer = ctx.fiber.add(remove)
@@ -280,8 +287,8 @@ class SystemPromptRegistry:
         svc = self._svc
         key = svc.effective_scope(scope)
         cached = svc.cache.get(key)
-        if cached is not None and cached[0] == svc.version:
-            return cached[1]
+        if cached is not None:
+            return cached
         providers: dict[str, Callable[[AssembleContext], str | None]] = {}
         chain = list(scope.chain()) if scope is not None else []
         for s in [*chain, None]:
@@ -311,5 +318,5 @@ class SystemPromptRegistry:
             variables={k: v for k, v in variables.cache.items() if v is not None},
         )
         if not variables.cache and static:
-            svc.cache[key] = (svc.version, assembly)
+            svc.cache[key] = assembly
         return assembly

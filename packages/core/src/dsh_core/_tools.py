@@ -222,27 +222,42 @@ class ToolRegistryService:
         self.layers: dict[Scope | None, dict[str, _Entry]] = {None: {}}
         self.restrictions: dict[Scope, list[ToolRestriction]] = {}
         self.guards: dict[Scope | None, list[Callable[[ToolExecutionInput], str | None]]] = {}
-        self.version = 0
-        self._visible: dict[Scope | None, tuple[int, dict[str, _Entry]]] = {}
-        self._schemas: dict[Scope | None, tuple[int, tuple[ToolSchema, ...]]] = {}
+        self._visible: dict[Scope | None, dict[str, _Entry]] = {}
+        self._schemas: dict[Scope | None, tuple[ToolSchema, ...]] = {}
 
     def __dsh_bind__(self, ctx: Context) -> ToolRegistry:
         return ToolRegistry(self, ctx)
 
-    def changed(self, ctx: Context) -> None:
-        self.version += 1
-        self._visible.clear()
-        self._schemas.clear()
+    def changed(self, ctx: Context, scope: Scope | None) -> None:
+        """Drop the cached visibility a change in ``scope`` can affect (all of it for a global
+        change, else that scope's and its descendants'), then emit ``tools/change``."""
+        for cache in (self._visible, self._schemas):
+            if scope is None:
+                cache.clear()
+            else:
+                for key in [k for k in cache if k is not None and scope in k.chain()]:
+                    del cache[key]
         ctx.emit("tools/change")
 
     def schemas(self, scope: Scope | None) -> tuple[ToolSchema, ...]:
         """The visible schemas of ``scope`` (the same tuple object until something changes)."""
-        cached = self._schemas.get(scope)
-        if cached is not None and cached[0] == self.version:
-            return cached[1]
-        schemas = tuple(e.schema for e in self.visible(scope).values())
-        self._schemas[scope] = (self.version, schemas)
+        key = self._effective(scope)
+        cached = self._schemas.get(key)
+        if cached is not None:
+            return cached
+        schemas = self._schemas[key] = tuple(e.schema for e in self.visible(key).values())
         return schemas
+
+    def _effective(self, scope: Scope | None) -> Scope | None:
+        """The nearest scope in ``scope``'s chain with tools or restrictions of its own;
+        ``None`` when only the global layer applies. Caches are keyed by it, so an agent
+        without scoped tools shares the global entry (and leaves nothing behind)."""
+        s = scope
+        while s is not None:
+            if s in self.layers or s in self.restrictions:
+                return s
+            s = s.parent
+        return None
 
     def inherited(self, scope: Scope | None) -> dict[str, _Entry]:
         """What ``scope`` inherits: ancestor layers nearest-first, then the global layer."""
@@ -259,9 +274,10 @@ class ToolRegistryService:
 
     def visible(self, scope: Scope | None) -> dict[str, _Entry]:
         """The one visibility rule: own layer, plus inherited tools minus restrictions."""
+        scope = self._effective(scope)
         cached = self._visible.get(scope)
-        if cached is not None and cached[0] == self.version:
-            return cached[1]
+        if cached is not None:
+            return cached
         inherited = self.inherited(scope)
         if scope is not None:
             for restriction in self.restrictions.get(scope, ()):
@@ -275,7 +291,7 @@ class ToolRegistryService:
             result = {**inherited, **own}
         else:
             result = inherited
-        self._visible[scope] = (self.version, result)
+        self._visible[scope] = result
         return result
 
 
@@ -317,10 +333,10 @@ class ToolRegistry:
                 del current[definition.name]
                 if not current and scope is not None:
                     del svc.layers[scope]
-                svc.changed(ctx)
+                svc.changed(ctx, scope)
 
         disposer = ctx.fiber.add(remove)
-        svc.changed(ctx)
+        svc.changed(ctx, scope)
         return disposer
 
     def restrict(self, restriction: ToolRestriction) -> Callable[[], object]:
@@ -356,10 +372,10 @@ class ToolRegistry:
                 items.remove(restriction)
                 if not items:
                     del svc.restrictions[scope]
-                svc.changed(ctx)
+                svc.changed(ctx, scope)
 
         disposer = ctx.fiber.add(remove)
-        svc.changed(ctx)
+        svc.changed(ctx, scope)
         return disposer
 
     def guard(self, fn: Callable[[ToolExecutionInput], str | None]) -> Callable[[], object]:

@@ -7,6 +7,8 @@ that failed to load (exit status 1 then). ``dsh demo`` runs the offline demo.
 from __future__ import annotations
 
 import argparse
+import asyncio
+import os
 import sys
 from collections.abc import Sequence
 from typing import TextIO
@@ -61,24 +63,59 @@ def cmd_plugins(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_demo(args: argparse.Namespace, out: TextIO) -> int:
-    """The offline demo: for now, the tree of discovered distributions and their plugins."""
+    """The offline demo: the tree of discovered plugins, then one real turn of an agent on the
+    embedded scripted model (no network, no keys), with its durable log."""
     pm, fatal = _discover()
     print("dsh plugin tree", file=out)
     by_dist = sorted(pm.discovered, key=lambda d: (d.distribution or "", d.name))
     for i, d in enumerate(by_dist):
         last = i == len(by_dist) - 1
-        print(
-            f"{'└── ' if last else '├── '}{d.distribution or d.name} {d.version or ''}".rstrip(),
-            file=out,
-        )
+        label = f"{d.distribution or d.name} {d.version or ''}".rstrip()
+        print(f"{'└── ' if last else '├── '}{label}", file=out)
         pad = "    " if last else "│   "
         print(f"{pad}└── entry point {d.name!r} -> {d.value}", file=out)
-        for spec in d.plugins:
-            print(f"{pad}    └── mounts {spec.name!r}", file=out)
+        for j, spec in enumerate(d.plugins):
+            branch = "└── " if j == len(d.plugins) - 1 else "├── "
+            print(f"{pad}    {branch}mounts {spec.name!r}", file=out)
     _print_failures(pm, out)
     if fatal:
         print(f"\ndiscovery failed: {fatal}", file=out)
-    return 1 if pm.failures or fatal else 0
+        return 1
+    status = asyncio.run(_demo_turn(out))
+    return 1 if pm.failures or status else 0
+
+
+async def _demo_turn(out: TextIO) -> int:
+    """Boot the core plugins on the scripted model and run one turn; 1 if anything broke."""
+    from . import plugin as core_plugin
+    from ._agent import AgentOptions, CreateAgentOptions
+    from ._content import user_message
+    from ._events import SessionMeta
+    from ._host import boot_host
+
+    pm = make_plugin_manager(autoload=False, plugins={"core": core_plugin})
+    rows = ["sessions", "session-persistence-memory", "llm", "llm-scripted", "tools",
+            "system-prompt", "agents", "jobs", "invariants"]  # fmt: skip
+    async with await boot_host(rows, pm=pm) as host:
+        handle = await host.ctx.agents.create(
+            CreateAgentOptions(
+                meta=SessionMeta(cwd=os.getcwd()),
+                agent_options=AgentOptions(provider="scripted", model="echo"),
+            )
+        )
+        agent = handle.agent
+        print("\none offline turn (the embedded scripted model echoes):", file=out)
+        print("  user      > hello from the demo", file=out)
+        agent.followup(user_message("hello from the demo"))
+        await agent.when_idle()
+        print(f"  assistant > {agent.session.derive_messages()[-1].text}", file=out)
+        print(f"  session {agent.id}: {agent.session.seq} durable events", file=out)
+        print(f"    {', '.join(e.type for e in agent.session.events)}", file=out)
+        await handle.dispose()
+        broken = list(host.ctx.invariants.violations)
+    for v in broken:
+        print(f"  invariant broken: {v}", file=out)
+    return 1 if broken else 0
 
 
 def _parser() -> argparse.ArgumentParser:
