@@ -440,8 +440,6 @@ class Agent:
         else:
             if max_tokens and reason.kind == "completed":
                 reason = TurnEndReason(kind="max-tokens")
-            self._close_turn(turn, None, reason)
-            return
         self._close_turn(turn, step if open_step else None, reason)
 
     def _close_turn(self, turn: int, open_step: int | None, reason: TurnEndReason) -> None:

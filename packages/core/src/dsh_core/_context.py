@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-from collections.abc import Awaitable, Callable, Generator, Iterable
+from collections.abc import Awaitable, Callable, Container, Generator, MutableMapping
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, cast, overload
 
 from ._errors import DshError
@@ -87,6 +87,29 @@ class Scope:
 
     def __repr__(self) -> str:
         return f"Scope({self.key!r})"
+
+
+def nearest_scope(scope: Scope | None, *layers: Container[Scope | None]) -> Scope | None:
+    """The nearest scope in ``scope``'s chain present in any of ``layers`` (``None`` when only
+    global entries apply). Registries key their caches by it, so a scope with no entries of
+    its own shares the global cache entry and leaves nothing behind."""
+    s = scope
+    while s is not None:
+        for layer in layers:
+            if s in layer:
+                return s
+        s = s.parent
+    return None
+
+
+def drop_scoped(cache: MutableMapping[Scope | None, Any], scope: Scope | None) -> None:
+    """Forget what a change in ``scope`` can affect: everything for a global change, else the
+    entries of ``scope`` and of the scopes below it."""
+    if scope is None:
+        cache.clear()
+        return
+    for key in [k for k in cache if k is not None and scope in k.chain()]:
+        del cache[key]
 
 
 def _admits(tag: Scope, key: Scope | None) -> bool:
@@ -461,6 +484,10 @@ class Context:
         """Whether anything listens to ``name`` (cheap; lets hot paths skip building payloads)."""
         return name in self.host.listeners
 
+    def _key(self, scope: Scope | object | None) -> Scope | None:
+        """The routing key of a dispatch: this context's scope unless one is given."""
+        return self.scope if scope is _UNSET else cast("Scope | None", scope)
+
     def _admitted(self, name: str, key: Scope | None) -> list[_Listener]:
         entries = self.host.listeners.get(name)
         if not entries:
@@ -475,7 +502,7 @@ class Context:
         entries = self.host.listeners.get(name)
         if not entries:
             return
-        key = self.scope if scope is _UNSET else cast("Scope | None", scope)
+        key = self._key(scope)
         for e in entries:
             if e.tag is not None and not _admits(e.tag, key):
                 continue
@@ -489,7 +516,7 @@ class Context:
 
     def emit_veto(self, name: str, *args: Any, scope: Scope | object | None = _UNSET) -> None:
         """Like :meth:`emit`, but the first listener that raises vetoes: its error propagates."""
-        key = self.scope if scope is _UNSET else cast("Scope | None", scope)
+        key = self._key(scope)
         for e in self._admitted(name, key):
             result = e.fn(*args)
             if result is not None and inspect.isawaitable(result):
@@ -507,7 +534,7 @@ class Context:
         ``await next()`` delegates with the same arguments, ``await next(*new)`` with others;
         returning without calling it short-circuits. ``default(*args)`` ends the chain.
         """
-        key = self.scope if scope is _UNSET else cast("Scope | None", scope)
+        key = self._key(scope)
         chain = self._admitted(name, key)
         if not chain:
             return await default(*args)
@@ -528,7 +555,7 @@ class Context:
 
     async def serial(self, name: str, *args: Any, scope: Scope | object | None = _UNSET) -> None:
         """Await the listeners one after another; the first failure propagates."""
-        key = self.scope if scope is _UNSET else cast("Scope | None", scope)
+        key = self._key(scope)
         for e in self._admitted(name, key):
             result = e.fn(*args)
             if result is not None and inspect.isawaitable(result):
@@ -539,7 +566,7 @@ class Context:
 
         Returns how many listeners took part.
         """
-        key = self.scope if scope is _UNSET else cast("Scope | None", scope)
+        key = self._key(scope)
         entries = self._admitted(name, key)
         pending: list[Awaitable[Any]] = []
         first: BaseException | None = None
@@ -579,8 +606,3 @@ def _run_sync(d: Disposer) -> None:
             r.close()
     except Exception:
         _log.exception("rollback disposer failed")
-
-
-def iter_admitted(ctx: Context, name: str) -> Iterable[Callable[..., Any]]:
-    """The listener functions a dispatch of ``name`` on ``ctx`` would reach (for diagnostics)."""
-    return [e.fn for e in ctx._admitted(name, ctx.scope)]

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import attrs
 
 from ._abort import AbortSignal
+from ._context import drop_scoped, nearest_scope
 from ._errors import DshError
 
 if TYPE_CHECKING:
@@ -136,27 +137,13 @@ class SystemPromptService:
         return self._counter
 
     def effective_scope(self, scope: Scope | None) -> Scope | None:
-        """The nearest scope in ``scope``'s chain with entries of its own (``None``: only
-        global entries apply), so agents without scoped entries share one cached assembly."""
-        s = scope
-        while s is not None:
-            if s in self.sections or s in self.contexts or s in self.variables:
-                return s
-            s = s.parent
-        return None
+        """The cache key of ``scope``: the nearest scope with entries of its own."""
+        return nearest_scope(scope, self.sections, self.contexts, self.variables)
 
     def changed(self, scope: Scope | None) -> None:
-        """Drop the cached assemblies a change in ``scope`` can affect: every one for a global
-        change, else that scope's and its descendants' (an agent's scoped section never
-        invalidates another agent's prompt)."""
-        cache = self.cache
-        if not cache:
-            return
-        if scope is None:
-            cache.clear()
-            return
-        for key in [k for k in cache if k is not None and scope in k.chain()]:
-            del cache[key]
+        """Drop the cached assemblies a change in ``scope`` can affect (an agent's scoped
+        section never invalidates another agent's prompt)."""
+        drop_scoped(self.cache, scope)
 
 
 class _Variables(Mapping[str, "str | None"]):

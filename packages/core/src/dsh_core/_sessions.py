@@ -253,12 +253,6 @@ class Session:
         return self._commit(event)
 
     def _commit(self, event: SessionEvent) -> SessionEvent:
-        if self._publishing:
-            raise SessionError(
-                f"cannot append {event.type!r} to session {self.header.id!r} from inside its "
-                "own session/event publication",
-                code="SESSION_REENTRANT_APPEND",
-            )
         for validator in self._validators:
             validator(self, event)
         self._events.append(event)

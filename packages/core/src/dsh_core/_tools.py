@@ -19,6 +19,7 @@ import fastjsonschema
 
 from ._abort import AbortSignal
 from ._content import ContentBlock, Message, TextBlock, ToolResultBlock, ToolSource
+from ._context import drop_scoped, nearest_scope
 from ._errors import DshError
 from ._events import ToolSchema
 from ._json import JsonValue, NotJsonError, dumps, freeze_json, thaw_json
@@ -229,14 +230,10 @@ class ToolRegistryService:
         return ToolRegistry(self, ctx)
 
     def changed(self, ctx: Context, scope: Scope | None) -> None:
-        """Drop the cached visibility a change in ``scope`` can affect (all of it for a global
-        change, else that scope's and its descendants'), then emit ``tools/change``."""
-        for cache in (self._visible, self._schemas):
-            if scope is None:
-                cache.clear()
-            else:
-                for key in [k for k in cache if k is not None and scope in k.chain()]:
-                    del cache[key]
+        """Drop the cached visibility a change in ``scope`` can affect, then emit
+        ``tools/change``."""
+        drop_scoped(self._visible, scope)
+        drop_scoped(self._schemas, scope)
         ctx.emit("tools/change")
 
     def schemas(self, scope: Scope | None) -> tuple[ToolSchema, ...]:
@@ -249,15 +246,8 @@ class ToolRegistryService:
         return schemas
 
     def _effective(self, scope: Scope | None) -> Scope | None:
-        """The nearest scope in ``scope``'s chain with tools or restrictions of its own;
-        ``None`` when only the global layer applies. Caches are keyed by it, so an agent
-        without scoped tools shares the global entry (and leaves nothing behind)."""
-        s = scope
-        while s is not None:
-            if s in self.layers or s in self.restrictions:
-                return s
-            s = s.parent
-        return None
+        """The cache key of ``scope``: the nearest scope with tools or restrictions."""
+        return nearest_scope(scope, self.layers, self.restrictions)
 
     def inherited(self, scope: Scope | None) -> dict[str, _Entry]:
         """What ``scope`` inherits: ancestor layers nearest-first, then the global layer."""
