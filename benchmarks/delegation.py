@@ -8,7 +8,8 @@ delegations is a fresh ``run``), so the ratios are comparable.
 
 Each configuration (provider x store) runs in its own process: one warm-up, N sequential
 delegations, then N concurrent ones (``asyncio.gather``), and reports ms per delegation and the
-process's peak RSS.
+process's peak RSS. The cyclic GC stays on; each timed phase starts after a ``gc.collect()``
+so that it is not billed for a collection the previous phase made due.
 
     python benchmarks/delegation.py                 # every configuration, a table
     python benchmarks/delegation.py --seq 200 --conc 50 --only spawn:memory
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import os
 import resource
@@ -38,7 +40,13 @@ async def _measure(
     import dsh_subagent_fork.plugin
     import dsh_subagent_spawn.plugin
     from dsh_core import AbortController, ToolDefinition, ToolRunContext, blocks_text, text_blocks
-    from dsh_core.testing import ScriptedReply, ScriptedRequest, ScriptedToolCall, scripted_host
+    from dsh_core.testing import (
+        ScriptedAdapter,
+        ScriptedReply,
+        ScriptedRequest,
+        ScriptedToolCall,
+        scripted_host,
+    )
     from dsh_subagent import SUBAGENTS, SubagentStartRequest
 
     call = ScriptedReply(
@@ -69,7 +77,8 @@ async def _measure(
     async with scripted_host(
         "subagent",
         f"subagent-{provider}",
-        model=model,
+        # record=False: the test double keeps no request history (a real adapter keeps none).
+        model=ScriptedAdapter(model, record=False),
         store=store,  # type: ignore[arg-type]
         store_root=root,
         invariants=False,
@@ -102,10 +111,12 @@ async def _measure(
             assert answer == "parent got: child result", answer
 
         await one()
+        gc.collect()  # each phase starts clean: no collection owed by what ran before it
         t0 = time.perf_counter()
         for _ in range(n_seq):
             await one()
         seq = time.perf_counter() - t0
+        gc.collect()
         t0 = time.perf_counter()
         await asyncio.gather(*(one() for _ in range(n_conc)))
         conc = time.perf_counter() - t0

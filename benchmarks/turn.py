@@ -22,7 +22,13 @@ from typing import Any
 
 async def measure(turns: int, per_agent: int, invariants: bool) -> float:
     from dsh_core import ToolDefinition, ToolRunContext, user_message
-    from dsh_core.testing import ScriptedReply, ScriptedRequest, ScriptedToolCall, scripted_host
+    from dsh_core.testing import (
+        ScriptedAdapter,
+        ScriptedReply,
+        ScriptedRequest,
+        ScriptedToolCall,
+        scripted_host,
+    )
 
     call = ScriptedReply(tool_calls=(ScriptedToolCall(name="echo", arguments={"text": "hi"}),))
 
@@ -32,7 +38,9 @@ async def measure(turns: int, per_agent: int, invariants: bool) -> float:
     async def echo(args: Any, run: ToolRunContext) -> str:
         return "echoed " + args["text"]
 
-    async with scripted_host(model=model, store="memory", invariants=invariants) as host:
+    # record=False: the test double keeps no request history (a real adapter keeps none).
+    adapter = ScriptedAdapter(model, record=False)
+    async with scripted_host(model=adapter, store="memory", invariants=invariants) as host:
         host.ctx.tools.register(
             ToolDefinition(
                 name="echo",

@@ -1424,3 +1424,42 @@ class InboxMachine(RuleBasedStateMachine):
 
 InboxMachine.TestCase.settings = settings(max_examples=60, stateful_step_count=30, deadline=None)
 TestInboxMachine = InboxMachine.TestCase
+
+
+# -- when_idle ---------------------------------------------------------------------------------
+
+
+async def test_when_idle_waiters_are_independent_and_wait_for_the_last_turn() -> None:
+    """host-core §9: when_idle resolves only once no driver runs (queued turns included);
+    cancelling one waiter leaves the others waiting."""
+    held = Held()
+    async with scripted_host(model=lambda r: held.reply("ok")) as h:
+        agent = (await h.create_agent()).agent
+        agent.followup(user_message("one"))
+        agent.followup(user_message("two"))
+        await bounded(held.reached.wait())
+        first = asyncio.ensure_future(agent.when_idle())
+        second = asyncio.ensure_future(agent.when_idle())
+        await yield_once()
+        first.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await first
+        assert not second.done()
+        held.gate.set()
+        await bounded(second)
+        assert agent.status == "idle"
+        assert [r.kind for r in turn_ends(agent)] == ["completed", "completed"]
+
+
+async def test_when_idle_after_a_driver_cancelled_before_it_ran() -> None:
+    """host-core §9: a driver task cancelled before its first step still leaves the agent idle
+    and wakes when_idle."""
+    async with scripted_host() as h:
+        agent = (await h.create_agent()).agent
+        agent.followup(user_message("hi"))
+        driver = agent._driver
+        assert driver is not None and agent.status == "running"
+        waiter = asyncio.ensure_future(agent.when_idle())
+        driver.cancel()
+        await bounded(waiter)
+        assert agent.status == "idle" and agent._driver is None

@@ -262,3 +262,83 @@ async def test_registering_an_adapter_through_a_disposed_context_leaves_no_route
         owner.llm.register_adapter("p", ListAdapter(STOP))
     assert err.value.code == "INACTIVE_EFFECT"
     assert ctx.llm.adapter("p") is None
+
+
+# -- consume (push form of stream) -------------------------------------------------------------
+
+
+class ClosingAdapter(ListAdapter):
+    """A ListAdapter whose streams record that they were closed."""
+
+    def __init__(self, *chunks: StreamChunk) -> None:
+        super().__init__(*chunks)
+        self.closed = 0
+
+    async def stream(self, options: GenerateOptions) -> AsyncIterator[StreamChunk]:
+        try:
+            async for chunk in super().stream(options):
+                yield chunk
+        finally:
+            self.closed += 1
+
+
+async def consumed(
+    ctx: Context, options: GenerateOptions, stop_after: int | None = None
+) -> list[StreamChunk]:
+    got: list[StreamChunk] = []
+
+    def sink(chunk: StreamChunk) -> bool:
+        got.append(chunk)
+        return stop_after is not None and len(got) >= stop_after
+
+    await ctx.llm.consume(options, sink)
+    return got
+
+
+@pytest.mark.parametrize("with_waterfall", [False, True])
+async def test_consume_pushes_what_stream_yields(with_waterfall: bool) -> None:
+    """host-core §2: consume() sees exactly stream()'s chunks: reading stops at the first finish
+    and the adapter's stream is closed, with or without llm/stream listeners."""
+    ctx = llm_ctx()
+    chunks = (TextDelta(index=0, text="a"), STOP, TextDelta(index=0, text="after"))
+    adapter = ClosingAdapter(*chunks)
+    ctx.llm.register_adapter("p", adapter)
+    if with_waterfall:
+
+        async def passthrough(
+            options: GenerateOptions, next_: Callable[..., Awaitable[AsyncIterator[StreamChunk]]]
+        ) -> AsyncIterator[StreamChunk]:
+            return await next_()
+
+        ctx.on("llm/stream", passthrough)
+    assert await consumed(ctx, request()) == await collect(ctx, request()) == list(chunks[:2])
+    assert adapter.closed == 2
+
+
+async def test_consume_without_finish_ends_with_an_incomplete_stream_error() -> None:
+    """host-core §2: consume() also ends a finish-less stream with INCOMPLETE_STREAM."""
+    ctx = llm_ctx()
+    ctx.llm.register_adapter("p", ListAdapter(TextDelta(index=0, text="cut")))
+    got = await consumed(ctx, request())
+    assert len(got) == 2
+    finish = got[-1]
+    assert isinstance(finish, Finish) and finish.failure is not None
+    assert finish.failure.code == "INCOMPLETE_STREAM"
+
+
+async def test_consume_stops_when_the_sink_says_so() -> None:
+    """host-core §2: a sink returning True stops reading at once (no synthetic finish) and the
+    adapter's stream is closed."""
+    ctx = llm_ctx()
+    adapter = ClosingAdapter(TextDelta(index=0, text="a"), TextDelta(index=0, text="b"), STOP)
+    ctx.llm.register_adapter("p", adapter)
+    assert await consumed(ctx, request(), stop_after=1) == [TextDelta(index=0, text="a")]
+    assert adapter.closed == 1
+
+
+async def test_consume_unknown_provider_fails_no_adapter() -> None:
+    """host-core §2: consume() to a provider without an adapter fails NO_ADAPTER."""
+    ctx = llm_ctx()
+    with pytest.raises(LlmSeamError) as err:
+        await consumed(ctx, request(provider="nobody"))
+    assert err.value.code == "NO_ADAPTER"

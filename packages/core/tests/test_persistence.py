@@ -146,8 +146,8 @@ def _turn_end(turn: int) -> TurnEndData:
     return TurnEndData(turn=turn, reason=TurnEndReason(kind="completed"))
 
 
-async def test_events_are_buffered_until_flush(env: Env) -> None:
-    """host-core §5: session/event only buffers; session/flush makes the events durable."""
+async def test_events_are_stored_by_the_next_flush(env: Env) -> None:
+    """host-core §5: appends are not stored one by one; session/flush makes them durable."""
     session = env.owner.sessions.create("s")
     append_turn(session, 1)
     _, before = await env.persistence.inspect("s")
@@ -159,7 +159,7 @@ async def test_events_are_buffered_until_flush(env: Env) -> None:
 
 
 async def test_disposal_drains_and_releases(env: Env) -> None:
-    """host-core §5: session/disposed drains the buffer and releases the session."""
+    """host-core §5: session/disposed stores what is left and releases the session."""
     session = env.owner.sessions.create("s")
     append_turn(session, 1)
     events = session.events
@@ -172,6 +172,96 @@ async def test_disposal_drains_and_releases(env: Env) -> None:
     prepared = await env.persistence.prepare("s")
     prepared.dispose()
     await env.close()
+
+
+async def test_backend_takes_events_from_the_session_not_from_session_event(env: Env) -> None:
+    """host-core §5: tracking costs appends nothing; a flush takes what the session holds."""
+    session = env.owner.sessions.create("s")
+    assert not env.ctx.has_listeners("session/event")
+    append_turn(session, 1)
+    await env.owner.sessions.flush(session)
+    session.append("turn/end", _turn_end(1))
+    await env.owner.sessions.flush(session)
+    _, stored = await env.persistence.inspect("s")
+    assert stored == session.events
+    await env.close()
+
+
+async def test_events_appended_after_disposal_are_not_stored(env: Env) -> None:
+    """host-core §5: tracking ends at session/disposed; later appends stay in memory only."""
+    session = env.owner.sessions.create("s")
+    append_turn(session, 1)
+    events = session.events
+
+    def late(disposed: Session) -> None:  # runs after the backend's own listener
+        disposed.append("x/late", {"n": 1}, ignorable=True)
+
+    env.ctx.on("session/disposed", late, global_=True)
+    await env.owner.dispose()
+    assert session.events[-1].type == "x/late"
+    _, stored = await env.persistence.load("s")
+    assert stored[: len(events)] == events
+    assert types_of(stored[len(events) :]) == ["turn/end"]  # the repair closer, nothing else
+    await env.close()
+
+
+class GatedWrites:
+    """Holds every storage write of ``persistence`` until ``gate`` opens; ``started`` fires as
+    a write begins and ``writes`` counts the events of each."""
+
+    def __init__(self, persistence: Any) -> None:
+        self.gate = threading.Event()
+        self.started = asyncio.Event()
+        self.writes: list[int] = []
+        real_write = persistence._write
+        loop = asyncio.get_running_loop()
+
+        def slow_write(handle: Any, events: Any) -> None:
+            self.writes.append(len(events))
+            loop.call_soon_threadsafe(self.started.set)
+            assert self.gate.wait(30), "the test never opened the gate"
+            real_write(handle, events)
+
+        persistence._write = slow_write
+
+
+async def test_cancelled_flush_still_counts_its_write(jsonl: Env) -> None:
+    """host-core §5: a write outlives its cancelled flush and is never repeated by the next."""
+    session = jsonl.owner.sessions.create("s")
+    persistence = jsonl.persistence
+    held = GatedWrites(persistence)
+    append_turn(session, 1)
+    flush = asyncio.ensure_future(jsonl.owner.sessions.flush(session))
+    await asyncio.wait_for(held.started.wait(), 30)
+    flush.cancel()
+    held.gate.set()
+    with pytest.raises(asyncio.CancelledError):
+        await flush
+    session.append("turn/end", _turn_end(1))
+    await jsonl.owner.sessions.flush(session)
+    assert held.writes == [3, 1]
+    _, stored = await persistence.inspect("s")
+    assert stored == session.events
+    await jsonl.close()
+
+
+async def test_cancelled_close_releases_the_file_only_after_its_write(jsonl: Env) -> None:
+    """host-core §5: a disposed session's last write completes before its file is let go."""
+    session = jsonl.owner.sessions.create("s")
+    persistence = jsonl.persistence
+    held = GatedWrites(persistence)
+    append_turn(session, 1)
+    events = session.events
+    await jsonl.owner.dispose()
+    await asyncio.wait_for(held.started.wait(), 30)
+    closing = persistence._closing["s"]
+    closing.cancel()
+    held.gate.set()
+    await asyncio.wait((closing,))
+    assert closing.cancelled()
+    _, stored = await persistence.load("s")  # released (not SESSION_LOCKED), write complete
+    assert stored[: len(events)] == events
+    await jsonl.close()
 
 
 async def test_memory_backend_keeps_event_objects(tmp_path: Path) -> None:
@@ -672,28 +762,16 @@ async def test_concurrent_flushes_never_interleave(jsonl: Env) -> None:
     """host-core §5: flushes of one session are serialised, so lines keep their order."""
     session = jsonl.owner.sessions.create("s")
     persistence = jsonl.persistence
-    real_write = persistence._write
-    gate = threading.Event()
-    started = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    writes: list[int] = []
-
-    def slow_write(handle: Any, events: Any) -> None:
-        writes.append(len(events))
-        loop.call_soon_threadsafe(started.set)
-        assert gate.wait(30), "the test never opened the gate"
-        real_write(handle, events)
-
-    persistence._write = slow_write  # type: ignore[method-assign]
+    held = GatedWrites(persistence)
     session.append("turn/start", TurnStartData(turn=1))
     first = asyncio.ensure_future(jsonl.owner.sessions.flush(session))
-    await asyncio.wait_for(started.wait(), 30)
+    await asyncio.wait_for(held.started.wait(), 30)
     session.append("step/start", StepData(turn=1, step=1))
     session.append("step/end", StepData(turn=1, step=1))
     second = asyncio.ensure_future(jsonl.owner.sessions.flush(session))
-    gate.set()
+    held.gate.set()
     await asyncio.wait_for(asyncio.gather(first, second), 30)
-    assert writes == [1, 2]
+    assert held.writes == [1, 2]
     _, stored = await persistence.inspect("s")
     assert stored[:3] == session.events
     await jsonl.close()

@@ -335,3 +335,60 @@ def test_unreadable_script_files_are_script_invalid(tmp_path: Path, name: str, t
     assert err.value.code == "SCRIPT_INVALID"
     with pytest.raises(ScriptError):
         ScriptedAdapter.from_file(tmp_path / "missing.json")
+
+
+@pytest.mark.parametrize("record", [True, False])
+async def test_recording_requests_is_optional_and_indexes_count_either_way(record: bool) -> None:
+    """host-core §2: record=False keeps no request history; request indexes still count."""
+    seen: list[int] = []
+
+    def script(request: ScriptedRequest) -> str:
+        seen.append(request.index)
+        return "ok"
+
+    adapter = ScriptedAdapter(script, record=record)
+    for _ in range(3):
+        await run(adapter, options(user_message("hi")))
+    assert seen == [0, 1, 2]
+    assert len(adapter.requests) == (3 if record else 0)
+    assert ScriptedAdapter.echo(record=False)._record is False
+    assert ScriptedAdapter.replies("a", record=False)._record is False
+
+
+async def test_every_reply_path_streams_the_same_chunks() -> None:
+    """host-core §2: a reply streams the same chunks whether its script is synchronous (list
+    replay), awaitable (generator) or the reply waits first."""
+    usage = TokenUsage(input_tokens=3, output_tokens=4)
+
+    async def nothing() -> None:
+        return None
+
+    def reply(**extra: Any) -> ScriptedReply:
+        return ScriptedReply(
+            reasoning="think",
+            text="say",
+            tool_calls=(ScriptedToolCall(name="t", arguments={"a": 1}, id="c1"),),
+            usage=usage,
+            **extra,
+        )
+
+    async def later(request: ScriptedRequest) -> ScriptedReply:
+        return reply()
+
+    sync = await run(ScriptedAdapter(lambda r: reply()), options(user_message("hi")))
+    awaited = await run(ScriptedAdapter(later), options(user_message("hi")))
+    waiting = await run(ScriptedAdapter(lambda r: reply(wait=nothing)), options(user_message("hi")))
+    assert sync == awaited == waiting
+    assert [type(c).__name__ for c in sync] == [
+        "ReasoningDelta",
+        "TextDelta",
+        "ToolCallDelta",
+        "UsageChunk",
+        "Finish",
+    ]
+    failing = ScriptedAdapter(
+        lambda r: ScriptedReply(failure=LlmFailure(message="x", code="X"), raise_failure=True)
+    )
+    stream = failing.stream(options(user_message("hi")))  # opening does not raise
+    with pytest.raises(LlmError):
+        await stream.__anext__()

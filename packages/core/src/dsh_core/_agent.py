@@ -14,6 +14,7 @@ import asyncio
 import builtins
 import contextlib
 import contextvars
+import functools
 import inspect
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Literal, TypeVar
@@ -29,6 +30,7 @@ from ._content import (
     Message,
     ModelSource,
     PluginSource,
+    StreamChunk,
     ToolCallBlock,
     new_id,
     user_message,
@@ -206,6 +208,7 @@ class Agent:
         "_disposed",
         "_driver",
         "_header_written",
+        "_idle",
         "_latch",
         "_route",
         "_service",
@@ -236,6 +239,7 @@ class Agent:
         self.inbox = Inbox(session, self._notify)
         self._controller: AbortController | None = None
         self._driver: asyncio.Task[None] | None = None
+        self._idle: list[asyncio.Future[None]] | None = None
         self._latch = False
         self._disposed = False
         self._header_written = False
@@ -307,13 +311,32 @@ class Agent:
             ctl.abort(cause)
 
     async def when_idle(self) -> None:
-        """Wait until no driver runs (following replacement work); not "my message finished"."""
+        """Wait until no driver runs (following replacement work); not "my message finished".
+
+        The driver wakes waiters itself as it goes idle, so they resume one loop iteration
+        after the turn ends rather than after the task's done callbacks. Each waiter has its
+        own future: cancelling one waiter never cancels another.
+        """
         while self._driver is not None:
-            driver = self._driver
-            await asyncio.wait((driver,))
-            if self._driver is driver:  # cancelled before it ever ran: it cleared nothing
-                self._driver = None
-                self._set_status("idle")
+            waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            if self._idle is None:
+                self._idle = [waiter]
+            else:
+                self._idle.append(waiter)
+            await waiter
+
+    def _went_idle(self) -> None:
+        waiters, self._idle = self._idle, None
+        if waiters is not None:
+            for waiter in waiters:
+                if not waiter.done():
+                    waiter.set_result(None)
+
+    def _driver_done(self, driver: asyncio.Task[None]) -> None:
+        if self._driver is driver:  # cancelled before it ever ran: it cleared nothing
+            self._driver = None
+            self._set_status("idle")
+            self._went_idle()
 
     # -- the driver ------------------------------------------------------------------------------
 
@@ -322,9 +345,10 @@ class Agent:
         claimed = self._open_turn()
         ctx = contextvars.copy_context()
         ctx.run(_INITIATOR.set, self)
-        self._driver = asyncio.get_running_loop().create_task(
+        driver = self._driver = asyncio.get_running_loop().create_task(
             self._drive(claimed), name=f"agent:{self.id}", context=ctx
         )
+        driver.add_done_callback(self._driver_done)
 
     def _open_turn(self) -> list[Message]:
         self._controller = AbortController()
@@ -360,13 +384,15 @@ class Agent:
                 self._start()
             else:
                 self._set_status("idle")
+                if self._driver is None:
+                    self._went_idle()
 
     async def _run_turn(self, claimed: list[Message]) -> None:
         turn = self._turn
         assert self._controller is not None
         signal = self._controller.signal
         session = self.session
-        reason = TurnEndReason(kind="completed")
+        reason = _COMPLETED
         max_tokens = False
         step = 0
         open_step = False
@@ -386,25 +412,25 @@ class Agent:
                         PreStep(agent=self, messages=batch, turn=turn, step=step_no, signal=signal),
                         default=_enter_default(entered),
                     )
-                else:
-                    decision = PreStepDecision(kind="enter", messages=entered)
-                if signal.aborted:
-                    raise _TurnAborted
-                if decision.kind == "reject":
-                    reason = TurnEndReason(kind="blocked")
-                    break
-                if not decision.messages and step_no == 1:
+                    if signal.aborted:
+                        raise _TurnAborted
+                    if decision.kind == "reject":
+                        reason = TurnEndReason(kind="blocked")
+                        break
+                    entered = decision.messages
+                if not entered and step_no == 1:
                     break
                 step = step_no
-                session.append("step/start", StepData(turn=turn, step=step))
+                step_data = StepData(turn=turn, step=step)
+                session.append("step/start", step_data)
                 open_step = True
-                for m in decision.messages:
+                for m in entered:
                     session.append("user/message", m, source_event_seqs=())
                     if _is_snapshot(m):
                         self._snapshot = m.text
                 outcome = await self._step(turn, step, signal, assembly)
                 open_step = False
-                session.append("step/end", StepData(turn=turn, step=step))
+                session.append("step/end", step_data)
                 if outcome == "max-tokens":
                     max_tokens = True
                 if signal.aborted:
@@ -547,7 +573,7 @@ class Agent:
                     id=new_id(),
                     role="assistant",
                     content=blocks,
-                    source=ModelSource(provider=config.provider, model=config.model),
+                    source=_model_source(config.provider, config.model),
                 ),
                 usage=assembler.usage,
                 interrupted=interrupted,
@@ -601,17 +627,18 @@ class Agent:
                 interrupted = True
                 task.cancel()
 
+        def sink(chunk: StreamChunk) -> bool:
+            seqs.append(
+                session.append(
+                    "assistant/chunk", AssistantChunkData(turn=turn, step=step, chunk=chunk)
+                ).seq
+            )
+            assembler.add(chunk)
+            return signal.aborted
+
         remove = signal.add_listener(on_abort)
         try:
-            async for chunk in self.ctx.llm.stream(options):
-                seqs.append(
-                    session.append(
-                        "assistant/chunk", AssistantChunkData(turn=turn, step=step, chunk=chunk)
-                    ).seq
-                )
-                assembler.add(chunk)
-                if signal.aborted:
-                    break
+            await self.ctx.llm.consume(options, sink)
         except asyncio.CancelledError:
             if not interrupted or task is None:
                 raise
@@ -686,6 +713,15 @@ class Agent:
                 call_id=call.id, name=call.name, arguments=call.arguments, signal=signal, agent=self
             )
         )
+
+
+_COMPLETED = TurnEndReason(kind="completed")
+
+
+@functools.lru_cache(maxsize=64)
+def _model_source(provider: str, model: str) -> ModelSource:
+    """The (immutable) source of an answer from ``provider``/``model``, shared by answers."""
+    return ModelSource(provider=provider, model=model)
 
 
 class _RequestFailed(LlmError):

@@ -420,9 +420,8 @@ class Context:
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_"):
             raise AttributeError(name)
-        service = self.host.services.get(name)
         cached = self._bound.get(name)
-        if cached is not None and service is not None and cached[0] is service:
+        if cached is not None and self.host.services.get(name) is cached[0]:
             return cached[1]
         return self[name]
 
@@ -578,7 +577,11 @@ class Context:
                 continue
             if result is not None and inspect.isawaitable(result):
                 pending.append(result)
-        if pending:
+        if len(pending) == 1 and first is None:
+            # The common case (one storage backend flushing): await it directly, which saves
+            # the loop iterations gather's bookkeeping costs.
+            await pending[0]
+        elif pending:
             for outcome in await asyncio.gather(*pending, return_exceptions=True):
                 if isinstance(outcome, BaseException):
                     if not isinstance(outcome, Exception):

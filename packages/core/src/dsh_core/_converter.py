@@ -8,6 +8,7 @@ variant and round-trips verbatim.
 
 from __future__ import annotations
 
+import typing
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
@@ -19,7 +20,13 @@ from ._content import BLOCKS, CHUNKS, SOURCES
 from ._json import freeze_json, thaw_json
 from ._tagged import TaggedUnion, TaggedUnionError
 
-__all__ = ["converter", "register_tagged_union", "structure", "unstructure"]
+__all__ = [
+    "converter",
+    "register_tagged_union",
+    "structure",
+    "tagged_unions",
+    "unstructure",
+]
 
 T = TypeVar("T")
 
@@ -62,10 +69,40 @@ converter.register_structure_hook(bool, _strict_bool)
 converter.register_structure_hook(float, _strict_float)
 
 
+def _is_homogeneous_tuple(t: Any) -> bool:
+    args = typing.get_args(t)
+    return typing.get_origin(t) is tuple and len(args) == 2 and args[1] is Ellipsis
+
+
+def _strict_tuple(t: Any) -> Callable[[Any, Any], tuple[Any, ...]]:
+    """``tuple[X, ...]`` from a JSON array only: cattrs alone would iterate anything, turning
+    a string into a tuple of its characters and an object into a tuple of its keys."""
+    item = typing.get_args(t)[0]
+    hook = converter.get_structure_hook(item)
+
+    def structure_tuple(value: Any, _: Any) -> tuple[Any, ...]:
+        if type(value) is not list and type(value) is not tuple:
+            raise TypeError(f"expected an array, got {value!r}")
+        return tuple([hook(v, item) for v in value])
+
+    return structure_tuple
+
+
+converter.register_structure_hook_factory(_is_homogeneous_tuple, _strict_tuple)
+
+_unions: dict[type, TaggedUnion[Any]] = {}
+
+
+def tagged_unions() -> Mapping[type, TaggedUnion[Any]]:
+    """Every registered tagged union, by base class (read-only use)."""
+    return _unions
+
+
 def register_tagged_union(union: TaggedUnion[Any]) -> None:
     """Teach the converter to (un)structure ``union``'s base and every present/future variant."""
     base = union.base
     tag = union.tag
+    _unions[base] = union
     raw_un: dict[type, Callable[[Any], dict[str, Any]]] = {}
     raw_st: dict[type, tuple[frozenset[str], Callable[[Mapping[str, Any], Any], Any]]] = {}
 

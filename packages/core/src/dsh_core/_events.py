@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Mapping
+from types import MappingProxyType
 from typing import Any, Literal, cast
 
 import attrs
 
+from ._codec import class_decoder
 from ._content import LlmFailure, Message, StreamChunk, TokenUsage
 from ._converter import converter
 from ._errors import DshError
@@ -333,6 +335,7 @@ class EventTypeRegistry:
 
     def __init__(self, specs: Iterable[EventTypeSpec] = CORE_EVENT_TYPES) -> None:
         self._specs: dict[str, EventTypeSpec] = {}
+        self._specs_view = MappingProxyType(self._specs)
         self._hooks: dict[str, Callable[[Any, type], Any]] = {}
         self._unhooks: dict[str, Callable[[Any], Any]] = {}
         for spec in specs:
@@ -354,6 +357,11 @@ class EventTypeRegistry:
 
     def __contains__(self, name: object) -> bool:
         return name in self._specs
+
+    @property
+    def specs(self) -> Mapping[str, EventTypeSpec]:
+        """The registered specs by name (a live, read-only view for hot-path lookups)."""
+        return self._specs_view
 
     def snapshot(self, spec: EventTypeSpec | None, type_: str, data: object) -> object:
         """Validate ``data`` for appending and return the value to store.
@@ -404,6 +412,23 @@ class EventTypeRegistry:
         Persistence is a real boundary, so everything is checked: the event's own keys and
         types, its surface metadata, and its payload (strictly, unknown keys included).
         """
+        if type(raw) is dict and len(raw) == 4:
+            # The usual shape (type, seq, time, data; not surface, not ignorable) in one go;
+            # anything else, or a type not decoded before, takes the full path below.
+            type_ = raw.get("type")
+            seq = raw.get("seq")
+            time_ = raw.get("time")
+            if type(type_) is str and type(seq) is int and type(time_) is int and "data" in raw:
+                spec = self._specs.get(type_)
+                hook = self._hooks.get(type_)
+                payload = spec.payload if spec is not None and not spec.surface else None
+                if hook is not None and payload is not None:
+                    data = raw["data"]
+                    try:
+                        data = hook(data, payload)
+                    except Exception:
+                        data = _verdict(payload, type_, data)
+                    return make_event(type_, seq, time_, data, None, None, False)
         if type(raw) is not dict:
             if not isinstance(raw, Mapping):
                 raise SessionError("an event must be a JSON object", code="SESSION_CORRUPT")
@@ -432,16 +457,22 @@ class EventTypeRegistry:
                 raise SessionError(f"{type_} lacks surface metadata", code="SESSION_CORRUPT")
         elif seqs is not None or op is not None:
             raise SessionError(f"{type_} must not carry surface metadata", code="SESSION_CORRUPT")
-        try:
-            if spec is None or spec.payload is None:
+        if spec is None or spec.payload is None:
+            try:
                 data = freeze_json(raw.get("data"))
-            else:
-                hook = self._hooks.get(type_)
-                if hook is None:
-                    hook = self._hooks[type_] = converter.get_structure_hook(spec.payload)
-                data = hook(raw.get("data", {}), spec.payload)
-        except Exception as exc:
-            raise SessionError(f"{type_} data is malformed: {exc}", code="SESSION_CORRUPT") from exc
+            except Exception as exc:
+                raise SessionError(
+                    f"{type_} data is malformed: {exc}", code="SESSION_CORRUPT"
+                ) from exc
+        else:
+            hook = self._hooks.get(type_)
+            if hook is None:
+                hook = self._hooks[type_] = _structure_hook(spec.payload)
+            data = raw.get("data", {})
+            try:
+                data = hook(data, spec.payload)
+            except Exception:
+                data = _verdict(spec.payload, type_, data)
         if surface:
             return make_event(
                 type_, seq, time_, data, tuple(cast("list[int]", seqs)), "append", ignorable
@@ -456,6 +487,25 @@ _EVENT_KEYS = frozenset(
 
 def _identity(value: Any) -> Any:
     return value
+
+
+def _structure_hook(cls: type) -> Callable[[Any, type], Any]:
+    """How payloads of ``cls`` are structured first: its compiled decoder
+    (:mod:`dsh_core._codec`) if it has one, else the converter's hook."""
+    fast = class_decoder(cls)
+    return fast if fast is not None else converter.get_structure_hook(cls)
+
+
+def _verdict(cls: type, type_: str, data: Any) -> Any:
+    """``data`` structured by the converter, after the first hook failed.
+
+    A compiled decoder gives up on anything unusual without saying why, so the converter
+    structures the payload again: it either accepts it or raises the error that is reported.
+    """
+    try:
+        return converter.structure(data, cls)
+    except Exception as exc:
+        raise SessionError(f"{type_} data is malformed: {exc}", code="SESSION_CORRUPT") from exc
 
 
 def encode_header(header: SessionHeader) -> dict[str, Any]:

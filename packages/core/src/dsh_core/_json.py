@@ -60,7 +60,7 @@ def freeze_json(value: object, path: str = "$") -> JsonValue:
     if t is list or t is tuple:
         items: list[object] | tuple[object, ...] = value  # type: ignore[assignment]
         return tuple(freeze_json(v, f"{path}[{i}]") for i, v in enumerate(items))
-    if isinstance(value, Mapping):
+    if isinstance(value, dict | Mapping):  # dict first: the common case skips the ABC check
         out: dict[str, JsonValue] = {}
         for k, v in value.items():
             if type(k) is not str:

@@ -1,9 +1,11 @@
 """Session persistence (``ctx.session_persistence``): memory and JSONL backends (host-core §5).
 
-A backend follows every session of its host through four events: ``session/created`` starts
+A backend follows every session of its host through three events: ``session/created`` starts
 tracking (a new session's header and events so far; for a session this backend restored, only
-what lies beyond the stored log), ``session/event`` buffers, ``session/flush`` drains the buffer
-durably, and ``session/disposed`` drains and lets go. Appends are buffered so a burst of events
+what lies beyond the stored log), ``session/flush`` stores every event the session holds beyond
+what is stored, durably, and ``session/disposed`` does that a last time and lets go. The
+session keeps its events anyway, so the backend takes them from it at flush time instead of
+copying each one as it is appended: appends cost the backend nothing, and a burst of events
 costs one durable write per flush (group commit), not one per event.
 
 Stored logs are *cold* once nobody tracks them. Reading a cold log whose last turn is open (the
@@ -20,13 +22,15 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Callable, Coroutine, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from json.encoder import encode_basestring
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import attrs
 
 from ._abort import AbortedError, AbortSignal
+from ._codec import Unfit, class_encoder
 from ._content import Message, ToolCallBlock, ToolResultBlock, ToolSource, text_blocks
 from ._events import (
     SESSION_FORMAT_VERSION,
@@ -285,18 +289,25 @@ class _Loaded:
 
 
 class _Tracked:
-    """A session this host writes: its buffer and what is already stored."""
+    """A session this host writes: how much of it is stored, and where its log ends."""
 
-    __slots__ = ("buffer", "handle", "lock", "next_seq", "session", "stored", "unsynced")
+    __slots__ = ("end", "handle", "session", "stored", "unsynced", "writing")
 
     def __init__(self, session: Session, handle: _Handle, *, stored: int, unsynced: bool) -> None:
         self.session = session
         self.handle = handle
-        self.stored = stored
+        self.stored = stored  # events [0, stored) are durable
         self.unsynced = unsynced  # a new log whose creation is not durable yet
-        self.buffer: list[SessionEvent] = []
-        self.next_seq = stored
-        self.lock = asyncio.Lock()
+        self.end: int | None = None  # set when tracking ends: later appends are not stored
+        # The write under way, if any: done (always with None) once its outcome is counted.
+        self.writing: asyncio.Future[None] | None = None
+
+    def pending(self) -> Sequence[SessionEvent]:
+        """The events to store next (a copy): everything beyond ``stored``, up to ``end``."""
+        events = self.session.events_since(self.stored)
+        if self.end is not None:
+            return events[: self.end - self.stored]
+        return events
 
 
 @attrs.define(eq=False)
@@ -334,7 +345,7 @@ class SessionPersistence:
     """Stores session logs and restores them, with crash repair (``session_persistence``).
 
     Backends implement five storage hooks (``_acquire``, ``_release``, ``_read``, ``_write``,
-    ``_headers``); this class owns tracking, buffering, ordering and repair, so every backend
+    ``_headers``); this class owns tracking, batching, ordering and repair, so every backend
     has the same semantics. Storage hooks are synchronous; a backend whose hooks block sets
     ``_threaded`` and they run in a worker thread, one flush of a session at a time.
     """
@@ -367,7 +378,6 @@ class SessionPersistence:
         self._ctx = ctx
         self._types = types
         ctx.on("session/created", self._on_created, global_=True)
-        ctx.on("session/event", self._on_event, global_=True)
         ctx.on("session/flush", self._on_flush, global_=True)
         ctx.on("session/disposed", self._on_disposed, global_=True)
 
@@ -434,17 +444,9 @@ class SessionPersistence:
             # Synchronous on purpose: a held or existing log must veto the creation.
             handle = self._acquire(sid, session.header)
             rec = _Tracked(session, handle, stored=0, unsynced=True)
-        rec.buffer.extend(session.events_since(rec.stored))
-        rec.next_seq = session.seq
         self._tracked[sid] = rec
 
-    def _on_event(self, session: Session, event: SessionEvent) -> None:
-        rec = self._tracked.get(session.header.id)
-        if rec is not None and rec.session is session and event.seq >= rec.next_seq:
-            rec.buffer.append(event)
-            rec.next_seq = event.seq + 1
-
-    def _on_flush(self, session: Session) -> Coroutine[Any, Any, None] | None:
+    def _on_flush(self, session: Session) -> Awaitable[None] | None:
         rec = self._tracked.get(session.header.id)
         if rec is None or rec.session is not session:
             return None
@@ -456,13 +458,14 @@ class SessionPersistence:
         if rec is None or rec.session is not session:
             return
         del self._tracked[sid]
+        rec.end = session.seq
         ctx = self._ctx
         if ctx is not None and ctx.sessions.get(sid) is session:
             # Disposed while still live: a session/created listener vetoed the creation, so the
             # session never existed and nothing of it is kept.
             self._release(rec.handle, discard=True)
             return
-        if not self._threaded and not rec.lock.locked():
+        if not self._threaded and rec.writing is None:
             # Nothing here blocks (the memory backend): close at once instead of in a task.
             self._close_now(rec)
             return
@@ -476,43 +479,94 @@ class SessionPersistence:
 
     async def _close(self, rec: _Tracked) -> None:
         try:
-            await self._drain(rec)
+            step = self._drain(rec)
+            if step is not None:
+                await step
         except Exception:
             _log.exception(
                 "could not store the last %d event(s) of session %r",
-                len(rec.buffer),
+                len(rec.pending()),
                 rec.session.header.id,
             )
         finally:
-            self._release(rec.handle, discard=False)
-            sid = rec.session.header.id
-            if self._closing.get(sid) is asyncio.current_task():
-                del self._closing[sid]
+            try:
+                await self._writes_over(rec)  # the file is never closed under a write
+            finally:
+                self._release(rec.handle, discard=False)
+                sid = rec.session.header.id
+                if self._closing.get(sid) is asyncio.current_task():
+                    del self._closing[sid]
+
+    @staticmethod
+    async def _writes_over(rec: _Tracked) -> None:
+        """Wait until no write of ``rec`` is under way, even if cancelled meanwhile."""
+        cancelled = False
+        while rec.writing is not None:
+            try:
+                await _settle(rec.writing)
+            except asyncio.CancelledError:
+                cancelled = True
+        if cancelled:
+            raise asyncio.CancelledError
 
     def _close_now(self, rec: _Tracked) -> None:
         """Drain and release without an event loop (a detach from synchronous code)."""
         try:
-            batch, rec.buffer = rec.buffer, []
+            batch = rec.pending()
             if batch or rec.unsynced:
                 self._write(rec.handle, batch)
                 rec.stored += len(batch)
         finally:
             self._release(rec.handle, discard=False)
 
-    async def _drain(self, rec: _Tracked) -> None:
-        async with rec.lock:
-            if not rec.buffer and not rec.unsynced:
-                return
-            batch, rec.buffer = rec.buffer, []
-            fut = self._submit(self._write, rec.handle, batch)
-            try:
-                await _settle(fut)
-            finally:
-                if _succeeded(fut):
-                    rec.stored += len(batch)
-                    rec.unsynced = False
+    def _drain(self, rec: _Tracked) -> Awaitable[None] | None:
+        """Store every event of ``rec`` not stored yet; ``None`` when there is nothing to do.
+
+        The write starts at once, or after the one under way (writes of a session never
+        overlap, so lines keep their order). Its outcome is counted when the storage hook
+        returns, whoever still waits: the returned future only reports it, so a cancelled
+        flush neither loses nor repeats a write. After a failure the next flush takes the
+        same events again. Starting here rather than in a task saves the flush a loop turn
+        before the worker thread even begins.
+        """
+        if rec.writing is not None:
+            return self._drain_after(rec)
+        batch = rec.pending()
+        if not batch and not rec.unsynced:
+            return None
+        loop = asyncio.get_running_loop()
+        writing: asyncio.Future[None] = loop.create_future()
+        reported: asyncio.Future[None] = loop.create_future()
+        rec.writing = writing
+
+        def count(job: asyncio.Future[None]) -> None:
+            rec.writing = None
+            if not job.cancelled() and job.exception() is None:
+                rec.stored += len(batch)
+                rec.unsynced = False
+                if not reported.done():
+                    reported.set_result(None)
+            elif not reported.done():
+                if job.cancelled():
+                    reported.cancel()
                 else:
-                    rec.buffer[:0] = batch  # kept, in order, for the next flush
+                    reported.set_exception(cast("BaseException", job.exception()))
+            writing.set_result(None)
+
+        job = self._submit(self._write, rec.handle, batch)
+        if job.done():
+            count(job)
+        else:
+            job.add_done_callback(count)
+        return reported
+
+    async def _drain_after(self, rec: _Tracked) -> None:
+        """``_drain`` once the write under way (and any started before this turn) is over."""
+        while rec.writing is not None:
+            await asyncio.wait((rec.writing,))
+        step = self._drain(rec)
+        if step is not None:
+            await step
 
     async def _quiesce(self, id: str) -> None:
         """Wait for a disposed session's last drain, so a reader sees its whole log."""
@@ -524,6 +578,8 @@ class SessionPersistence:
         self._closed = True
         tracked = list(self._tracked.values())
         self._tracked.clear()
+        for rec in tracked:
+            rec.end = rec.session.seq
         prepared = list(self._prepared.values())
         self._prepared.clear()
         for held in prepared:
@@ -897,6 +953,63 @@ def _same_file(fd: int, path: Path) -> bool:
     return (held.st_ino, held.st_dev) == (named.st_ino, named.st_dev)
 
 
+def _line_encoder(types: EventTypeRegistry, type_: str) -> Callable[[SessionEvent], str]:
+    """The function writing one event line of ``type_``.
+
+    For a type whose payload class compiles (:mod:`dsh_core._codec`) the line is written
+    directly; any event it does not fit (a payload of another class, an unusual value) and every
+    other type go through ``dumps(types.encode(event))``, which the fast line always equals.
+    """
+
+    def generic(event: SessionEvent) -> str:
+        return dumps(types.encode(event)) + "\n"
+
+    spec = types.get(type_)
+    payload = class_encoder(spec.payload) if spec is not None and spec.payload else None
+    if payload is None:
+        return generic
+    prefix = '{"type":' + encode_basestring(type_) + ',"seq":'
+
+    def line(event: SessionEvent) -> str:
+        try:
+            seq = event.seq
+            time = event.time
+            if seq.__class__ is not int or time.__class__ is not int:
+                raise Unfit
+            data = payload(event.data)
+            if (
+                event.source_event_seqs is None
+                and event.surface_op is None
+                and event.ignorable is False
+            ):
+                return f'{prefix}{seq},"time":{time},"data":{data}}}\n'
+            return f'{prefix}{seq},"time":{time},"data":{data}{_surface_text(event)}}}\n'
+        except Exception:
+            return generic(event)
+
+    return line
+
+
+def _surface_text(event: SessionEvent) -> str:
+    """The optional keys of an event line, as ``EventTypeRegistry.encode`` writes them."""
+    out = ""
+    seqs = event.source_event_seqs
+    if seqs is not None:
+        if seqs.__class__ is not tuple or any(s.__class__ is not int for s in seqs):
+            raise Unfit
+        out = ',"source_event_seqs":[' + ",".join([int.__repr__(s) for s in seqs]) + "]"
+    op = event.surface_op
+    if op is not None:
+        if op.__class__ is not str:
+            raise Unfit
+        out += ',"surface_op":' + encode_basestring(op)
+    if event.ignorable is True:
+        out += ',"ignorable":true'
+    elif event.ignorable is not False:
+        raise Unfit
+    return out
+
+
 def _loads(line: bytes) -> Any:
     return json.loads(line.decode("utf-8", "surrogatepass"))
 
@@ -921,6 +1034,7 @@ class JsonlSessionPersistence(SessionPersistence):
         self.root = Path(root) if root is not None else default_sessions_dir()
         # file name -> ((inode, ctime), header): a header never changes once written.
         self._header_cache: dict[str, tuple[tuple[int, int], SessionHeader]] = {}
+        self._line_encoders: dict[str, Callable[[SessionEvent], str]] = {}
 
     def path_of(self, id: str) -> Path:
         """The file of session ``id`` (``SESSION_INVALID_ID`` if it cannot name one)."""
@@ -1179,10 +1293,22 @@ class JsonlSessionPersistence(SessionPersistence):
 
     # -- writing ---------------------------------------------------------------------------------
 
+    def _lines(self, events: Sequence[SessionEvent]) -> bytes:
+        """The JSONL lines of ``events``: ``dumps(types.encode(event))`` each, by the fast
+        per-type encoders where they apply."""
+        encoders = self._line_encoders
+        lines: list[str] = []
+        append = lines.append
+        for event in events:
+            encode = encoders.get(event.type)
+            if encode is None:
+                encode = encoders[event.type] = _line_encoder(self.types, event.type)
+            append(encode(event))
+        return "".join(lines).encode("utf-8", "surrogatepass")
+
     def _write(self, handle: _Handle, events: Sequence[SessionEvent]) -> None:
         assert isinstance(handle, _FileHandle)
-        encode = self.types.encode
-        data = "".join([dumps(encode(e)) + "\n" for e in events]).encode("utf-8", "surrogatepass")
+        data = self._lines(events)
         fd = handle.fd
         try:
             if handle.truncate:

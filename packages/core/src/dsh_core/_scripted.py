@@ -12,9 +12,9 @@ import inspect
 import json
 import re
 import tomllib
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, TypeAlias
+from typing import Any, TypeAlias, get_args
 
 import attrs
 
@@ -147,16 +147,23 @@ class ScriptedRequest:
 
 
 class ScriptedAdapter:
-    """Replays replies from ``script``; records every request it served in ``requests``."""
+    """Replays replies from ``script``; records every request it served in ``requests``.
 
-    def __init__(self, script: Script) -> None:
+    ``record=False`` keeps ``requests`` empty: a long-running host (the ``llm-scripted``
+    plugin, a benchmark) should not hold every request, and the history each one carries,
+    for its whole life. Request indexes count either way.
+    """
+
+    def __init__(self, script: Script, *, record: bool = True) -> None:
         self._script = script
+        self._record = record
+        self._served = 0
         self.requests: list[GenerateOptions] = []
 
     # -- constructors ------------------------------------------------------------------------
 
     @classmethod
-    def replies(cls, *replies: ReplyLike) -> ScriptedAdapter:
+    def replies(cls, *replies: ReplyLike, record: bool = True) -> ScriptedAdapter:
         """Serve ``replies`` in order (one per request); running out is an error finish."""
         queue = list(replies)
 
@@ -169,15 +176,15 @@ class ScriptedAdapter:
                 )
             return queue.pop(0)
 
-        return cls(script)
+        return cls(script, record=record)
 
     @classmethod
-    def echo(cls, prefix: str = "") -> ScriptedAdapter:
+    def echo(cls, prefix: str = "", *, record: bool = True) -> ScriptedAdapter:
         """Answer every request with ``prefix`` + the latest user text."""
-        return cls(lambda request: prefix + request.last_user_text)
+        return cls(lambda request: prefix + request.last_user_text, record=record)
 
     @classmethod
-    def from_data(cls, data: Mapping[str, Any]) -> ScriptedAdapter:
+    def from_data(cls, data: Mapping[str, Any], *, record: bool = True) -> ScriptedAdapter:
         """Build from a script mapping (see :meth:`from_file` for the format)."""
         rules = [_parse_rule(r, i) for i, r in enumerate(data.get("rules", ()))]
         default = data.get("default")
@@ -198,10 +205,10 @@ class ScriptedAdapter:
                 )
             )
 
-        return cls(script)
+        return cls(script, record=record)
 
     @classmethod
-    def from_file(cls, path: str | Path) -> ScriptedAdapter:
+    def from_file(cls, path: str | Path, *, record: bool = True) -> ScriptedAdapter:
         """Build from a JSON or TOML script file.
 
         Format: ``rules``, a list of ``{when = {...}, reply = {...}}`` tried in order, and an
@@ -220,67 +227,139 @@ class ScriptedAdapter:
             raise ScriptError(f"cannot read model script {p}: {exc}") from exc
         if not isinstance(data, Mapping):
             raise ScriptError(f"model script {p} must be an object")
-        return cls.from_data(data)
+        return cls.from_data(data, record=record)
 
     # -- the adapter -------------------------------------------------------------------------
 
-    async def stream(self, options: GenerateOptions) -> AsyncIterator[StreamChunk]:
-        """Produce the scripted reply for ``options`` as chunks."""
-        index = len(self.requests)
-        self.requests.append(options)
+    def stream(self, options: GenerateOptions) -> AsyncIterator[StreamChunk]:
+        """Produce the scripted reply for ``options`` as chunks.
+
+        A synchronous script answers when the stream is opened and its chunks are replayed
+        from a list; an awaitable script, or a reply that ``wait``s, streams from a generator.
+        Either way a failure to raise surfaces on the first read.
+        """
+        index = self._served
+        self._served = index + 1
+        if self._record:
+            self.requests.append(options)
         produced = self._script(ScriptedRequest(options=options, index=index))
         if inspect.isawaitable(produced):
-            produced = await produced
-        reply = ScriptedReply(text=produced) if isinstance(produced, str) else produced
+            return self._awaited(options, produced)
+        reply = _as_reply(produced)
+        if reply.wait is not None:
+            return self._waiting(options, reply)
+        return _Replay(reply)
+
+    async def _awaited(
+        self, options: GenerateOptions, produced: Awaitable[ReplyLike]
+    ) -> AsyncIterator[StreamChunk]:
+        reply = _as_reply(await produced)
+        source = self._waiting(options, reply) if reply.wait is not None else _Replay(reply)
+        async for chunk in source:
+            yield chunk
+
+    async def _waiting(
+        self, options: GenerateOptions, reply: ScriptedReply
+    ) -> AsyncIterator[StreamChunk]:
+        """A reply that awaits ``reply.wait`` (racing the request's signal) before its finish."""
+        head, tail = _chunks(reply)
+        for chunk in head:
+            yield chunk
         if reply.chunks is not None:
-            for chunk in reply.chunks:
-                yield chunk
             return
-        if reply.raise_failure and reply.failure is not None:
-            raise LlmError(reply.failure)
-        index_ = 0
-        if reply.reasoning:
-            yield ReasoningDelta(index=index_, text=reply.reasoning)
-            index_ += 1
-        if reply.text:
-            yield TextDelta(index=index_, text=reply.text)
-            index_ += 1
-        for call in reply.tool_calls:
-            yield ToolCallDelta(
-                index=index_,
+        wait = reply.wait
+        assert wait is not None
+        signal = options.signal
+        waiting = asyncio.ensure_future(wait())
+        try:  # the wait task is owned here: a consumer that stops reading cancels it
+            if signal is not None:
+                aborted = asyncio.ensure_future(signal.wait())
+                try:
+                    done, _ = await asyncio.wait(
+                        (waiting, aborted), return_when=asyncio.FIRST_COMPLETED
+                    )
+                finally:
+                    aborted.cancel()
+                if waiting not in done:
+                    waiting.cancel()
+                    yield Finish(
+                        reason="aborted",
+                        failure=LlmFailure(message="request aborted", code="ABORTED"),
+                    )
+                    return
+            await waiting
+        finally:
+            waiting.cancel()
+        for chunk in tail:
+            yield chunk
+
+
+def _as_reply(produced: ReplyLike) -> ScriptedReply:
+    return ScriptedReply(text=produced) if isinstance(produced, str) else produced
+
+
+def _chunks(reply: ScriptedReply) -> tuple[list[StreamChunk], list[StreamChunk]]:
+    """The chunks of ``reply`` before and after its ``wait``. Raises the failure of a reply
+    that ``raise_failure``s."""
+    if reply.chunks is not None:
+        return list(reply.chunks), []
+    if reply.raise_failure and reply.failure is not None:
+        raise LlmError(reply.failure)
+    head: list[StreamChunk] = []
+    index = 0
+    if reply.reasoning:
+        head.append(ReasoningDelta(index=index, text=reply.reasoning))
+        index += 1
+    if reply.text:
+        head.append(TextDelta(index=index, text=reply.text))
+        index += 1
+    for call in reply.tool_calls:
+        head.append(
+            ToolCallDelta(
+                index=index,
                 id=call.id or f"call-{new_id()[:12]}",
                 name=call.name,
                 arguments_delta=call.raw_arguments(),
             )
-            index_ += 1
-        if reply.wait is not None:
-            signal = options.signal
-            waiting = asyncio.ensure_future(reply.wait())
-            try:  # the wait task is owned here: a consumer that stops reading cancels it
-                if signal is not None:
-                    aborted = asyncio.ensure_future(signal.wait())
-                    try:
-                        done, _ = await asyncio.wait(
-                            (waiting, aborted), return_when=asyncio.FIRST_COMPLETED
-                        )
-                    finally:
-                        aborted.cancel()
-                    if waiting not in done:
-                        waiting.cancel()
-                        yield Finish(
-                            reason="aborted",
-                            failure=LlmFailure(message="request aborted", code="ABORTED"),
-                        )
-                        return
-                await waiting
-            finally:
-                waiting.cancel()
-        if reply.usage is not None:
-            yield UsageChunk(usage=reply.usage)
-        if reply.failure is not None:
-            yield Finish(reason="error", failure=reply.failure)
-            return
-        yield Finish(reason=reply.finish or ("tool-calls" if reply.tool_calls else "stop"))
+        )
+        index += 1
+    tail: list[StreamChunk] = []
+    if reply.usage is not None:
+        tail.append(UsageChunk(usage=reply.usage))
+    if reply.failure is not None:
+        tail.append(Finish(reason="error", failure=reply.failure))
+    else:
+        tail.append(_FINISHES[reply.finish or ("tool-calls" if reply.tool_calls else "stop")])
+    return head, tail
+
+
+class _Replay:
+    """The chunks of a reply that needs no waiting, as a plain async iterator (no generator:
+    nothing to schedule, finalise or close). Building them, and raising a ``raise_failure``,
+    happen on the first read, as they would in a generator."""
+
+    __slots__ = ("_chunks", "_reply")
+
+    def __init__(self, reply: ScriptedReply) -> None:
+        self._reply: ScriptedReply | None = reply
+        self._chunks: Iterator[StreamChunk] = iter(())
+
+    def __aiter__(self) -> _Replay:
+        return self
+
+    async def __anext__(self) -> StreamChunk:
+        reply = self._reply
+        if reply is not None:
+            self._reply = None
+            head, tail = _chunks(reply)
+            self._chunks = iter(head + tail)
+        for chunk in self._chunks:
+            return chunk
+        raise StopAsyncIteration
+
+
+#: Failure-free finishes are immutable values: one of each serves every reply.
+_FINISHES: dict[str, Finish] = {r: Finish(reason=r) for r in get_args(FinishReason)}
 
 
 # -- script files ----------------------------------------------------------------------------------

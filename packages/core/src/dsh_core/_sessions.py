@@ -43,6 +43,7 @@ def now_ms() -> int:
 
 
 _DERIVED = frozenset({"user/message", "assistant/message", "tool/result"})
+_FOLDED = _DERIVED | {"request/header"}
 
 
 class Session:
@@ -61,6 +62,7 @@ class Session:
         "_messages_view",
         "_publishing",
         "_request_header",
+        "_specs",
         "_types",
         "_validators",
         "_view",
@@ -77,6 +79,7 @@ class Session:
     ) -> None:
         self.header = header
         self._types = types
+        self._specs = types.specs
         self._events: list[SessionEvent] = []
         self._messages: list[Message] = []
         self._messages_view: tuple[Message, ...] | None = ()
@@ -202,7 +205,7 @@ class Session:
                 "session/event publication",
                 code="SESSION_REENTRANT_APPEND",
             )
-        spec = self._types.get(type)
+        spec = self._specs.get(type)
         if spec is not None and spec.trusted and data.__class__ is spec.payload:
             seq = len(self._events)
             if not spec.surface:
@@ -253,13 +256,15 @@ class Session:
         return self._commit(event)
 
     def _commit(self, event: SessionEvent) -> SessionEvent:
-        for validator in self._validators:
-            validator(self, event)
+        if self._validators:
+            for validator in self._validators:
+                validator(self, event)
         self._events.append(event)
         self._view = None
-        self._fold(event)
+        if event.type in _FOLDED:
+            self._fold(event)
         ctx = self._ctx
-        if ctx is not None and ctx.has_listeners("session/event"):
+        if ctx is not None and "session/event" in ctx.host.listeners:
             self._publishing = True
             try:
                 ctx.emit("session/event", self, event)

@@ -445,24 +445,16 @@ class ToolRegistry:
             call=call,
         )
 
-        async def body(c: ToolExecutionInput) -> ToolExecutionResult:
-            if c.signal is not call.signal:
-                run.signal = AbortSignal.any((call.signal, c.signal))
-            try:
-                value = await definition.execute(arguments, run)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                code = getattr(exc, "code", None)
-                return failure(
-                    str(exc) or type(exc).__name__, code if isinstance(code, str) else "TOOL_ERROR"
-                )
-            return ToolExecutionResult(value=value)
-
         if ctx.has_listeners("tools/execute"):
+
+            async def body(c: ToolExecutionInput) -> ToolExecutionResult:
+                if c.signal is not call.signal:
+                    run.signal = AbortSignal.any((call.signal, c.signal))
+                return await _invoke(definition, arguments, run)
+
             outcome = await ctx.waterfall("tools/execute", call, default=body)
         else:
-            outcome = await body(call)
+            outcome = await _invoke(definition, arguments, run)
         if outcome.error is None:
             if run.signal.aborted:
                 outcome = failure("tool call aborted", "ABORTED")
@@ -497,6 +489,22 @@ class ToolRegistry:
         return ToolExecutionResult(
             value=frozen, content=content, concludes_turn=run._concludes, meta=outcome.meta
         )
+
+
+async def _invoke(
+    definition: ToolDefinition, arguments: JsonValue, run: ToolRunContext
+) -> ToolExecutionResult:
+    """Run the tool body; its own failure becomes an error result (code from ``exc.code``)."""
+    try:
+        value = await definition.execute(arguments, run)
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:
+        code = getattr(exc, "code", None)
+        return failure(
+            str(exc) or type(exc).__name__, code if isinstance(code, str) else "TOOL_ERROR"
+        )
+    return ToolExecutionResult(value=value)
 
 
 async def _allow(call: ToolExecutionInput) -> str:

@@ -106,7 +106,11 @@ def _llm(ctx: Context, _: None) -> None:
 
 
 def _scripted(ctx: Context, config: ScriptedModelConfig) -> None:
-    adapter = ScriptedAdapter.from_file(config.script) if config.script else ScriptedAdapter.echo()
+    adapter = (
+        ScriptedAdapter.from_file(config.script, record=False)
+        if config.script
+        else ScriptedAdapter.echo(record=False)
+    )
     ctx.llm.register_adapter(config.provider, adapter)
 
 

@@ -41,6 +41,7 @@ from dsh_core import (
     blocks_text,
     text_blocks,
     thaw_json,
+    user_message,
 )
 from dsh_core.testing import (
     ScriptedReply,
@@ -538,6 +539,69 @@ async def test_rejected_first_pre_step_gets_no_descriptor() -> None:
         assert [r.kind for r in turn_ends(child)] == ["blocked"]
         assert result.stop_reason == "refusal"
         assert b.requests_of(child.id) == []
+        await run.dispose()
+
+
+async def test_descriptor_hook_leaves_after_its_first_entered_step() -> None:
+    """DSC-4: once the descriptor is placed the child's pre-step hook is gone, so its later
+    steps run without it, and the log keeps exactly one descriptor."""
+    hooked: list[bool] = []
+
+    def model(request: ScriptedRequest) -> ScriptedReply | str:
+        if request.last_tool_result is None and request.last_user_text == "child: look":
+            return ScriptedReply(tool_calls=(ScriptedToolCall(name="probe", arguments={}),))
+        return "done"
+
+    async with boot(model) as b:
+
+        async def probe(arguments: Any, run: ToolRunContext) -> str:
+            hooked.append(b.host.ctx.has_listeners("agent/pre-step"))
+            return "probed"
+
+        b.host.ctx.tools.register(ToolDefinition(name="probe", description="Probe.", execute=probe))
+        assert not b.host.ctx.has_listeners("agent/pre-step")
+        run = await b.start("child: look")
+        result = await run.result
+        child = child_of(run)
+        assert (result.stop_reason, blocks_text(result.output)) == ("completed", "done")
+        assert hooked == [False]
+        assert types_of(child).count("step/start") == 2
+        assert types_of(child).count(DESCRIPTOR_EVENT) == 1
+        await run.dispose()
+
+
+async def test_descriptor_hook_stays_until_a_step_enters() -> None:
+    """DSC-4: after a rejected first pre-step the hook stays in place; the child's first
+    entered step (in a later turn) gets the one descriptor."""
+    async with boot() as b:
+        rejected: list[int] = []
+
+        def on_created(agent: Agent) -> None:
+            if agent.session.header.origin != "subagent":
+                return
+
+            async def reject_once(
+                pre: PreStep, next_: Callable[..., Awaitable[PreStepDecision]]
+            ) -> PreStepDecision:
+                if pre.agent is agent and not rejected:
+                    rejected.append(pre.turn)
+                    return PreStepDecision(kind="reject", reason="policy")
+                return await next_()
+
+            b.host.ctx.on("agent/pre-step", reject_once)  # after the child's own hook
+
+        b.host.ctx.on("agent/created", on_created)
+        run = await b.start()
+        assert (await run.result).stop_reason == "refusal"
+        child = child_of(run)
+        assert DESCRIPTOR_EVENT not in types_of(child)
+        child.followup(user_message(text_blocks("child: again")))
+        await child.when_idle()
+        types = types_of(child)
+        assert types.count(DESCRIPTOR_EVENT) == 1
+        second_turn = [i for i, t in enumerate(types) if t == "turn/start"][1]
+        assert second_turn < types.index(DESCRIPTOR_EVENT) < types.index("step/start")
+        assert [r.kind for r in turn_ends(child)] == ["blocked", "completed"]
         await run.dispose()
 
 

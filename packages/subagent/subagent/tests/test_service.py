@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -430,6 +431,25 @@ async def test_descriptor_label_only_when_supplied() -> None:
         assert "label" not in payload
 
 
+async def test_label_less_descriptors_per_name_and_labels_kept() -> None:
+    """SVC-7: label-less starts of one name carry equal descriptors, a labelled start between
+    them keeps its own label, and another name carries its own provider."""
+    async with boot() as b:
+        alpha, beta = FakeProvider("alpha"), FakeProvider("beta")
+        b.svc.register_provider(alpha)
+        b.svc.register_provider(beta)
+        await b.svc.start("alpha", b.request())
+        await b.svc.start("alpha", b.request(label="named"))
+        await b.svc.start("alpha", b.request())
+        await b.svc.start("beta", b.request())
+        assert [r.descriptor for r in alpha.requests] == [
+            OneShotDescriptor(provider="alpha"),
+            OneShotDescriptor(provider="alpha", label="named"),
+            OneShotDescriptor(provider="alpha"),
+        ]
+        assert [r.descriptor for r in beta.requests] == [OneShotDescriptor(provider="beta")]
+
+
 # -- provider outcome and lifecycle events (SVC-8..12) -------------------------------------------
 
 
@@ -607,6 +627,62 @@ async def test_lifecycle_listeners_are_contained(caplog: pytest.LogCaptureFixtur
             await b.host.ctx.host.drain_tasks()
         assert [type(e) for e in b.lifecycle()] == [SubagentRunInfo, SubagentRunEndInfo]
         assert len([r for r in caplog.records if r.levelno >= logging.WARNING]) >= 6
+
+
+@contextlib.asynccontextmanager
+async def unobserved() -> AsyncIterator[tuple[TestHost, Agent]]:
+    """A host with ``subagent`` mounted, no lifecycle checker and no lifecycle listener."""
+    async with scripted_host(
+        "subagent", invariants=False, modules={"subagent": dsh_subagent.plugin}
+    ) as host:
+        yield host, (await host.create_agent()).agent
+
+
+async def test_unobserved_start_pairs_a_later_end_listener() -> None:
+    """SVC-9, SVC-10: with nobody listening at start, the same run is returned, and an end
+    listener added while the run is live gets its identity with a fresh UUID run id."""
+    async with unobserved() as (host, parent):
+        provider = FakeProvider("alpha")
+        host.ctx[SUBAGENTS].register_provider(provider)
+        assert not host.ctx.has_listeners("subagent/start")
+        request = SubagentStartRequest(
+            prompt=text_blocks("do it"), parent=parent, signal=AbortController().signal
+        )
+        run = await parent.ctx[SUBAGENTS].start("alpha", request)
+        assert run is provider.runs[0][0]
+        ends: list[SubagentRunEndInfo] = []
+        ended = asyncio.Event()
+        host.ctx.on("subagent/end", lambda info: (ends.append(info), ended.set()))
+        output = (TextBlock(text="done"),)
+        provider.runs[0][1].set_result(SubagentResult(output=output, stop_reason="completed"))
+        await asyncio.wait_for(ended.wait(), 5)
+        (end,) = ends
+        assert (end.provider, end.id, end.local, end.stop_reason) == (
+            "alpha",
+            "child-1",
+            False,
+            "completed",
+        )
+        assert end.last_assistant_message == output
+        assert uuid.UUID(end.run_id).version == 4
+
+
+async def test_unobserved_rejection_stays_on_the_result() -> None:
+    """SVC-10: with no end listener a rejected result emits nothing and still rejects
+    run.result with the fault."""
+    async with unobserved() as (host, parent):
+        provider = FakeProvider("alpha")
+        host.ctx[SUBAGENTS].register_provider(provider)
+        request = SubagentStartRequest(
+            prompt=text_blocks("do it"), parent=parent, signal=AbortController().signal
+        )
+        run = await parent.ctx[SUBAGENTS].start("alpha", request)
+        fault = OSError("transport died")
+        provider.runs[0][1].set_exception(fault)
+        with pytest.raises(OSError) as caught:
+            await run.result
+        assert caught.value is fault
+        assert not host.ctx.has_listeners("subagent/end")
 
 
 def _raise(info: object) -> None:

@@ -7,6 +7,7 @@ invariant was broken, so a violation fails the test even when the runtime contai
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
@@ -68,7 +69,7 @@ class TestHost:
         return await ctx.agents.create(
             CreateAgentOptions(
                 session_id=session_id,
-                meta=meta or SessionMeta(cwd=str(Path.cwd())),
+                meta=meta or SessionMeta(cwd=os.getcwd()),
                 seed=seed,
                 agent_options=options,
                 setup=setup,

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -18,7 +17,7 @@ import attrs
 from dsh_core import Context, ServiceKey
 
 from ._depth import assert_subagent_max_depth
-from ._descriptor import snapshot_one_shot_descriptor
+from ._descriptor import OneShotDescriptor, snapshot_one_shot_descriptor
 from ._errors import SubagentError
 from ._schema import assert_object_json_schema
 from ._types import (
@@ -43,6 +42,8 @@ class SubagentState:
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
         self.providers: dict[str, SubagentProvider] = {}
+        #: Label-less one-shot descriptors by registry name (immutable values, built once).
+        self.descriptors: dict[str, OneShotDescriptor] = {}
 
     def __dsh_bind__(self, ctx: Context) -> SubagentService:
         return SubagentService(self, ctx)
@@ -51,6 +52,8 @@ class SubagentState:
 #: Typed access to the service: ``ctx[SUBAGENTS]`` (``ctx.subagents`` is untyped).
 SUBAGENTS: ServiceKey[SubagentService] = ServiceKey("subagents")
 
+#: The caller fields a resolved request copies (SVC-7).
+_REQUEST_FIELDS = tuple(a.name for a in attrs.fields(SubagentStartRequest))
 _CAPABILITY_ORDER = (
     ("output_schema", "output_schema"),
     ("max_depth", "depth_limit"),
@@ -131,35 +134,73 @@ class SubagentService:
             raise SubagentError(
                 f"no subagent provider is registered as {name!r}", code="NO_PROVIDER"
             )
-        caps = provider.capabilities
-        for field, flag in _CAPABILITY_ORDER:
-            if getattr(request, field) is not None and not getattr(caps, flag):
-                raise SubagentError(
-                    f"subagent provider {name!r} does not support {field}",
-                    code="UNSUPPORTED_CAPABILITY",
-                )
-        if request.max_depth is not None:
-            assert_subagent_max_depth(request.max_depth)
-        if request.output_schema is not None:
-            assert_object_json_schema(request.output_schema)
+        if (
+            request.output_schema is not None
+            or request.max_depth is not None
+            or request.tool_filter is not None
+            or request.persona is not None
+        ):
+            caps = provider.capabilities
+            for field, flag in _CAPABILITY_ORDER:
+                if getattr(request, field) is not None and not getattr(caps, flag):
+                    raise SubagentError(
+                        f"subagent provider {name!r} does not support {field}",
+                        code="UNSUPPORTED_CAPABILITY",
+                    )
+            if request.max_depth is not None:
+                assert_subagent_max_depth(request.max_depth)
+            if request.output_schema is not None:
+                assert_object_json_schema(request.output_schema)
         resolved = ResolvedSubagentStartRequest(
-            **{a.name: getattr(request, a.name) for a in attrs.fields(SubagentStartRequest)},
-            descriptor=snapshot_one_shot_descriptor(name, request.label),
+            **{field: getattr(request, field) for field in _REQUEST_FIELDS},
+            descriptor=self._descriptor(name, request.label),
         )
         run = await provider.start(resolved)
-        info = SubagentRunInfo(
-            run_id=str(uuid.uuid4()), provider=name, id=run.id, local=run.local_agent is not None
-        )
         emitter = request.parent.ctx
-        run.result.add_done_callback(_end_observer(emitter, info, run))
-        emitter.emit("subagent/start", info)
+        lifecycle = _RunLifecycle(emitter, name, run.id, run.local_agent is not None)
+        run.result.add_done_callback(lifecycle.observe_end)
+        if emitter.has_listeners("subagent/start"):
+            emitter.emit("subagent/start", lifecycle.info())
         return run
 
+    def _descriptor(self, name: str, label: str | None) -> OneShotDescriptor:
+        """SVC-7's descriptor; the label-less one is an immutable value kept per name."""
+        if label is not None:
+            return snapshot_one_shot_descriptor(name, label)
+        cache = self._state.descriptors
+        descriptor = cache.get(name)
+        if descriptor is None:
+            descriptor = cache[name] = snapshot_one_shot_descriptor(name)
+        return descriptor
 
-def _end_observer(
-    emitter: Context, info: SubagentRunInfo, run: SubagentRun
-) -> Callable[[asyncio.Future[SubagentResult]], None]:
-    def observe(future: asyncio.Future[SubagentResult]) -> None:
+
+class _RunLifecycle:
+    """The ``subagent/start`` and ``subagent/end`` identity of one run (SVC-9, SVC-10).
+
+    The run id is minted the first time a payload needs it: a run nobody observes never
+    builds one, and a run that is observed carries the same id in its start and end.
+    """
+
+    __slots__ = ("_emitter", "_id", "_info", "_local", "_provider")
+
+    def __init__(self, emitter: Context, provider: str, id: str, local: bool) -> None:
+        self._emitter = emitter
+        self._provider = provider
+        self._id = id
+        self._local = local
+        self._info: SubagentRunInfo | None = None
+
+    def info(self) -> SubagentRunInfo:
+        """The start payload (the run id is minted on first use)."""
+        info = self._info
+        if info is None:
+            info = self._info = SubagentRunInfo(
+                run_id=str(uuid.uuid4()), provider=self._provider, id=self._id, local=self._local
+            )
+        return info
+
+    def observe_end(self, future: asyncio.Future[SubagentResult]) -> None:
+        """``run.result`` settled: emit ``subagent/end`` (its payload only when observed)."""
         last: Any = None
         if future.cancelled() or future.exception() is not None:
             stop = "error"
@@ -167,6 +208,10 @@ def _end_observer(
             result = future.result()
             stop = result.stop_reason
             last = result.output or None
+        emitter = self._emitter
+        if not emitter.has_listeners("subagent/end"):
+            return
+        info = self.info()
         emitter.emit(
             "subagent/end",
             SubagentRunEndInfo(
@@ -178,5 +223,3 @@ def _end_observer(
                 last_assistant_message=last,
             ),
         )
-
-    return observe

@@ -22,14 +22,17 @@ from dsh_core import (
     Agent,
     AgentCancelCause,
     AgentOptions,
+    AgentRegistry,
     Context,
     CreateAgentOptions,
     PreStep,
     PreStepDecision,
     PromptContext,
     PromptSection,
+    ServiceKey,
     SessionEvent,
     SessionMeta,
+    SystemPromptRegistry,
     fold_consumed_work,
     user_message,
 )
@@ -55,6 +58,10 @@ DELEGATION_STATEMENT = (
     "answer. Your tools and permissions are fixed for this task. If you cannot do something "
     "with what you have, say so in your answer instead of retrying."
 )
+# Keyed lookups of the host services the driver uses on fresh contexts (no attribute fallback).
+_AGENTS: ServiceKey[AgentRegistry] = ServiceKey("agents")
+_SYSTEM_PROMPT: ServiceKey[SystemPromptRegistry] = ServiceKey("system_prompt")
+_DELEGATION = PromptContext(name=DELEGATION_CONTEXT, order=120, text=DELEGATION_STATEMENT)
 NO_CAPTURE = (
     "the child ended its turn without calling structured_output, so no structured result "
     "was recorded (the run is not re-prompted)"
@@ -65,12 +72,18 @@ def child_agent_options(parent: Agent, requested: AgentOptions | None, depth: in
     """DEP-4: the parent's route and ``max_tokens`` overlaid with the request's declared fields,
     plus the runtime ``subagent_depth``. Nothing undeclared is invented."""
     base = parent.options
-    req = requested or AgentOptions()
+    if requested is None:
+        return AgentOptions(
+            provider=base.provider,
+            model=base.model,
+            max_tokens=base.max_tokens,
+            extensions={SUBAGENT_DEPTH_KEY: depth},
+        )
     return AgentOptions(
-        provider=req.provider if req.provider is not None else base.provider,
-        model=req.model if req.model is not None else base.model,
-        max_tokens=req.max_tokens if req.max_tokens is not None else base.max_tokens,
-        extensions={**req.extensions, SUBAGENT_DEPTH_KEY: depth},
+        provider=requested.provider if requested.provider is not None else base.provider,
+        model=requested.model if requested.model is not None else base.model,
+        max_tokens=requested.max_tokens if requested.max_tokens is not None else base.max_tokens,
+        extensions={**requested.extensions, SUBAGENT_DEPTH_KEY: depth},
     )
 
 
@@ -93,30 +106,34 @@ def _compose(
     """The creation-window set-up (DEP-5, DSC-4, STR-1): nothing is visible until publish."""
 
     def setup(ctx: Context) -> None:
+        system_prompt = ctx[_SYSTEM_PROMPT]
         if request.persona is not None:
-            ctx.system_prompt.section(
+            system_prompt.section(
                 PromptSection(name=PERSONA_SECTION, order=0, text=request.persona)
             )
-        ctx.system_prompt.context(
-            PromptContext(name=DELEGATION_CONTEXT, order=120, text=DELEGATION_STATEMENT)
-        )
+        system_prompt.context(_DELEGATION)
         if capture is not None:
             capture.install(ctx)
         if request.tool_filter is not None:
             ctx.tools.restrict(request.tool_filter)
         appended = False
+        stop_listening: Callable[[], object] = _nothing
 
         async def on_pre_step(
             pre: PreStep, next_: Callable[..., Awaitable[PreStepDecision]]
         ) -> PreStepDecision:
-            nonlocal appended
+            nonlocal appended, stop_listening
             decision = await next_()
             if not appended and decision.kind == "enter":
                 appended = True
+                # Once placed, the hook would only pass decisions through: drop it, so later
+                # steps (this child's and every other agent's) skip it.
+                stop_listening()
+                stop_listening = _nothing
                 pre.agent.session.append(DESCRIPTOR_EVENT, descriptor, ignorable=True)
             return decision
 
-        ctx.on("agent/pre-step", on_pre_step)
+        stop_listening = ctx.on("agent/pre-step", on_pre_step)
 
     return setup
 
@@ -152,7 +169,7 @@ async def start_in_process_run(
         StructuredCapture(request.output_schema) if request.output_schema is not None else None
     )
     try:
-        handle = await parent.ctx.agents.create(
+        handle = await parent.ctx[_AGENTS].create(
             CreateAgentOptions(
                 meta=meta,
                 seed=seed or None,

@@ -1,0 +1,553 @@
+"""Compiled JSON codecs for durable attrs values: the converter's fast path (host-core §5).
+
+A session log is mostly small, regular payloads (``assistant/chunk`` above all), and the
+generic route (cattrs hooks, then :func:`~dsh_core._json.dumps`; ``json.loads``, then strict
+cattrs hooks) costs several microseconds per event. For every attrs class whose fields it
+models, this module compiles once an encoder that writes the class's JSON text directly and a
+decoder that builds the value from parsed JSON without ``__init__``.
+
+Both are *fast paths only*. An encoder returns exactly the text ``dumps(unstructure(value))``
+gives, a decoder exactly the value ``structure(data, cls)`` gives, or they raise (usually
+:class:`Unfit`) as soon as anything is unusual: a value of another type than declared, an
+unknown key or tag, a field the compiler does not model. The caller then takes the
+converter's route, which gives the verdict and the error message. A fast path therefore never
+accepts what the converter refuses, and never has to reproduce an error.
+
+Modelled field types: ``int``, ``str``, ``bool``, ``Literal`` of strings, ``X | None``,
+``tuple[X, ...]``, tagged-union bases (registered variants are compiled on first sight) and
+attrs classes (compiled, or handed to the converter's hook when they cannot be). A class is
+compiled only if its instances hold nothing but their fields (slotted, attrs' own
+``__init__``, no validators, converters, factories or init hooks), so filling the slots
+directly is what ``__init__`` does. The codecs mirror the converter as
+:mod:`dsh_core._converter` configures it (strict scalars, arrays for tuples, defaults
+omitted, tagged unions); that module's rule that hooks are registered only through its
+helpers is what keeps the two in step.
+"""
+
+from __future__ import annotations
+
+import linecache
+import threading
+import types
+import typing
+from collections.abc import Callable
+from json.encoder import encode_basestring
+from typing import Any, Literal, cast
+
+import attrs
+
+from ._converter import converter, tagged_unions
+from ._json import dumps
+from ._tagged import TaggedUnion
+
+__all__ = ["Unfit", "class_decoder", "class_encoder"]
+
+Encoder = Callable[[Any], str]
+#: Called with the parsed value; compiled decoders also accept (and ignore) the target class,
+#: the calling convention of the converter's structure hooks.
+Decoder = Callable[..., Any]
+
+
+class Unfit(Exception):
+    """The fast path does not handle this value; the converter's route decides."""
+
+
+_MISSING = object()
+_NOTHING = attrs.NOTHING
+
+
+# -- shapes -----------------------------------------------------------------------------------
+# A shape is what the compiler knows of a field type: ("int",), ("str",), ("bool",),
+# ("lit", values), ("opt", shape), ("tuple", shape), ("union", TaggedUnion), ("class", cls).
+
+Shape = tuple[Any, ...]
+
+
+def _shape(tp: Any) -> Shape | None:
+    if tp is int:
+        return ("int",)
+    if tp is str:
+        return ("str",)
+    if tp is bool:
+        return ("bool",)
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin is Literal:
+        if args and all(type(a) is str for a in args):
+            return ("lit", frozenset(args))
+        return None
+    if origin is types.UnionType or origin is typing.Union:
+        rest = [a for a in args if a is not type(None)]
+        if len(rest) == 1 and len(args) == 2:
+            inner = _shape(rest[0])
+            return ("opt", inner) if inner is not None else None
+        return None
+    if origin is tuple:
+        if len(args) == 2 and args[1] is Ellipsis:
+            inner = _shape(args[0])
+            return ("tuple", inner) if inner is not None else None
+        return None
+    if isinstance(tp, type):
+        union = tagged_unions().get(tp)
+        if union is not None:
+            return ("union", union)
+        if attrs.has(tp) and not any(
+            tp is not u.base and issubclass(tp, u.base) for u in tagged_unions().values()
+        ):
+            return ("class", tp)
+    return None
+
+
+# -- per-shape encoders and decoders -----------------------------------------------------------
+
+
+def _enc_int(v: Any) -> str:
+    if v.__class__ is not int:
+        raise Unfit
+    return int.__repr__(v)
+
+
+def _enc_str(v: Any) -> str:
+    if v.__class__ is not str:
+        raise Unfit
+    return encode_basestring(v)
+
+
+def _enc_bool(v: Any) -> str:
+    if v is True:
+        return "true"
+    if v is False:
+        return "false"
+    raise Unfit
+
+
+def _dec_int(v: Any) -> Any:
+    if v.__class__ is not int:
+        raise Unfit
+    return v
+
+
+def _dec_str(v: Any) -> Any:
+    if v.__class__ is not str:
+        raise Unfit
+    return v
+
+
+def _dec_bool(v: Any) -> Any:
+    if v is not True and v is not False:
+        raise Unfit
+    return v
+
+
+def _encoder(shape: Shape) -> Encoder:
+    kind = shape[0]
+    if kind == "int":
+        return _enc_int
+    if kind == "str" or kind == "lit":
+        return _enc_str
+    if kind == "bool":
+        return _enc_bool
+    if kind == "opt":
+        inner = _encoder(shape[1])
+
+        def enc_opt(v: Any) -> str:
+            return "null" if v is None else inner(v)
+
+        return enc_opt
+    if kind == "tuple":
+        item = _encoder(shape[1])
+
+        def enc_tuple(v: Any) -> str:
+            if v.__class__ is not tuple:
+                raise Unfit
+            return "[" + ",".join([item(e) for e in v]) + "]"
+
+        return enc_tuple
+    if kind == "union":
+        return _union_encoder(shape[1])
+    return _nested_encoder(shape[1])
+
+
+def _decoder(shape: Shape) -> Decoder:
+    kind = shape[0]
+    if kind == "int":
+        return _dec_int
+    if kind == "str":
+        return _dec_str
+    if kind == "bool":
+        return _dec_bool
+    if kind == "lit":
+        values = shape[1]
+
+        def dec_lit(v: Any) -> Any:
+            if v.__class__ is not str or v not in values:
+                raise Unfit
+            return v
+
+        return dec_lit
+    if kind == "opt":
+        inner = _decoder(shape[1])
+
+        def dec_opt(v: Any) -> Any:
+            return None if v is None else inner(v)
+
+        return dec_opt
+    if kind == "tuple":
+        item = _decoder(shape[1])
+
+        def dec_tuple(v: Any) -> Any:
+            if v.__class__ is not list:
+                raise Unfit
+            return tuple([item(e) for e in v])
+
+        return dec_tuple
+    if kind == "union":
+        return _union_decoder(shape[1])
+    return _nested_decoder(shape[1])
+
+
+def _nested_encoder(cls: type) -> Encoder:
+    """The compiled encoder of ``cls``, or the converter's hook followed by ``dumps``."""
+    compiled = class_encoder(cls)
+    if compiled is not None:
+        return compiled
+    hook = converter.get_unstructure_hook(cls)
+    return lambda v: dumps(hook(v))
+
+
+def _nested_decoder(cls: type) -> Decoder:
+    compiled = class_decoder(cls)
+    if compiled is not None:
+        return compiled
+    hook = converter.get_structure_hook(cls)
+    return lambda v: hook(v, cls)
+
+
+def _unfit(v: Any) -> Any:
+    raise Unfit
+
+
+class _Dispatch:
+    """A tagged union's compiled variants, by class for encoding and by tag for decoding.
+
+    Variants are compiled on first sight; one that does not compile, a class that is not the
+    registered variant of its tag and an unclaimed tag map to a function raising ``Unfit``.
+    Caching is safe because a tag never changes its class once registered.
+    """
+
+    __slots__ = ("decoders", "encoders", "union")
+
+    def __init__(self, union: TaggedUnion[Any]) -> None:
+        self.union = union
+        self.encoders: dict[type, Encoder] = {}
+        self.decoders: dict[Any, Decoder] = {}  # by tag, as parsed
+
+    def encoder(self, v: Any) -> Encoder:
+        """The encoder of ``v``'s class (for a miss in ``encoders``)."""
+        cls = v.__class__
+        fn = _variant(self.union, cls, class_encoder)
+        fn = self.encoders[cls] = fn if fn is not None else _unfit
+        return fn
+
+    def decoder(self, v: Any) -> Decoder:
+        """The decoder of the parsed object ``v``'s tag (for a miss in ``decoders``)."""
+        if v.__class__ is not dict:
+            raise Unfit
+        tag = v.get(self.union.tag)
+        if type(tag) is not str:
+            raise Unfit
+        cls = self.union.variants.get(tag)
+        fn = _variant(self.union, cls, class_decoder) if cls is not None else None
+        fn = self.decoders[tag] = fn if fn is not None else _unfit
+        return fn
+
+    def encode(self, v: Any) -> str:
+        fn = self.encoders.get(v.__class__) or self.encoder(v)
+        return fn(v)
+
+    def decode(self, v: Any) -> Any:
+        if v.__class__ is not dict:
+            raise Unfit
+        return (self.decoders.get(v.get(self.union.tag)) or self.decoder(v))(v)
+
+
+_dispatch: dict[type, _Dispatch] = {}
+
+
+def _dispatch_of(union: TaggedUnion[Any]) -> _Dispatch:
+    found = _dispatch.get(union.base)
+    if found is None or found.union is not union:
+        found = _dispatch[union.base] = _Dispatch(union)
+    return found
+
+
+def _union_encoder(union: TaggedUnion[Any]) -> Encoder:
+    return _dispatch_of(union).encode
+
+
+def _union_decoder(union: TaggedUnion[Any]) -> Decoder:
+    return _dispatch_of(union).decode
+
+
+def _variant(union: TaggedUnion[Any], cls: type, compile: Callable[[type], Any]) -> Any:
+    """``compile(cls)`` if ``cls`` is the variant registered for its tag (tags never move)."""
+    field = attrs.fields_dict(cls).get(union.tag) if attrs.has(cls) else None
+    if field is None or field.init or type(field.default) is not str:
+        return None
+    if union.variants.get(field.default) is not cls:
+        return None
+    return compile(cls)
+
+
+# -- class compilation -------------------------------------------------------------------------
+
+
+@attrs.frozen
+class _Plan:
+    """What compiling ``cls`` needs: its fields in order, and its tag if it is a variant."""
+
+    cls: type
+    fields: tuple[tuple[str, Shape, Any], ...]  # (name, shape, default or NOTHING)
+    tag: tuple[str, str] | None  # (tag key, tag value) of a tagged-union variant
+    setters: dict[str, Callable[[Any, Any], None]]
+
+
+#: Compiling happens once per class, in whichever thread first needs it (loads and flushes run
+#: in worker threads); one lock keeps two threads from racing on the recursion guards.
+_compiling = threading.RLock()
+_plans: dict[type, _Plan | None] = {}
+_encoders: dict[type, Encoder | None] = {}
+_decoders: dict[type, Decoder | None] = {}
+
+
+def _slot_setter(cls: type, name: str) -> Callable[[Any, Any], None] | None:
+    for klass in cls.__mro__:
+        descriptor = klass.__dict__.get(name)
+        if descriptor is not None:
+            if type(descriptor) is not types.MemberDescriptorType:
+                return None
+            setter: Callable[[Any, Any], None] = descriptor.__set__
+            return setter
+    return None
+
+
+def _plan(cls: type) -> _Plan | None:
+    if cls in _plans:
+        return _plans[cls]
+    try:
+        plan = _make_plan(cls)
+    except Exception:  # e.g. an annotation that does not resolve: the converter will say
+        plan = None
+    _plans[cls] = plan
+    return plan
+
+
+def _make_plan(cls: type) -> _Plan | None:
+    if "__attrs_attrs__" not in cls.__dict__ or getattr(cls, "__dictoffset__", 1) != 0:
+        return None
+    init = cls.__dict__.get("__init__")
+    if not getattr(getattr(init, "__code__", None), "co_filename", "").startswith(
+        "<attrs generated"
+    ):
+        return None  # an __init__ of its own: only calling it builds the value
+    if hasattr(cls, "__attrs_pre_init__") or hasattr(cls, "__attrs_post_init__"):
+        return None
+    slots = {s for klass in cls.__mro__ for s in klass.__dict__.get("__slots__", ())}
+    slots.discard("__weakref__")
+    attrs.resolve_types(cls)
+    fields = attrs.fields(cls)
+    if slots != {f.name for f in fields}:
+        return None  # instances hold more than their fields (a cached hash, say)
+    union = next(
+        (u for u in tagged_unions().values() if cls is not u.base and issubclass(cls, u.base)),
+        None,
+    )
+    tag: tuple[str, str] | None = None
+    planned: list[tuple[str, Shape, Any]] = []
+    setters: dict[str, Callable[[Any, Any], None]] = {}
+    for f in fields:
+        setter = _slot_setter(cls, f.name)
+        if setter is None or f.validator is not None or f.converter is not None:
+            return None
+        if f.alias != f.name or isinstance(f.default, attrs.Factory):  # type: ignore[arg-type]
+            return None
+        setters[f.name] = setter
+        if not f.init:
+            if union is None or f.name != union.tag or type(f.default) is not str:
+                return None
+            tag = (f.name, f.default)
+            continue
+        shape = _shape(f.type)
+        if shape is None:
+            return None
+        planned.append((f.name, shape, f.default))
+    if union is not None and tag is None:
+        return None
+    return _Plan(cls=cls, fields=tuple(planned), tag=tag, setters=setters)
+
+
+def _inline_check(kind: str, v: str) -> str | None:
+    """A statement that raises :class:`Unfit` unless ``v`` is a plain scalar of ``kind``."""
+    if kind == "int" or kind == "str":
+        return f"if {v}.__class__ is not {kind}: raise Unfit"
+    if kind == "lit":
+        return f"if {v}.__class__ is not str or {v} not in {v}_values: raise Unfit"
+    if kind == "bool":
+        return f"if {v} is not True and {v} is not False: raise Unfit"
+    return None
+
+
+def class_encoder(cls: type) -> Encoder | None:
+    """The compiled encoder of ``cls``: value -> JSON text, as ``dumps(unstructure(value))``
+    writes it (defaults omitted, a variant's tag last). ``None`` if ``cls`` does not compile.
+    """
+    fn = _encoders.get(cls, _MISSING)
+    if fn is not _MISSING:
+        return fn  # type: ignore[return-value]
+    with _compiling:
+        if cls in _encoders:  # compiled meanwhile, or being compiled by this thread
+            return _encoders[cls]
+        _encoders[cls] = None  # a class that contains itself uses the converter inside
+        plan = _plan(cls)
+        fn = _compile_encoder(plan) if plan is not None else None
+        _encoders[cls] = fn
+        return fn
+
+
+def _compile_encoder(plan: _Plan) -> Encoder:
+    env: dict[str, Any] = {"Unfit": Unfit, "cls": plan.cls, "encode_str": encode_basestring}
+    body = ["if o.__class__ is not cls: raise Unfit"]
+    parts: list[str] = []  # f-string parts of the fields that are always written
+    conditional = False  # past a defaulted field: the text is built in ``s``
+    for i, (name, shape, default) in enumerate(plan.fields):
+        v = f"v{i}"
+        env[f"k{i}"] = encode_basestring(name) + ":"
+        kind = shape[0]
+        check = _inline_check(kind, v)
+        if kind == "int":
+            text = v
+        elif kind == "str" or kind == "lit":
+            text = f"encode_str({v})"
+            check = _inline_check("str", v)  # the converter writes any string it is given
+        elif kind == "bool":
+            text = f'("true" if {v} else "false")'
+        elif kind == "union":
+            dispatch = _dispatch_of(shape[1])
+            env[f"by_class{i}"] = dispatch.encoders
+            env[f"resolve{i}"] = dispatch.encoder
+            text = f"(by_class{i}.get({v}.__class__) or resolve{i}({v}))({v})"
+        else:
+            env[f"enc{i}"] = _encoder(shape)
+            text = f"enc{i}({v})"
+        body.append(f"{v} = o.{name}")
+        if default is _NOTHING:
+            if check:
+                body.append(check)
+            if conditional:
+                body.append(f"s += f',{{k{i}}}{{{text}}}'")
+            else:
+                parts.append(f"{{k{i}}}{{{text}}}")
+            continue
+        if not conditional:
+            conditional = True
+            body.append(f"s = f',{','.join(parts)}'" if parts else "s = ''")
+        env[f"d{i}"] = default
+        body.append(f"if {v} != d{i}:")
+        if check:
+            body.append(f"    {check}")
+        body.append(f"    s += f',{{k{i}}}{{{text}}}'")
+    if plan.tag is not None:
+        key, value = plan.tag
+        env["tag_value"] = value
+        env["tag"] = encode_basestring(key) + ":" + encode_basestring(value)
+        # The converter writes whatever the tag attribute holds; it is the constant here.
+        body.append(f"if o.{key}.__class__ is not str or o.{key} != tag_value: raise Unfit")
+        if conditional:
+            body.append("s += ',' + tag")
+        else:
+            parts.append("{tag}")
+    if conditional:
+        body.append("return '{' + s[1:] + '}'")  # ''[1:] is '': no field gives {}
+    else:
+        body.append(f"return f'{{{{{','.join(parts)}}}}}'")
+    return cast("Encoder", _exec("encode", body, env, plan.cls))
+
+
+def class_decoder(cls: type) -> Decoder | None:
+    """The compiled decoder of ``cls``: parsed JSON -> value, as ``structure(data, cls)``
+    builds it (strict types, no unknown keys). ``None`` if ``cls`` does not compile.
+    """
+    fn = _decoders.get(cls, _MISSING)
+    if fn is not _MISSING:
+        return fn  # type: ignore[return-value]
+    with _compiling:
+        if cls in _decoders:
+            return _decoders[cls]
+        _decoders[cls] = None
+        plan = _plan(cls)
+        fn = _compile_decoder(plan) if plan is not None else None
+        _decoders[cls] = fn
+        return fn
+
+
+def _compile_decoder(plan: _Plan) -> Decoder:
+    allowed = {name for name, _, _ in plan.fields}
+    env: dict[str, Any] = {"Unfit": Unfit, "cls": plan.cls, "new": object.__new__}
+    env["MISSING"] = _MISSING
+    if plan.tag is not None:
+        allowed.add(plan.tag[0])
+    if all(default is _NOTHING for _, _, default in plan.fields):
+        # Every key is fetched and must be there, so the count rules out any other key.
+        body = [f"if o.__class__ is not dict or len(o) != {len(allowed)}: raise Unfit"]
+    else:
+        env["allowed"] = frozenset(allowed)
+        body = ["if o.__class__ is not dict or not o.keys() <= allowed: raise Unfit"]
+    if plan.tag is not None:
+        key, value = plan.tag
+        env["tag_value"] = value
+        env["set_tag"] = plan.setters[key]
+        body.append(f"if o.get({key!r}) != tag_value: raise Unfit")
+    body.append("obj = new(cls)")
+    for i, (name, shape, default) in enumerate(plan.fields):
+        v = f"v{i}"
+        env[f"set{i}"] = plan.setters[name]
+        check = _inline_check(shape[0], v)
+        if shape[0] == "lit":
+            env[f"{v}_values"] = shape[1]
+        value = v
+        if shape[0] == "union":
+            dispatch = _dispatch_of(shape[1])
+            env[f"by_tag{i}"] = dispatch.decoders
+            env[f"resolve{i}"] = dispatch.decoder
+            check = f"if {v}.__class__ is not dict: raise Unfit"
+            tag = shape[1].tag
+            value = f"(by_tag{i}.get({v}.get({tag!r})) or resolve{i}({v}))({v})"
+        elif check is None:
+            env[f"dec{i}"] = _decoder(shape)
+            value = f"dec{i}({v})"
+        # A missing key yields MISSING, which no check or decoder accepts.
+        body.append(f"{v} = o.get({name!r}, MISSING)")
+        if default is _NOTHING:
+            if check:
+                body.append(check)
+            body.append(f"set{i}(obj, {value})")
+        else:
+            env[f"d{i}"] = default
+            body += [f"if {v} is MISSING:", f"    set{i}(obj, d{i})", "else:"]
+            if check:
+                body.append(f"    {check}")
+            body.append(f"    set{i}(obj, {value})")
+    if plan.tag is not None:
+        body.append("set_tag(obj, tag_value)")
+    body.append("return obj")
+    return _exec("decode", body, env, plan.cls)
+
+
+def _exec(name: str, body: list[str], env: dict[str, Any], cls: type) -> Callable[..., Any]:
+    """Define ``name(o)`` from ``body`` lines; registered with ``linecache`` so that
+    tracebacks show the generated code."""
+    source = f"def {name}(o, _=None):\n" + "".join(f"    {line}\n" for line in body)
+    filename = f"<dsh codec {name} {cls.__module__}.{cls.__qualname__}>"
+    exec(compile(source, filename, "exec"), env)
+    linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)
+    return cast("Callable[..., Any]", env[name])

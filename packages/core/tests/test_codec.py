@@ -1,0 +1,402 @@
+"""The compiled fast paths of the session log codec agree with the converter (host-core §5)."""
+
+from __future__ import annotations
+
+import enum
+import json
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Literal
+
+import attrs
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from dsh_core import (
+    AssistantChunkData,
+    Context,
+    EventTypeRegistry,
+    Host,
+    Message,
+    PluginSource,
+    SessionError,
+    SessionEvent,
+    SessionStoreService,
+    StepData,
+    StreamChunk,
+    TextBlock,
+    TextDelta,
+    ToolCallDelta,
+    TurnStartData,
+    UnknownBlock,
+    UnknownChunk,
+    dumps,
+)
+from dsh_core._codec import class_decoder, class_encoder
+from dsh_core._content import CHUNKS
+from dsh_core._converter import converter
+from dsh_core._events import CORE_EVENT_TYPES, make_event
+from dsh_core._json import freeze_json
+from dsh_core._persistence import JsonlSessionPersistence, install_jsonl_persistence
+from dsh_core.testing.strategies import session_logs
+
+TYPES = EventTypeRegistry()
+#: Core payloads whose codec compiles (tool/result carries free-form ``meta``: converter only).
+COMPILED = {s.name for s in CORE_EVENT_TYPES} - {"tool/result"}
+TYPES_BY_CLASS = {s.payload: s.name for s in CORE_EVENT_TYPES if s.name in COMPILED}
+
+
+def jsonl() -> JsonlSessionPersistence:
+    """A JSONL backend that only encodes (never installed, never touches a file)."""
+    persistence = JsonlSessionPersistence(Path("unused"))
+    persistence._types = TYPES
+    return persistence
+
+
+def generic_line(event: SessionEvent) -> bytes:
+    return (dumps(TYPES.encode(event)) + "\n").encode("utf-8", "surrogatepass")
+
+
+def same(a: object, b: object) -> bool:
+    """Equal, with the same types throughout (``1 == True``: ``==`` alone is not enough)."""
+    return a == b and repr(a) == repr(b)
+
+
+def outcome(fn: Any, *args: Any) -> tuple[bool, Any]:
+    try:
+        return True, fn(*args)
+    except Exception as exc:
+        return False, exc
+
+
+# -- valid logs -----------------------------------------------------------------------------------
+
+
+@given(session_logs(open_end=True))
+def test_fast_lines_are_the_generic_lines(events: tuple[SessionEvent, ...]) -> None:
+    """host-core §5: every JSONL line is exactly dumps(types.encode(event)), fast path or not."""
+    writer = jsonl()
+    assert writer._lines(events) == b"".join(generic_line(e) for e in events)
+
+
+@given(session_logs(open_end=True))
+def test_fast_paths_cover_and_round_trip_core_payloads(events: tuple[SessionEvent, ...]) -> None:
+    """host-core §5: core payloads take the compiled paths, which match the converter exactly."""
+    for event in events:
+        spec = TYPES.get(event.type)
+        raw = json.loads(generic_line(event))
+        assert same(TYPES.decode(raw), event)
+        if spec is None or spec.name not in COMPILED:
+            continue
+        assert spec.payload is not None
+        encode, decode = class_encoder(spec.payload), class_decoder(spec.payload)
+        assert encode is not None and decode is not None
+        assert encode(event.data) == dumps(converter.unstructure(event.data))
+        assert same(decode(raw["data"]), converter.structure(raw["data"], spec.payload))
+
+
+def test_lossless_edge_values_round_trip_through_the_fast_path() -> None:
+    """host-core §5: lone surrogates, escapes and ints beyond 64 bits survive a JSONL line."""
+    chunk = AssistantChunkData(
+        turn=2**70, step=-(2**65), chunk=TextDelta(index=0, text='\ud800"\n')
+    )
+    event = make_event("assistant/chunk", 7, 2**64, chunk)
+    line = jsonl()._lines([event])
+    assert line == generic_line(event)
+    assert same(TYPES.decode(json.loads(line.decode("utf-8", "surrogatepass"))), event)
+
+
+# -- odd values: the fast path gives up rather than differ -----------------------------------------
+
+
+class Small(enum.IntEnum):
+    ONE = 1
+
+
+class Text(str):
+    pass
+
+
+ODD_VALUES: list[Any] = [
+    None,
+    True,
+    False,
+    0,
+    -1,
+    2**80,
+    Small.ONE,
+    1.5,
+    -0.0,
+    math.nan,
+    "",
+    "\ud800",
+    Text("sub"),
+    (),
+    ("a",),
+    ["a"],
+    (1, "x"),
+    {"a": 1},
+    MappingProxyType({"a": 1}),
+    TextBlock(text="t"),
+    UnknownBlock(type="future", fields={"x": 1}),
+    UnknownChunk(type="future", fields={"y": [1]}),
+    TextDelta(index=0, text="d"),
+    PluginSource(plugin="p"),
+]
+
+
+def _replace(value: Any, name: str, new: Any) -> Any:
+    """``value`` with field ``name`` set to ``new``, bypassing nothing but validation."""
+    copy = object.__new__(type(value))
+    for field in attrs.fields(type(value)):
+        object.__setattr__(
+            copy, field.name, new if field.name == name else getattr(value, field.name)
+        )
+    return copy
+
+
+@st.composite
+def odd_payloads(draw: st.DrawFn) -> tuple[type, Any]:
+    """A core payload from a generated log with one field, at any depth, set to an odd value."""
+    events = draw(session_logs(min_turns=1))
+    typed = [e for e in events if e.type in COMPILED]
+    event = draw(st.sampled_from(typed))
+    spec = TYPES.get(event.type)
+    assert spec is not None and spec.payload is not None
+
+    def mutate(value: Any) -> Any:
+        if isinstance(value, tuple) and value and draw(st.booleans()):
+            i = draw(st.integers(0, len(value) - 1))
+            return (*value[:i], mutate(value[i]), *value[i + 1 :])
+        if not attrs.has(type(value)) or not attrs.fields(type(value)):
+            return draw(st.sampled_from(ODD_VALUES))
+        field = draw(st.sampled_from(attrs.fields(type(value))))
+        inner = getattr(value, field.name)
+        new = mutate(inner) if draw(st.booleans()) else draw(st.sampled_from(ODD_VALUES))
+        return _replace(value, field.name, new)
+
+    return spec.payload, mutate(event.data)
+
+
+@given(odd_payloads())
+def test_fast_encoders_write_what_the_converter_writes_or_give_up(case: tuple[type, Any]) -> None:
+    """host-core §5: for any field value, the compiled encoder's text is the converter's text."""
+    cls, value = case
+    encode = class_encoder(cls)
+    assert encode is not None
+    fast_ok, fast = outcome(encode, value)
+    generic_ok, generic = outcome(lambda: dumps(converter.get_unstructure_hook(cls)(value)))
+    if fast_ok:
+        assert generic_ok and fast == generic
+    event = make_event(TYPES_BY_CLASS[cls], 0, 0, value)
+    line_ok, line = outcome(jsonl()._lines, [event])
+    assert line_ok == generic_ok
+    if line_ok:
+        assert line == generic_line(event)
+
+
+# -- malformed input: the fast path never accepts what the converter refuses ----------------------
+
+_odd_json = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**70), 2**70),
+    st.floats(),
+    st.text(max_size=4),
+    st.sampled_from(["text", "text-delta", "tool-call-delta", "plugin", "user", "completed"]),
+    st.lists(st.integers(), max_size=2),
+    st.dictionaries(st.text(max_size=3), st.integers(), max_size=2),
+)
+
+
+def _mutated(draw: st.DrawFn, value: Any) -> Any:
+    """``value`` (parsed JSON) with one random change somewhere inside."""
+    if isinstance(value, dict) and value:
+        key = draw(st.sampled_from(sorted(value)))
+        how = draw(st.sampled_from(["recurse", "replace", "delete", "add", "retag"]))
+        out = dict(value)
+        if how == "recurse":
+            out[key] = _mutated(draw, value[key])
+        elif how == "replace":
+            out[key] = draw(_odd_json)
+        elif how == "delete":
+            del out[key]
+        elif how == "add":
+            out[draw(st.sampled_from(["extra", "type", "kind", "index"]))] = draw(_odd_json)
+        else:
+            tag = "type" if "type" in value else "kind"
+            out[tag] = draw(
+                st.sampled_from(["text", "reasoning", "text-delta", "finish", "model", "new"])
+            )
+        return out
+    if isinstance(value, list) and value and draw(st.booleans()):
+        i = draw(st.integers(0, len(value) - 1))
+        return [*value[:i], _mutated(draw, value[i]), *value[i + 1 :]]
+    return draw(_odd_json)
+
+
+@st.composite
+def malformed_payloads(draw: st.DrawFn) -> tuple[type, Any]:
+    events = draw(session_logs(min_turns=1))
+    event = draw(st.sampled_from([e for e in events if e.type in COMPILED]))
+    spec = TYPES.get(event.type)
+    assert spec is not None and spec.payload is not None
+    data = json.loads(dumps(converter.unstructure(event.data)))
+    return spec.payload, _mutated(draw, data)
+
+
+@given(malformed_payloads())
+def test_fast_decoders_accept_only_what_the_converter_accepts(case: tuple[type, Any]) -> None:
+    """host-core §5: a compiled decoder that accepts a payload builds the converter's value."""
+    cls, data = case
+    decode = class_decoder(cls)
+    assert decode is not None
+    fast_ok, fast = outcome(decode, data)
+    generic_ok, generic = outcome(converter.structure, data, cls)
+    if fast_ok:
+        assert generic_ok and same(fast, generic)
+
+
+_EVENT_KEYS = {"type", "seq", "time", "data", "source_event_seqs", "surface_op", "ignorable"}
+
+
+def reference_decode(raw: Any) -> SessionEvent:
+    """The event decoder without any fast path: envelope checks, then the converter."""
+    if not isinstance(raw, Mapping):
+        raise SessionError("not an object", code="SESSION_CORRUPT")
+    if not raw.keys() <= _EVENT_KEYS:
+        raise SessionError("unknown keys", code="SESSION_CORRUPT")
+    type_, seq, time_ = raw.get("type"), raw.get("seq"), raw.get("time")
+    if type(type_) is not str or type(seq) is not int or type(time_) is not int:
+        raise SessionError("malformed", code="SESSION_CORRUPT")
+    ignorable = raw.get("ignorable", False)
+    if ignorable is not False and ignorable is not True:
+        raise SessionError("ignorable", code="SESSION_CORRUPT")
+    spec = TYPES.get(type_)
+    if spec is None and not ignorable:
+        raise SessionError("unknown", code="SESSION_FORMAT_UNSUPPORTED")
+    surface = spec.surface if spec is not None else "source_event_seqs" in raw
+    seqs, op = raw.get("source_event_seqs"), raw.get("surface_op")
+    if surface:
+        if type(seqs) is not list or op != "append" or any(type(s) is not int for s in seqs):
+            raise SessionError("surface", code="SESSION_CORRUPT")
+    elif seqs is not None or op is not None:
+        raise SessionError("surface", code="SESSION_CORRUPT")
+    try:
+        if spec is None or spec.payload is None:
+            data = freeze_json(raw.get("data"))
+        else:
+            data = converter.structure(raw.get("data", {}), spec.payload)
+    except Exception as exc:
+        raise SessionError(str(exc), code="SESSION_CORRUPT") from exc
+    return SessionEvent(
+        type=type_,
+        seq=seq,
+        time=time_,
+        data=data,
+        source_event_seqs=tuple(seqs) if surface else None,
+        surface_op="append" if surface else None,
+        ignorable=ignorable,
+    )
+
+
+@st.composite
+def malformed_events(draw: st.DrawFn) -> Any:
+    events = draw(session_logs(min_turns=1))
+    raw = json.loads(generic_line(draw(st.sampled_from(events))))
+    return _mutated(draw, raw) if draw(st.integers(0, 4)) else raw
+
+
+@given(malformed_events())
+def test_event_decode_agrees_with_the_converter_path(raw: Any) -> None:
+    """host-core §5: decode accepts and refuses what the converter-only path does, alike."""
+    expected_ok, expected = outcome(reference_decode, raw)
+    for _ in range(2):  # the first decode of a type may take the full path, the next the fast one
+        got_ok, got = outcome(TYPES.decode, raw)
+        assert got_ok == expected_ok
+        if got_ok:
+            assert same(got, expected)
+        else:
+            assert isinstance(got, SessionError) and got.code == expected.code
+
+
+# -- the converter's own strictness, and variants added later -------------------------------------
+
+
+def test_tuples_load_only_from_arrays(tmp_path: Path) -> None:
+    """host-core §5: a string or object where an array belongs is corrupt, not split up."""
+    good = {"plugin": "p", "sections": ["a"], "kind": "plugin"}
+    assert converter.structure(good, PluginSource).sections == ("a",)
+    for bad in ("ab", {"a": 1}):
+        with pytest.raises(TypeError):
+            converter.structure({**good, "sections": bad}, PluginSource)
+    raw = {"type": "user/message", "seq": 0, "time": 1, "source_event_seqs": []}
+    raw["surface_op"] = "append"
+    raw["data"] = {"id": "m", "role": "user", "content": "hi"}
+    with pytest.raises(SessionError) as info:
+        TYPES.decode(raw)
+    assert info.value.code == "SESSION_CORRUPT"
+
+
+@attrs.frozen(kw_only=True)
+class LaterDelta(StreamChunk):
+    """A chunk variant a plugin registers after the codecs were first used."""
+
+    type: Literal["test-codec-later"] = attrs.field(default="test-codec-later", init=False)
+    index: int
+    note: str | None = None
+
+
+def test_variants_registered_later_compile_on_first_sight() -> None:
+    """host-core §3/§5: a plugin variant registered after first use takes the fast path too."""
+    class_encoder(AssistantChunkData)  # the union's dispatch exists before the variant does
+    CHUNKS.register(LaterDelta)
+    data = AssistantChunkData(turn=1, step=1, chunk=LaterDelta(index=3, note="n"))
+    text = dumps(converter.unstructure(data))
+    encode, decode = class_encoder(AssistantChunkData), class_decoder(AssistantChunkData)
+    assert encode is not None and decode is not None
+    assert encode(data) == text
+    assert same(decode(json.loads(text)), data)
+    assert class_encoder(LaterDelta) is not None
+
+
+def test_tool_call_delta_defaults_are_omitted_and_restored() -> None:
+    """host-core §5: defaulted fields are left out of a line and come back on load."""
+    for chunk in (ToolCallDelta(index=0), ToolCallDelta(index=1, id="c", name="n")):
+        data = AssistantChunkData(turn=1, step=1, chunk=chunk)
+        encode, decode = class_encoder(AssistantChunkData), class_decoder(AssistantChunkData)
+        assert encode is not None and decode is not None
+        text = encode(data)
+        assert text == dumps(converter.unstructure(data))
+        assert same(decode(json.loads(text)), data)
+
+
+def host() -> Context:
+    h = Host()
+    ctx = Context(h, h.root)
+    ctx.provide("sessions", SessionStoreService(EventTypeRegistry()))
+    return ctx
+
+
+async def test_flushed_session_reloads_through_the_fast_paths(tmp_path: Path) -> None:
+    """host-core §5: a live session written and read by the compiled paths reloads unchanged."""
+    writer = host()
+    install_jsonl_persistence(writer, tmp_path)
+    session = writer.sessions.create("s")
+    session.append("turn/start", TurnStartData(turn=1))
+    session.append("step/start", StepData(turn=1, step=1))
+    for text in ("a", "\ud83d", "é\n"):
+        chunk = TextDelta(index=0, text=text)
+        session.append("assistant/chunk", AssistantChunkData(turn=1, step=1, chunk=chunk))
+    message = Message(id="m", role="user", content=(TextBlock(text="q"),))
+    session.append("user/message", message, source_event_seqs=[0])
+    await writer.sessions.flush(session)
+    live = session.events
+    await writer.dispose()
+    reader = host()
+    _, stored = await install_jsonl_persistence(reader, tmp_path).inspect("s")
+    assert stored[: len(live)] == live
+    await reader.dispose()
