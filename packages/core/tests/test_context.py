@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
+import weakref
 from collections.abc import Awaitable, Callable, Generator
 from typing import Any
 
@@ -44,6 +46,29 @@ def test_missing_service_fails_loud_but_get_returns_none() -> None:
         ctx["nothing_here"]
     assert by_key.value.code == "MISSING_SERVICE"
     assert ctx.get("nothing_here") is None
+
+
+async def test_host_service_attributes_behave_like_keyed_lookups() -> None:
+    """host-core §1: ctx.tools (and the other host services) is ctx["tools"]: the bound view,
+    rebound after the service is replaced, MISSING_SERVICE when nobody provides it."""
+    root = make_ctx()
+    with pytest.raises(ContextError) as missing:
+        _ = root.tools
+    assert missing.value.code == "MISSING_SERVICE"
+    owner = root.plugin("tools")
+    first = _Bindable()
+    owner.provide("tools", first)
+    child = scoped(root, "a")
+    view: Any = child.tools
+    assert view == ("view", child)
+    assert child.tools is view is child["tools"]
+    assert first.binds.count(child) == 1
+    await owner.dispose()
+    second = _Bindable()
+    root.provide("tools", second)
+    rebound: Any = child.tools
+    assert rebound == ("view", child)
+    assert second.binds == [child]
 
 
 async def test_provide_is_an_effect_and_a_second_provider_fails() -> None:
@@ -469,6 +494,29 @@ async def test_waterfall_short_circuits_when_a_listener_does_not_call_next() -> 
     assert reached == []
     ctx2 = make_ctx()
     assert await ctx2.waterfall("calc", 3, default=default) == 3
+
+
+async def test_a_finished_waterfall_leaves_no_reference_cycle() -> None:
+    """host-core §1: a waterfall's links hold its chain and default only while it runs, so
+    they are freed by reference counting, without the cyclic collector."""
+    ctx = make_ctx()
+
+    def passthrough(x: int, next_: Callable[..., Awaitable[int]]) -> Awaitable[int]:
+        return next_()
+
+    async def default(x: int) -> int:
+        return x
+
+    ctx.on("calc", passthrough)
+    ctx.on("calc", passthrough)
+    ref = weakref.ref(default)
+    gc.disable()
+    try:
+        assert await ctx.waterfall("calc", 7, default=default) == 7
+        del default
+        assert ref() is None
+    finally:
+        gc.enable()
 
 
 async def test_serial_awaits_listeners_in_order_and_stops_at_a_failure() -> None:

@@ -2,17 +2,26 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dsh_core import Context, ContextError, Message, PluginSource, Scope, SessionMeta
+from dsh_core._context import Fiber, Host
 from dsh_core._prompt import (
     PERSONA_SECTION,
     AssembleContext,
+    PromptAssembly,
     PromptContext,
     PromptError,
     PromptSection,
+    SystemPromptRegistry,
+    SystemPromptService,
+    _static_assembly,
     render_prompt,
 )
 from dsh_core.testing import scripted_host
@@ -238,3 +247,99 @@ async def test_registration_through_a_disposed_context_is_refused_and_leaves_not
         h.ctx.system_prompt.section(PromptSection(name="probe", order=2, text="{{v}}"))
         with pytest.raises(PromptError):  # `v` must not have been left in the dead scope
             h.ctx.system_prompt.assemble(AssembleContext(scope=gone.scope))
+
+
+# -- the static fast path (hypothesis) ----------------------------------------------------------
+
+_PLAIN = st.sampled_from(["", "  ", "Alpha.", " Beta. ", "Gamma\n"])
+_TEXTS = st.one_of(_PLAIN, st.sampled_from(["{{v}}", "w={{w}}", "odd }}"]))
+_NAMES = st.sampled_from(["a", "b", "c", PERSONA_SECTION])
+_ORDERS = st.sampled_from([-100, 0, 0, 120])
+_ENTRY = st.tuples(_NAMES, _ORDERS, st.one_of(_TEXTS, _TEXTS.map(lambda t: lambda _actx: t)))
+_PLAIN_ENTRY = st.tuples(_NAMES, _ORDERS, _PLAIN)
+
+
+def _entries(max_size: int) -> st.SearchStrategy[list[Any]]:
+    """Entry lists, often all plain strings (the fast path's case)."""
+    return st.one_of(st.lists(_PLAIN_ENTRY, max_size=max_size), st.lists(_ENTRY, max_size=max_size))
+
+
+def _register(registry: SystemPromptRegistry, sections: list[Any], contexts: list[Any]) -> None:
+    """Register the first entry of each name (a layer holds a name once)."""
+    seen: set[str] = set()
+    for name, order, text in sections:
+        if name not in seen:
+            seen.add(name)
+            registry.section(PromptSection(name=name, order=order, text=text))
+    seen.clear()
+    for name, order, text in contexts:
+        if name not in seen:
+            seen.add(name)
+            registry.context(PromptContext(name=name, order=order, text=text))
+
+
+def _outcome(assemble: Callable[[], PromptAssembly]) -> PromptAssembly | str:
+    try:
+        return assemble()
+    except PromptError as exc:
+        return exc.code
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    global_sections=_entries(4),
+    global_contexts=_entries(3),
+    own_sections=_entries(3),
+    own_contexts=_entries(3),
+    own_variable=st.booleans(),
+)
+def test_static_fast_path_equals_the_general_assembly(
+    global_sections: list[Any],
+    global_contexts: list[Any],
+    own_sections: list[Any],
+    own_contexts: list[Any],
+    own_variable: bool,
+) -> None:
+    """host-core §8: an agent scope's assembly built from the cached global one (plain-string
+    own entries) equals the general rendering: same sections, order, shadowing, contexts,
+    variables, and the same PROMPT_TEMPLATE failures."""
+    svc = SystemPromptService()
+    host = Host()
+    glob = SystemPromptRegistry(svc, Context(host, Fiber("global")))
+    glob.variable("v", lambda _actx: "vee")
+    glob.variable("w", lambda _actx: None)
+    _register(glob, global_sections, global_contexts)
+    scope = Scope("agent")
+    own = SystemPromptRegistry(svc, Context(host, Fiber("agent"), scope))
+    if own_variable:
+        own.variable("v", lambda _actx: "own")
+    _register(own, own_sections, own_contexts)
+    actx = AssembleContext(scope=scope)
+
+    general = _outcome(lambda: own._assemble(actx, svc.effective_scope(scope)))
+    svc.cache.clear()
+    _outcome(glob.assemble)  # caches the global assembly when it is static
+    assert _outcome(lambda: own.assemble(actx)) == general
+    assert _outcome(lambda: own.assemble(actx)) == general  # and from the cache
+
+
+def test_static_fast_path_serves_a_plain_scoped_context() -> None:
+    """host-core §8: a scope adding only plain-string entries is assembled from the cached
+    global assembly (no re-render), and its result is cached for the scope."""
+    svc = SystemPromptService()
+    host = Host()
+    glob = SystemPromptRegistry(svc, Context(host, Fiber("global")))
+    glob.section(PromptSection(name=PERSONA_SECTION, order=0, text=" Persona. "))
+    base = glob.assemble()
+    scope = Scope("agent")
+    own = SystemPromptRegistry(svc, Context(host, Fiber("agent"), scope))
+    own.context(PromptContext(name="ctx", order=120, text="Delegated."))
+    fast = _static_assembly(svc, scope, base)
+    assert fast == PromptAssembly(
+        system="Persona.",
+        sections=((PERSONA_SECTION, "Persona."),),
+        context="Delegated.",
+        variables={},
+    )
+    assert own.assemble(AssembleContext(scope=scope)) == fast
+    assert svc.cache[scope] == fast

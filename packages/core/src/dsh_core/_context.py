@@ -264,6 +264,20 @@ class Host:
             await asyncio.gather(*pending, return_exceptions=True)
 
 
+def _service_property(name: str) -> Any:
+    """A read-only attribute for the host service ``name``: the context's bound view, exactly
+    as ``__getattr__`` gives it (``MISSING_SERVICE`` when nobody provides it)."""
+
+    def get(self: Context) -> Any:
+        cached = self._bound.get(name)
+        if cached is not None and self.host.services.get(name) is cached[0]:
+            return cached[1]
+        return self[name]
+
+    get.__name__ = name
+    return property(get, doc=f"The ``{name}`` service, bound to this context.")
+
+
 class Context:
     """A view of a :class:`Host` from one owner: its fiber, its routing scope, its agent.
 
@@ -425,7 +439,9 @@ class Context:
             return cached[1]
         return self[name]
 
-    # Typed accessors for the host's own services (``ctx.subagents`` and others are ``Any``).
+    # The host's own services are typed properties: they skip the failed normal lookup that
+    # precedes ``__getattr__`` (the agent loop reads them every step). Same result and errors
+    # as ``ctx[name]``; other services (``ctx.subagents``) go through ``__getattr__``.
     if TYPE_CHECKING:
 
         @property
@@ -446,6 +462,16 @@ class Context:
         def jobs(self) -> JobService: ...
         @property
         def invariants(self) -> InvariantRegistry: ...
+    else:
+        sessions = _service_property("sessions")
+        session_persistence = _service_property("session_persistence")
+        session_query = _service_property("session_query")
+        agents = _service_property("agents")
+        tools = _service_property("tools")
+        llm = _service_property("llm")
+        system_prompt = _service_property("system_prompt")
+        jobs = _service_property("jobs")
+        invariants = _service_property("invariants")
 
     # -- events --------------------------------------------------------------------------------
 
@@ -537,20 +563,7 @@ class Context:
         chain = self._admitted(name, key)
         if not chain:
             return await default(*args)
-
-        def step(i: int, current: tuple[Any, ...]) -> Callable[..., Awaitable[T]]:
-            async def next_(*replacement: Any) -> T:
-                use = replacement if replacement else current
-                if i == len(chain):
-                    return await default(*use)
-                result = chain[i].fn(*use, step(i + 1, use))
-                if inspect.isawaitable(result):
-                    return cast("T", await result)
-                return cast("T", result)
-
-            return next_
-
-        return await step(0, args)()
+        return await _Next(chain, 0, args, default)()
 
     async def serial(self, name: str, *args: Any, scope: Scope | object | None = _UNSET) -> None:
         """Await the listeners one after another; the first failure propagates."""
@@ -593,6 +606,37 @@ class Context:
 
     def __repr__(self) -> str:
         return f"Context(fiber={self.fiber.name!r}, scope={self.scope!r})"
+
+
+class _Next(Generic[T]):
+    """The ``next`` a waterfall listener receives: link ``i`` of ``chain`` with the arguments
+    it was given. An object rather than a closure per link, so a chain leaves no reference
+    cycle behind for the cyclic collector."""
+
+    __slots__ = ("args", "chain", "default", "i")
+
+    def __init__(
+        self,
+        chain: list[_Listener],
+        i: int,
+        args: tuple[Any, ...],
+        default: Callable[..., Awaitable[T]],
+    ) -> None:
+        self.chain = chain
+        self.i = i
+        self.args = args
+        self.default = default
+
+    async def __call__(self, *replacement: Any) -> T:
+        use = replacement if replacement else self.args
+        i = self.i
+        chain = self.chain
+        if i == len(chain):
+            return await self.default(*use)
+        result = chain[i].fn(*use, _Next(chain, i + 1, use, self.default))
+        if inspect.isawaitable(result):
+            return cast("T", await result)
+        return cast("T", result)
 
 
 async def _contained(aw: Awaitable[Any], name: str, logger: logging.Logger) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterator, Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import attrs
 
@@ -276,6 +276,20 @@ class SystemPromptRegistry:
         cached = svc.cache.get(key)
         if cached is not None:
             return cached
+        if key is not None and key is scope and scope.parent is None:
+            base = svc.cache.get(None)
+            if base is not None:
+                fast = _static_assembly(svc, scope, base)
+                if fast is not None:
+                    svc.cache[key] = fast
+                    return fast
+        return self._assemble(actx, key)
+
+    def _assemble(self, actx: AssembleContext, key: Scope | None) -> PromptAssembly:
+        """The general assembly (templates, computed text, nested scopes); caches static
+        results under ``key``."""
+        scope = actx.scope
+        svc = self._svc
         providers: dict[str, Callable[[AssembleContext], str | None]] = {}
         chain = list(scope.chain()) if scope is not None else []
         for s in [*chain, None]:
@@ -307,3 +321,52 @@ class SystemPromptRegistry:
         if not variables.cache and static:
             svc.cache[key] = assembly
         return assembly
+
+
+def _plain(layer: Mapping[str, _Item]) -> bool:
+    """Whether every entry of ``layer`` is a fixed string with no template braces (it renders
+    as its own stripped text and reads no variable)."""
+    for item in layer.values():
+        text = item.value.text
+        if not isinstance(text, str) or "{{" in text or "}}" in text:
+            return False
+    return True
+
+
+def _joined_static(items: Mapping[str, _Item]) -> list[tuple[str, str]]:
+    """``(name, stripped text)`` of ``items`` in (order, registration) order, empties dropped."""
+    out: list[tuple[str, str]] = []
+    for name, item in sorted(items.items(), key=lambda kv: (kv[1].value.order, kv[1].index)):
+        text = cast("str", item.value.text).strip()
+        if text:
+            out.append((name, text))
+    return out
+
+
+def _static_assembly(
+    svc: SystemPromptService, scope: Scope, base: PromptAssembly
+) -> PromptAssembly | None:
+    """The assembly of a parentless ``scope`` whose own entries are plain strings, given the
+    cached global assembly ``base`` (``None`` when the general path is needed).
+
+    A cached global assembly means every global entry is a plain string that read no
+    variable, so the result equals the general one: the global entries shadowed by name by
+    the scope's own, rendered as stripped text, in (order, registration) order, with no
+    variables. A layer the scope does not extend reuses ``base``'s rendering.
+    """
+    own_sections = svc.sections.get(scope)
+    own_contexts = svc.contexts.get(scope)
+    if own_sections:
+        if not _plain(own_sections):
+            return None
+        sections = tuple(_joined_static({**svc.sections[None], **own_sections}))
+        system = "\n\n".join(t for _, t in sections)
+    else:
+        sections, system = base.sections, base.system
+    if own_contexts:
+        if not _plain(own_contexts):
+            return None
+        context = "\n\n".join(t for _, t in _joined_static({**svc.contexts[None], **own_contexts}))
+    else:
+        context = base.context
+    return PromptAssembly(system=system, sections=sections, context=context, variables={})
