@@ -68,7 +68,18 @@ class SessionLogChecker:
             raise LogInvariantError(f"seq {seq} does not follow {self.last_seq}", seq=seq)
         t = event.type
         d = event.data
-        if t == "turn/start":
+        if t in _NEEDS_STEP:  # the most common events (chunks) first
+            turn, step = d.turn, d.step
+            if turn != self.open_turn or step != self.open_step or self.open_step is None:
+                raise LogInvariantError(
+                    f"{t} names turn {turn} step {step}, open is {self.open_turn}/{self.open_step}",
+                    seq=seq,
+                )
+            if t == "tool/call":
+                assert isinstance(d, ToolCallData)
+                if d.call_id in self.pending:
+                    raise LogInvariantError(f"tool call {d.call_id!r} repeated", seq=seq)
+        elif t == "turn/start":
             assert isinstance(d, TurnStartData)
             if self.open_turn is not None:
                 raise LogInvariantError(f"turn {self.open_turn} is still open", seq=seq)
@@ -88,17 +99,6 @@ class SessionLogChecker:
                 raise LogInvariantError(f"step {self.open_step} is still open", seq=seq)
             if d.step != self.last_step + 1:
                 raise LogInvariantError(f"step {d.step} does not follow {self.last_step}", seq=seq)
-        elif t in _NEEDS_STEP:
-            turn, step = d.turn, d.step
-            if turn != self.open_turn or step != self.open_step or self.open_step is None:
-                raise LogInvariantError(
-                    f"{t} names turn {turn} step {step}, open is {self.open_turn}/{self.open_step}",
-                    seq=seq,
-                )
-            if t == "tool/call":
-                assert isinstance(d, ToolCallData)
-                if d.call_id in self.pending:
-                    raise LogInvariantError(f"tool call {d.call_id!r} repeated", seq=seq)
         elif t == "tool/result":
             assert isinstance(d, ToolResultData)
             if d.turn != self.open_turn or d.step != self.open_step or self.open_step is None:
@@ -114,6 +114,8 @@ class SessionLogChecker:
         """Fold an accepted event into the state."""
         self.last_seq = event.seq
         t = event.type
+        if t == "assistant/chunk":
+            return  # the most common event changes nothing else
         d = event.data
         if t == "turn/start":
             self.open_turn = self.last_turn = d.turn
