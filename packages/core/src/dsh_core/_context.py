@@ -269,10 +269,7 @@ def _service_property(name: str) -> Any:
     as ``__getattr__`` gives it (``MISSING_SERVICE`` when nobody provides it)."""
 
     def get(self: Context) -> Any:
-        cached = self._bound.get(name)
-        if cached is not None and self.host.services.get(name) is cached[0]:
-            return cached[1]
-        return self[name]
+        return self._required(name)
 
     get.__name__ = name
     return property(get, doc=f"The ``{name}`` service, bound to this context.")
@@ -406,7 +403,23 @@ class Context:
     def get(self, name: str) -> Any: ...
     def get(self, name: str | ServiceKey[Any]) -> Any:
         """The service, bound to this context, or ``None`` when nobody provides it."""
-        key = name.name if isinstance(name, ServiceKey) else name
+        return self._service(name.name if isinstance(name, ServiceKey) else name)
+
+    @overload
+    def __getitem__(self, name: ServiceKey[S]) -> S: ...
+    @overload
+    def __getitem__(self, name: str) -> Any: ...
+    def __getitem__(self, name: str | ServiceKey[Any]) -> Any:
+        return self._required(name.name if isinstance(name, ServiceKey) else name)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return self._required(name)
+
+    def _service(self, key: str) -> Any:
+        """The one service lookup: the view bound to this context (made once per provider),
+        the service itself when it binds nothing, ``None`` when nobody provides it."""
         service = self.host.services.get(key)
         if service is None:
             return None
@@ -420,24 +433,11 @@ class Context:
         self._bound[key] = (service, view)
         return view
 
-    @overload
-    def __getitem__(self, name: ServiceKey[S]) -> S: ...
-    @overload
-    def __getitem__(self, name: str) -> Any: ...
-    def __getitem__(self, name: str | ServiceKey[Any]) -> Any:
-        found = self.get(name)
+    def _required(self, key: str) -> Any:
+        found = self._service(key)
         if found is None:
-            key = name.name if isinstance(name, ServiceKey) else name
             raise ContextError(f"no service {key!r} is provided", code="MISSING_SERVICE")
         return found
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("_"):
-            raise AttributeError(name)
-        cached = self._bound.get(name)
-        if cached is not None and self.host.services.get(name) is cached[0]:
-            return cached[1]
-        return self[name]
 
     # The host's own services are typed properties: they skip the failed normal lookup that
     # precedes ``__getattr__`` (the agent loop reads them every step). Same result and errors

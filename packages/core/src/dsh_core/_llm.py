@@ -133,6 +133,14 @@ class LlmRuntime:
             )
         return adapter.stream(options)
 
+    def _direct(self, options: GenerateOptions) -> AsyncIterator[StreamChunk] | None:
+        """The adapter's own stream when no ``llm/stream`` listener wraps it (nothing to
+        await); ``None`` sends the caller through :meth:`_open`."""
+        if self._ctx.has_listeners("llm/stream"):
+            return None
+        adapter = self._svc.adapters.get(options.provider)
+        return adapter.stream(options) if adapter is not None else None
+
     async def _open(self, options: GenerateOptions) -> AsyncIterator[StreamChunk]:
         ctx = self._ctx
         if ctx.has_listeners("llm/stream"):
@@ -145,7 +153,9 @@ class LlmRuntime:
         Stops reading at the first :class:`Finish`; a stream that ends without one yields an
         ``error`` finish (``INCOMPLETE_STREAM``) so callers always see exactly one finish.
         """
-        iterator = await self._open(options)
+        iterator = self._direct(options)
+        if iterator is None:
+            iterator = await self._open(options)
         finished = False
         try:
             async for chunk in iterator:
@@ -165,19 +175,15 @@ class LlmRuntime:
         The agent loop uses this instead of iterating :meth:`stream`: one generator layer less
         per chunk on the hottest path of a turn.
         """
-        if self._ctx.has_listeners("llm/stream"):
+        iterator = self._direct(options)
+        if iterator is None:
             iterator = await self._open(options)
-        else:
-            adapter = self._svc.adapters.get(options.provider)
-            iterator = adapter.stream(options) if adapter is not None else await self._open(options)
         try:
             async for chunk in iterator:
                 if sink(chunk) or isinstance(chunk, Finish):
                     return
         finally:
-            close = getattr(iterator, "aclose", None)
-            if close is not None:
-                await close()
+            await _close(iterator)
         sink(_INCOMPLETE_FINISH)
 
 

@@ -663,15 +663,19 @@ class SessionPersistence:
         events must keep the log valid (``SESSION_APPEND_INVALID``). A torn last line is dropped
         first. Live sessions are written through their own log, never through this method.
         """
+        await self._with_cold_log(id, self._append_sync, list(events))
+
+    async def _with_cold_log(self, id: str, fn: Callable[..., T], *args: Any) -> T:
+        """Run ``fn(id, handle, *args)`` off the loop on the stored log of ``id``, held (and
+        refused if live in this host) for just that call."""
         ctx = self._installed()
-        batch = list(events)
         await self._quiesce(id)
         self._refuse_live(ctx, id)
         self._claim(id)
         try:
             handle = await self._hold(id, None)
             try:
-                await self._run(self._append_sync, id, handle, batch)
+                return await self._run(fn, id, handle, *args)
             finally:
                 self._release(handle, discard=False)
         finally:
@@ -737,18 +741,7 @@ class SessionPersistence:
 
         Refuses a session live in this host (``SESSION_LIVE``): its open turn is not a crash.
         """
-        ctx = self._installed()
-        await self._quiesce(id)
-        self._refuse_live(ctx, id)
-        self._claim(id)
-        try:
-            handle = await self._hold(id, None)
-            try:
-                loaded = await self._run(self._load_sync, id, handle, True)
-            finally:
-                self._release(handle, discard=False)
-        finally:
-            self._busy.discard(id)
+        loaded = await self._with_cold_log(id, self._load_sync, True)
         return loaded.header, tuple(loaded.events)
 
     async def inspect(

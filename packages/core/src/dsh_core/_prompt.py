@@ -296,26 +296,20 @@ class SystemPromptRegistry:
             for name, fn in svc.variables.get(s, {}).items():
                 providers.setdefault(name, fn)
         variables = _Variables(providers, actx)
-        rendered: list[tuple[str, str]] = []
         sections = _layered(svc.sections, scope)
         context_items = _layered(svc.contexts, scope)
         static = all(
             isinstance(i.value.text, str) for i in (*sections.values(), *context_items.values())
         )
-        for name, item in sorted(sections.items(), key=lambda kv: (kv[1].value.order, kv[1].index)):
-            text = render_prompt(_text(item.value.text, actx), variables).strip()
-            if text:
-                rendered.append((name, text))
-        contexts = [
-            render_prompt(_text(item.value.text, actx), variables).strip()
-            for _, item in sorted(
-                context_items.items(), key=lambda kv: (kv[1].value.order, kv[1].index)
-            )
-        ]
+
+        def render(item: _Item) -> str:
+            return render_prompt(_text(item.value.text, actx), variables)
+
+        rendered = _rendered(sections, render)
         assembly = PromptAssembly(
             system="\n\n".join(t for _, t in rendered),
             sections=tuple(rendered),
-            context="\n\n".join(c for c in contexts if c),
+            context="\n\n".join(t for _, t in _rendered(context_items, render)),
             variables={k: v for k, v in variables.cache.items() if v is not None},
         )
         if not variables.cache and static:
@@ -333,14 +327,19 @@ def _plain(layer: Mapping[str, _Item]) -> bool:
     return True
 
 
-def _joined_static(items: Mapping[str, _Item]) -> list[tuple[str, str]]:
-    """``(name, stripped text)`` of ``items`` in (order, registration) order, empties dropped."""
+def _rendered(items: Mapping[str, _Item], render: Callable[[_Item], str]) -> list[tuple[str, str]]:
+    """``(name, stripped rendering)`` of ``items`` in (order, registration) order, empties
+    dropped: how both the general and the static assembly turn entries into text."""
     out: list[tuple[str, str]] = []
     for name, item in sorted(items.items(), key=lambda kv: (kv[1].value.order, kv[1].index)):
-        text = cast("str", item.value.text).strip()
+        text = render(item).strip()
         if text:
             out.append((name, text))
     return out
+
+
+def _plain_text(item: _Item) -> str:
+    return cast("str", item.value.text)
 
 
 def _static_assembly(
@@ -359,14 +358,15 @@ def _static_assembly(
     if own_sections:
         if not _plain(own_sections):
             return None
-        sections = tuple(_joined_static({**svc.sections[None], **own_sections}))
+        sections = tuple(_rendered({**svc.sections[None], **own_sections}, _plain_text))
         system = "\n\n".join(t for _, t in sections)
     else:
         sections, system = base.sections, base.system
     if own_contexts:
         if not _plain(own_contexts):
             return None
-        context = "\n\n".join(t for _, t in _joined_static({**svc.contexts[None], **own_contexts}))
+        merged = {**svc.contexts[None], **own_contexts}
+        context = "\n\n".join(t for _, t in _rendered(merged, _plain_text))
     else:
         context = base.context
     return PromptAssembly(system=system, sections=sections, context=context, variables={})

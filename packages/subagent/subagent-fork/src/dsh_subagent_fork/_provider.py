@@ -14,11 +14,13 @@ from dsh_subagent import (
     SubagentCapabilities,
     SubagentRun,
 )
-from dsh_subagent.in_process import completed_turn_prefix, start_in_process_run
+from dsh_subagent.in_process import (
+    IN_PROCESS_CAPABILITIES,
+    completed_turn_prefix,
+    start_in_process_run,
+)
 
 __all__ = ["ForkProvider"]
-
-_ALL = SubagentCapabilities(output_schema=True, depth_limit=True, tool_filter=True, persona=True)
 
 
 @attrs.frozen(kw_only=True)
@@ -26,7 +28,7 @@ class ForkProvider:
     """Subagent provider ``fork`` (in-process; every start-time capability)."""
 
     name: str = "fork"
-    capabilities: SubagentCapabilities = _ALL
+    capabilities: SubagentCapabilities = IN_PROCESS_CAPABILITIES
     inherits_parent_context: bool = True
 
     async def start(self, request: ResolvedSubagentStartRequest) -> SubagentRun:

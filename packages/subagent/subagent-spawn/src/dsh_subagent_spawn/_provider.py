@@ -11,11 +11,9 @@ from dsh_subagent import (
     SubagentCapabilities,
     SubagentRun,
 )
-from dsh_subagent.in_process import start_in_process_run
+from dsh_subagent.in_process import IN_PROCESS_CAPABILITIES, start_in_process_run
 
 __all__ = ["SpawnProvider"]
-
-_ALL = SubagentCapabilities(output_schema=True, depth_limit=True, tool_filter=True, persona=True)
 
 
 @attrs.frozen(kw_only=True)
@@ -23,7 +21,7 @@ class SpawnProvider:
     """Subagent provider ``spawn`` (in-process; every start-time capability)."""
 
     name: str = "spawn"
-    capabilities: SubagentCapabilities = _ALL
+    capabilities: SubagentCapabilities = IN_PROCESS_CAPABILITIES
     inherits_parent_context: bool = False
 
     async def start(self, request: ResolvedSubagentStartRequest) -> SubagentRun:

@@ -41,16 +41,27 @@ from ._depth import SUBAGENT_DEPTH_KEY, resolve_child_depth
 from ._descriptor import DESCRIPTOR_EVENT, descriptor_payload
 from ._output import one_shot_stop_reason, select_output, truncate_diagnostic
 from ._structured import StructuredCapture
-from ._types import ResolvedSubagentStartRequest, SubagentResult, SubagentRun
+from ._types import (
+    ResolvedSubagentStartRequest,
+    SubagentCapabilities,
+    SubagentResult,
+    SubagentRun,
+)
 
 __all__ = [
     "DELEGATION_CONTEXT",
     "DELEGATION_STATEMENT",
+    "IN_PROCESS_CAPABILITIES",
     "child_agent_options",
     "completed_turn_prefix",
     "start_in_process_run",
 ]
 
+#: What this driver honours at start: every capability (output schema, depth limit, tool
+#: filter, persona). Providers built on it declare these.
+IN_PROCESS_CAPABILITIES = SubagentCapabilities(
+    output_schema=True, depth_limit=True, tool_filter=True, persona=True
+)
 ABORTED_BEFORE_PUBLICATION = "subagent request was aborted before child publication"
 DELEGATION_CONTEXT = "subagent:delegation"
 DELEGATION_STATEMENT = (
