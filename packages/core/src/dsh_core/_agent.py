@@ -55,6 +55,7 @@ from ._events import (
     TurnEndReason,
     TurnStartData,
 )
+from ._frozen import speed_up_inits
 from ._inbox import Inbox, InboxTarget
 from ._json import JsonValue, freeze_json
 from ._llm import BlockAssembler, GenerateOptions, failure_of
@@ -1043,3 +1044,6 @@ class AgentRegistry:
         agent.ctx.emit("agent/session-start", agent, source)
         handle._detach_owner = owner_ctx.fiber.add(handle.dispose)
         return handle
+
+
+speed_up_inits(globals())

@@ -37,6 +37,7 @@ from typing import Any, Literal, cast
 import attrs
 
 from ._converter import converter, tagged_unions
+from ._frozen import is_generated_init, slot_setter
 from ._json import dumps
 from ._tagged import TaggedUnion
 
@@ -320,17 +321,6 @@ _encoders: dict[type, Encoder | None] = {}
 _decoders: dict[type, Decoder | None] = {}
 
 
-def _slot_setter(cls: type, name: str) -> Callable[[Any, Any], None] | None:
-    for klass in cls.__mro__:
-        descriptor = klass.__dict__.get(name)
-        if descriptor is not None:
-            if type(descriptor) is not types.MemberDescriptorType:
-                return None
-            setter: Callable[[Any, Any], None] = descriptor.__set__
-            return setter
-    return None
-
-
 def _plan(cls: type) -> _Plan | None:
     if cls in _plans:
         return _plans[cls]
@@ -345,10 +335,7 @@ def _plan(cls: type) -> _Plan | None:
 def _make_plan(cls: type) -> _Plan | None:
     if "__attrs_attrs__" not in cls.__dict__ or getattr(cls, "__dictoffset__", 1) != 0:
         return None
-    init = cls.__dict__.get("__init__")
-    if not getattr(getattr(init, "__code__", None), "co_filename", "").startswith(
-        "<attrs generated"
-    ):
+    if not is_generated_init(cls):
         return None  # an __init__ of its own: only calling it builds the value
     if hasattr(cls, "__attrs_pre_init__") or hasattr(cls, "__attrs_post_init__"):
         return None
@@ -366,7 +353,7 @@ def _make_plan(cls: type) -> _Plan | None:
     planned: list[tuple[str, Shape, Any]] = []
     setters: dict[str, Callable[[Any, Any], None]] = {}
     for f in fields:
-        setter = _slot_setter(cls, f.name)
+        setter = slot_setter(cls, f.name)
         if setter is None or f.validator is not None or f.converter is not None:
             return None
         if f.alias != f.name or isinstance(f.default, attrs.Factory):  # type: ignore[arg-type]

@@ -15,6 +15,7 @@ from typing import Literal, TypeAlias
 import attrs
 
 from ._errors import DshError
+from ._frozen import speed_up_inits
 from ._json import JsonValue, freeze_json
 from ._tagged import TaggedUnion
 
@@ -375,3 +376,6 @@ for _chunk in (BlockStart, TextDelta, ReasoningDelta, ToolCallDelta, BlockEnd, U
 
 
 del _cls, _src, _chunk
+
+
+speed_up_inits(globals())

@@ -19,6 +19,7 @@ from ._codec import class_decoder
 from ._content import LlmFailure, Message, StreamChunk, TokenUsage
 from ._converter import converter
 from ._errors import DshError
+from ._frozen import speed_up_inits
 from ._json import JsonValue, NotJsonError, freeze_json
 
 __all__ = [
@@ -530,3 +531,6 @@ def structure_header(raw: object) -> SessionHeader:
         return converter.structure(raw, SessionHeader)
     except Exception as exc:
         raise SessionError(f"the header is malformed: {exc}", code="SESSION_CORRUPT") from exc
+
+
+speed_up_inits(globals())

@@ -34,6 +34,7 @@ from ._content import (
 )
 from ._errors import DshError
 from ._events import ToolSchema
+from ._frozen import speed_up_inits
 
 if TYPE_CHECKING:
     from ._context import Context
@@ -305,3 +306,6 @@ def failure_of(exc: BaseException) -> LlmFailure:
     if isinstance(exc, DshError):
         return LlmFailure(message=f"{type(exc).__name__} [{exc.code}]: {exc}", code="UNKNOWN")
     return LlmFailure(message=f"{type(exc).__name__}: {exc}", code="UNKNOWN")
+
+
+speed_up_inits(globals())

@@ -19,6 +19,7 @@ import attrs
 from ._abort import AbortSignal
 from ._context import drop_scoped, nearest_scope
 from ._errors import DshError
+from ._frozen import speed_up_inits
 
 if TYPE_CHECKING:
     from ._agent import Agent
@@ -370,3 +371,6 @@ def _static_assembly(
     else:
         context = base.context
     return PromptAssembly(system=system, sections=sections, context=context, variables={})
+
+
+speed_up_inits(globals())

@@ -36,6 +36,7 @@ from ._content import (
     new_id,
 )
 from ._errors import DshError
+from ._frozen import speed_up_inits
 from ._json import dumps
 from ._llm import GenerateOptions
 
@@ -446,3 +447,6 @@ def _render(reply: ScriptedReply, request: ScriptedRequest) -> ScriptedReply:
 
 def _names(items: Iterable[object]) -> list[str]:
     return [str(i) for i in items]
+
+
+speed_up_inits(globals())

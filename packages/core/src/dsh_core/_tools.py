@@ -22,6 +22,7 @@ from ._content import ContentBlock, Message, TextBlock, ToolResultBlock, ToolSou
 from ._context import drop_scoped, nearest_scope
 from ._errors import DshError
 from ._events import ToolSchema
+from ._frozen import speed_up_inits
 from ._json import JsonValue, NotJsonError, dumps, freeze_json, thaw_json
 
 if TYPE_CHECKING:
@@ -513,3 +514,6 @@ async def _allow(call: ToolExecutionInput) -> str:
 
 async def _accept(call: ToolExecutionInput, outcome: ToolExecutionResult) -> ToolExecutionResult:
     return outcome
+
+
+speed_up_inits(globals())
