@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import gc
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
@@ -870,6 +872,37 @@ async def test_setup_commit_runs_before_publication() -> None:
 
 
 # -- disposal and ownership -------------------------------------------------------------------
+
+
+async def test_a_disposed_agent_is_freed_without_the_cyclic_collector() -> None:
+    """host-core §9: once disposed and let go, an agent, its context, inbox and live session
+    are freed by reference counting alone (no cycle keeps a whole log alive until a full
+    collection); its context still names it while it exists."""
+    async with scripted_host(model=["done"], store="jsonl") as h:
+        gc.collect()
+        gc.disable()
+        try:
+            handle = await h.create_agent()
+            agent = handle.agent
+            assert agent.ctx.agent is agent
+            assert await h.run(agent, "go") == "done"
+            freed = weakref.ref(agent)
+            await handle.dispose()
+            del agent, handle
+            # The finished driver's done-callback was scheduled before this: let it run (the
+            # loop runs ready callbacks in order), then nothing refers to the agent any more.
+            after = asyncio.get_running_loop().create_future()
+            asyncio.get_running_loop().call_soon(after.set_result, None)
+            await after
+            assert freed() is None
+            gc.set_debug(gc.DEBUG_SAVEALL)
+            gc.collect()
+            cyclic = {type(o).__name__ for o in gc.garbage}
+            assert not cyclic & {"Agent", "Context", "Inbox", "Session", "Fiber"}
+        finally:
+            gc.set_debug(0)
+            gc.garbage.clear()
+            gc.enable()
 
 
 async def test_handle_disposal_order() -> None:

@@ -16,6 +16,7 @@ import contextlib
 import contextvars
 import functools
 import inspect
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Literal, TypeVar
 
@@ -201,10 +202,23 @@ class _TurnAborted(Exception):
 # -- the agent ------------------------------------------------------------------------------------
 
 
+def _notifier(ref: weakref.ReferenceType[Agent]) -> Callable[[str, Message], None]:
+    """The inbox's callback into its agent, through a weak link: a bound method would make
+    agent and inbox a cycle that only the cyclic collector frees (with the live log)."""
+
+    def notify(name: str, message: Message) -> None:
+        agent = ref()
+        if agent is not None:
+            agent._notify(name, message)
+
+    return notify
+
+
 class Agent:
     """A live driver over one session (see the module docstring for its input verbs)."""
 
     __slots__ = (
+        "__weakref__",
         "_controller",
         "_disposed",
         "_driver",
@@ -237,7 +251,7 @@ class Agent:
         self.status: AgentStatus = "idle"
         self._service = service
         self.ctx = Context(host_ctx.host, fiber, Scope(self.id), self)
-        self.inbox = Inbox(session, self._notify)
+        self.inbox = Inbox(session, _notifier(weakref.ref(self)))
         self._controller: AbortController | None = None
         self._driver: asyncio.Task[None] | None = None
         self._idle: list[asyncio.Future[None]] | None = None

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import weakref
 from collections.abc import Awaitable, Callable, Container, Generator, MutableMapping
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, cast, overload
 
@@ -283,7 +284,7 @@ class Context:
     agent and owned by its fiber.
     """
 
-    __slots__ = ("_bound", "_detach", "agent", "fiber", "host", "scope")
+    __slots__ = ("_agent", "_bound", "_detach", "fiber", "host", "scope")
 
     def __init__(
         self, host: Host, fiber: Fiber, scope: Scope | None = None, agent: Agent | None = None
@@ -291,9 +292,20 @@ class Context:
         self.host = host
         self.fiber = fiber
         self.scope = scope
-        self.agent = agent
+        self._agent = weakref.ref(agent) if agent is not None else None
         self._bound: dict[str, tuple[object, object]] = {}
         self._detach: Callable[[], Awaitable[None]] | None = None
+
+    @property
+    def agent(self) -> Agent | None:
+        """The agent this context belongs to, while that agent exists.
+
+        The link is weak: an agent refers to its context, and a strong link back would make
+        every agent a reference cycle that only the cyclic collector frees, together with its
+        whole live log, long after its disposal.
+        """
+        ref = self._agent
+        return ref() if ref is not None else None
 
     # -- ownership -----------------------------------------------------------------------------
 
