@@ -13,6 +13,11 @@ so that it is not billed for a collection the previous phase made due.
 
     python benchmarks/delegation.py                 # every configuration, a table
     python benchmarks/delegation.py --seq 200 --conc 50 --only spawn:memory
+    python benchmarks/delegation.py --live 2000   # with 2000 idle agents alive meanwhile
+
+``--live N`` keeps N idle agents alive through the timed phases, each with a scoped prompt
+context and a scoped tool and one finished turn, as a parent's background children have: the
+cost of a delegation should not grow with them.
 """
 
 from __future__ import annotations
@@ -34,12 +39,20 @@ CONFIGS = ("spawn:memory", "fork:memory", "spawn:jsonl", "fork:jsonl")
 
 
 async def _measure(
-    provider: str, store: str, n_seq: int, n_conc: int, root: Path
+    provider: str, store: str, n_seq: int, n_conc: int, root: Path, n_live: int = 0
 ) -> dict[str, Any]:
     import dsh_subagent.plugin
     import dsh_subagent_fork.plugin
     import dsh_subagent_spawn.plugin
-    from dsh_core import AbortController, ToolDefinition, ToolRunContext, blocks_text, text_blocks
+    from dsh_core import (
+        AbortController,
+        Context,
+        PromptContext,
+        ToolDefinition,
+        ToolRunContext,
+        blocks_text,
+        text_blocks,
+    )
     from dsh_core.testing import (
         ScriptedAdapter,
         ScriptedReply,
@@ -56,6 +69,8 @@ async def _measure(
     def model(request: ScriptedRequest) -> ScriptedReply | str:
         if request.last_user_text == "summarise X":
             return "child result"
+        if request.last_user_text == "stand by":
+            return "standing by"  # an idle background agent (--live)
         if request.last_tool_result is not None:
             return f"parent got: {request.last_tool_result}"
         return call
@@ -110,6 +125,20 @@ async def _measure(
                 await handle.dispose()
             assert answer == "parent got: child result", answer
 
+        async def idle_tool(args: Any, run: ToolRunContext) -> str:
+            return "idle"
+
+        def background(ctx: Context) -> None:
+            ctx.system_prompt.context(PromptContext(name="bg", order=120, text="In background."))
+            ctx.tools.register(
+                ToolDefinition(
+                    name="own", description="A scoped tool.", parameters={}, execute=idle_tool
+                )
+            )
+
+        idle = [await host.create_agent(setup=background) for _ in range(n_live)]
+        for handle in idle:  # each has worked once: its prompt and tools are cached
+            assert await host.run(handle.agent, "stand by") == "standing by"
         await one()
         gc.collect()  # each phase starts clean: no collection owed by what ran before it
         t0 = time.perf_counter()
@@ -120,7 +149,7 @@ async def _measure(
         t0 = time.perf_counter()
         await asyncio.gather(*(one() for _ in range(n_conc)))
         conc = time.perf_counter() - t0
-        live = len(host.ctx.agents.list())
+        live = len(host.ctx.agents.list()) - len(idle)
     return {
         "config": f"{provider}:{store}",
         "seq_ms": seq / n_seq * 1000,
@@ -131,10 +160,10 @@ async def _measure(
     }
 
 
-def _child(config: str, n_seq: int, n_conc: int) -> None:
+def _child(config: str, n_seq: int, n_conc: int, n_live: int) -> None:
     provider, store = config.split(":")
     with tempfile.TemporaryDirectory(prefix="dsh-bench-") as tmp:
-        result = asyncio.run(_measure(provider, store, n_seq, n_conc, Path(tmp)))
+        result = asyncio.run(_measure(provider, store, n_seq, n_conc, Path(tmp), n_live))
     print(json.dumps(result))
 
 
@@ -143,13 +172,14 @@ def main() -> None:
     parser.add_argument("--seq", type=int, default=200, help="sequential delegations")
     parser.add_argument("--conc", type=int, default=50, help="concurrent delegations")
     parser.add_argument("--only", choices=CONFIGS, action="append", help="run only these")
+    parser.add_argument("--live", type=int, default=0, help="idle agents kept alive meanwhile")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        _child(args.child, args.seq, args.conc)
+        _child(args.child, args.seq, args.conc, args.live)
         return
     rows = []
-    sizes = ["--seq", str(args.seq), "--conc", str(args.conc)]
+    sizes = ["--seq", str(args.seq), "--conc", str(args.conc), "--live", str(args.live)]
     for config in args.only or CONFIGS:
         out = subprocess.run(
             [sys.executable, __file__, "--child", config, *sizes],
@@ -159,7 +189,8 @@ def main() -> None:
             env={**os.environ, "DSH_DISABLE_PLUGIN_AUTOLOAD": "1"},
         )
         rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
-    print(f"python {sys.version.split()[0]}; {args.seq} sequential, {args.conc} concurrent")
+    live = f", {args.live} idle agents alive" if args.live else ""
+    print(f"python {sys.version.split()[0]}; {args.seq} sequential, {args.conc} concurrent{live}")
     print(f"{'config':<14} {'ms/delegation (seq)':>20} {'conc total s':>13} {'peak RSS MB':>12}")
     for r in rows:
         print(

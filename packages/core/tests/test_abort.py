@@ -6,6 +6,8 @@ import asyncio
 import logging
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from dsh_core import AbortController, AbortedError, AbortSignal, race_abort
 
@@ -210,3 +212,26 @@ async def test_foreign_cancellation_propagates_and_is_not_converted() -> None:
     assert not controller.signal.aborted
     async with asyncio.timeout(5):
         await work_cancelled.wait()
+
+
+@given(st.lists(st.tuples(st.booleans(), st.integers(0, 30)), max_size=40))
+def test_listeners_fire_once_in_order_whatever_was_removed(ops: list[tuple[bool, int]]) -> None:
+    """host-core §1: after any mix of adds (the same callback possibly twice) and removes, an
+    abort calls exactly the listeners still added, in the order they were added."""
+    controller = AbortController()
+    fired: list[int] = []
+    callbacks = [lambda r, i=i: fired.append(i) for i in range(4)]
+    model: list[tuple[int, int]] = []  # (registration number, callback index)
+    removers = []
+    for add, n in ops:
+        if add or not removers:
+            number = len(removers)
+            removers.append(controller.signal.add_listener(callbacks[n % 4]))
+            model.append((number, n % 4))
+        else:
+            number = n % len(removers)
+            removers[number]()
+            removers[number]()  # a remover is idempotent
+            model = [(k, i) for k, i in model if k != number]
+    controller.abort("x")
+    assert fired == [i for _, i in model]

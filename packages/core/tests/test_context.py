@@ -10,8 +10,11 @@ from collections.abc import Awaitable, Callable, Generator
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from dsh_core import Context, ContextError, Fiber, Host, Scope, ServiceKey
+from dsh_core._context import ScopedCache
 
 
 async def _suspend() -> None:
@@ -590,3 +593,69 @@ async def test_parallel_returns_how_many_listeners_took_part() -> None:
     a.on("flush", lambda: None)
     assert await ctx.parallel("flush") == 1
     assert await a.parallel("flush") == 2
+
+
+@given(st.lists(st.tuples(st.sampled_from(["add", "forget", "early"]), st.integers(0, 50))))
+async def test_dispose_runs_what_is_still_registered_newest_first_once(
+    ops: list[tuple[str, int]],
+) -> None:
+    """host-core §1: after any mix of registrations, early undos and forgets, disposal runs
+    exactly the effects still registered, each once, newest first (early undos ran once)."""
+    fiber = Fiber("f")
+    ran: list[int] = []
+    registrations = []
+    registered: list[int] = []  # the model: numbers still registered, oldest first
+    early: list[int] = []
+    for op, n in ops:
+        if op == "add" or not registrations:
+            number = len(registrations)
+            registrations.append(fiber.add(lambda number=number: ran.append(number)))
+            registered.append(number)
+            continue
+        number = n % len(registrations)
+        if op == "forget":
+            registrations[number].forget()
+        else:
+            registrations[number]()
+            if number in registered:
+                early.append(number)
+        if number in registered:
+            registered.remove(number)
+        assert not registrations[number].active
+    assert ran == early
+    await fiber.dispose()
+    assert ran == early + registered[::-1]
+
+
+@given(
+    st.lists(st.integers(-1, 6), min_size=1, max_size=8),
+    st.lists(st.tuples(st.booleans(), st.integers(-1, 7)), max_size=40),
+)
+def test_scoped_cache_drops_exactly_the_scope_and_what_lies_below(
+    parents: list[int], ops: list[tuple[bool, int]]
+) -> None:
+    """host-core §1: dropping a scope from a scoped cache forgets its entry and the entries
+    of every scope below it, nothing else; dropping ``None`` forgets everything."""
+    scopes: list[Scope] = []
+    for i, p in enumerate(parents):
+        parent = scopes[p] if 0 <= p < i else None
+        scopes.append(Scope(f"s{i}", parent))
+
+    def pick(n: int) -> Scope | None:
+        return None if n < 0 else scopes[n % len(scopes)]
+
+    cache: ScopedCache[int] = ScopedCache()
+    model: dict[Scope | None, int] = {}
+    for step, (store, n) in enumerate(ops):
+        key = pick(n)
+        if store:
+            cache[key] = step
+            model[key] = step
+        elif key is None:
+            cache.drop(None)
+            model.clear()
+        else:
+            cache.drop(key)
+            model = {k: v for k, v in model.items() if k is None or key not in k.chain()}
+        assert len(cache) == len(model)
+        assert all(cache.get(k) == v for k, v in model.items())

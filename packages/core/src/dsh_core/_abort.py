@@ -39,7 +39,7 @@ class AbortSignal:
     def __init__(self) -> None:
         self.aborted = False
         self._reason: object = None
-        self._listeners: list[Callable[[object], None]] | None = None
+        self._listeners: dict[object, Callable[[object], None]] | None = None
         self._waiters: list[asyncio.Future[object]] | None = None
 
     @property
@@ -52,15 +52,16 @@ class AbortSignal:
         if self.aborted:
             return _noop
         if self._listeners is None:
-            self._listeners = []
-        self._listeners.append(callback)
+            self._listeners = {}
+        # Keyed by a token of its own: a signal many children listen to (one shared parent
+        # signal) drops any of them in constant time, insertion order keeps the firing order,
+        # and the key refers to nothing (the remover as key would make a cycle via ``self``).
+        key = object()
+        self._listeners[key] = callback
 
         def remove() -> None:
             if self._listeners is not None:
-                try:
-                    self._listeners.remove(callback)
-                except ValueError:
-                    pass
+                self._listeners.pop(key, None)
 
         return remove
 
@@ -90,7 +91,7 @@ class AbortSignal:
         self._reason = reason
         listeners, self._listeners = self._listeners, None
         waiters, self._waiters = self._waiters, None
-        for cb in listeners or ():
+        for cb in listeners.values() if listeners else ():
             try:
                 cb(reason)
             except Exception:

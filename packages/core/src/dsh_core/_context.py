@@ -13,7 +13,7 @@ import asyncio
 import inspect
 import logging
 import weakref
-from collections.abc import Awaitable, Callable, Container, Generator, MutableMapping
+from collections.abc import Awaitable, Callable, Container, Generator
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, cast, overload
 
 from ._errors import DshError
@@ -103,14 +103,58 @@ def nearest_scope(scope: Scope | None, *layers: Container[Scope | None]) -> Scop
     return None
 
 
-def drop_scoped(cache: MutableMapping[Scope | None, Any], scope: Scope | None) -> None:
-    """Forget what a change in ``scope`` can affect: everything for a global change, else the
-    entries of ``scope`` and of the scopes below it."""
-    if scope is None:
-        cache.clear()
-        return
-    for key in [k for k in cache if k is not None and scope in k.chain()]:
-        del cache[key]
+class ScopedCache(Generic[T]):
+    """Values cached per scope (``None`` for the global entry). Dropping a scope forgets its
+    entry and those of the scopes below it, in time proportional to what it forgets: a host
+    with thousands of live agents, each with scoped sections or tools, pays nothing per
+    change for the agents a change cannot affect."""
+
+    __slots__ = ("_below", "_values")
+
+    def __init__(self) -> None:
+        self._values: dict[Scope | None, T] = {}
+        self._below: dict[Scope, set[Scope]] = {}  # scope -> cached keys strictly below it
+
+    def get(self, key: Scope | None) -> T | None:
+        return self._values.get(key)
+
+    def __setitem__(self, key: Scope | None, value: T) -> None:
+        if key is not None and key not in self._values:
+            parent = key.parent
+            while parent is not None:
+                self._below.setdefault(parent, set()).add(key)
+                parent = parent.parent
+        self._values[key] = value
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._values
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def drop(self, scope: Scope | None) -> None:
+        """Forget what a change in ``scope`` can affect: everything for a global change, else
+        the entries of ``scope`` and of the scopes below it."""
+        if scope is None:
+            self._values.clear()
+            self._below.clear()
+            return
+        self._forget(scope)
+        for key in self._below.pop(scope, ()):
+            self._forget(key)
+
+    def _forget(self, key: Scope) -> None:
+        if key not in self._values:
+            return
+        del self._values[key]
+        parent = key.parent
+        while parent is not None:
+            below = self._below.get(parent)
+            if below is not None:
+                below.discard(key)
+                if not below:
+                    del self._below[parent]
+            parent = parent.parent
 
 
 def _admits(tag: Scope, key: Scope | None) -> bool:
@@ -152,10 +196,7 @@ class Registration:
         if effect.done:
             return
         effect.done = True
-        try:
-            self._fiber._effects.remove(effect)
-        except ValueError:
-            pass
+        self._fiber._effects.pop(effect, None)
 
     @property
     def active(self) -> bool:
@@ -179,7 +220,9 @@ class Fiber:
         self.name = name
         self.parent = parent
         self.state: FiberState = "active"
-        self._effects: list[_Effect] = []
+        # Insertion-ordered: disposal pops the newest first, and an owner of many short-lived
+        # children (each one an effect until it goes) forgets any of them in constant time.
+        self._effects: dict[_Effect, None] = {}
         self._done: asyncio.Future[None] | None = None
 
     def add(self, disposer: Disposer) -> Registration:
@@ -190,7 +233,7 @@ class Fiber:
                 f"cannot register on {self.name!r}: it is {self.state}", code="INACTIVE_EFFECT"
             )
         effect = _Effect(disposer)
-        self._effects.append(effect)
+        self._effects[effect] = None
         return Registration(self, effect)
 
     async def dispose(self) -> None:
@@ -202,7 +245,7 @@ class Fiber:
         self.state = "disposing"
         failures: list[BaseException] = []
         while self._effects:
-            effect = self._effects.pop()
+            effect, _ = self._effects.popitem()
             if effect.done:
                 continue
             effect.done = True

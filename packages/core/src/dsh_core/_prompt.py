@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, cast
 import attrs
 
 from ._abort import AbortSignal
-from ._context import drop_scoped, nearest_scope
+from ._context import ScopedCache, nearest_scope
 from ._errors import DshError
 from ._frozen import speed_up_inits
 
@@ -128,7 +128,7 @@ class SystemPromptService:
         }
         self._counter = 0
         #: Assemblies of static text, by effective scope; a change drops the entries it affects.
-        self.cache: dict[Scope | None, PromptAssembly] = {}
+        self.cache: ScopedCache[PromptAssembly] = ScopedCache()
 
     def __dsh_bind__(self, ctx: Context) -> SystemPromptRegistry:
         return SystemPromptRegistry(self, ctx)
@@ -144,7 +144,7 @@ class SystemPromptService:
     def changed(self, scope: Scope | None) -> None:
         """Drop the cached assemblies a change in ``scope`` can affect (an agent's scoped
         section never invalidates another agent's prompt)."""
-        drop_scoped(self.cache, scope)
+        self.cache.drop(scope)
 
 
 class _Variables(Mapping[str, "str | None"]):

@@ -19,7 +19,7 @@ import fastjsonschema
 
 from ._abort import AbortSignal
 from ._content import ContentBlock, Message, TextBlock, ToolResultBlock, ToolSource
-from ._context import drop_scoped, nearest_scope
+from ._context import ScopedCache, nearest_scope
 from ._errors import DshError
 from ._events import ToolSchema
 from ._frozen import speed_up_inits
@@ -224,8 +224,8 @@ class ToolRegistryService:
         self.layers: dict[Scope | None, dict[str, _Entry]] = {None: {}}
         self.restrictions: dict[Scope, list[ToolRestriction]] = {}
         self.guards: dict[Scope | None, list[Callable[[ToolExecutionInput], str | None]]] = {}
-        self._visible: dict[Scope | None, dict[str, _Entry]] = {}
-        self._schemas: dict[Scope | None, tuple[ToolSchema, ...]] = {}
+        self._visible: ScopedCache[dict[str, _Entry]] = ScopedCache()
+        self._schemas: ScopedCache[tuple[ToolSchema, ...]] = ScopedCache()
 
     def __dsh_bind__(self, ctx: Context) -> ToolRegistry:
         return ToolRegistry(self, ctx)
@@ -233,8 +233,8 @@ class ToolRegistryService:
     def changed(self, ctx: Context, scope: Scope | None) -> None:
         """Drop the cached visibility a change in ``scope`` can affect, then emit
         ``tools/change``."""
-        drop_scoped(self._visible, scope)
-        drop_scoped(self._schemas, scope)
+        self._visible.drop(scope)
+        self._schemas.drop(scope)
         ctx.emit("tools/change")
 
     def schemas(self, scope: Scope | None) -> tuple[ToolSchema, ...]:
