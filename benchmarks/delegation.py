@@ -16,8 +16,8 @@ so that it is not billed for a collection the previous phase made due.
     python benchmarks/delegation.py --live 2000   # with 2000 idle agents alive meanwhile
 
 ``--live N`` keeps N idle agents alive through the timed phases, each with a scoped prompt
-context and a scoped tool and one finished turn, as a parent's background children have: the
-cost of a delegation should not grow with them.
+context, a scoped tool, a scoped listener and one finished turn, as a parent's background
+children have: the cost of a delegation should not grow with them.
 """
 
 from __future__ import annotations
@@ -129,6 +129,7 @@ async def _measure(
             return "idle"
 
         def background(ctx: Context) -> None:
+            ctx.on("agent/status", lambda agent, status: None)  # as a run watches its child
             ctx.system_prompt.context(PromptContext(name="bg", order=120, text="In background."))
             ctx.tools.register(
                 ToolDefinition(

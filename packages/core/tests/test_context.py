@@ -659,3 +659,52 @@ def test_scoped_cache_drops_exactly_the_scope_and_what_lies_below(
             model = {k: v for k, v in model.items() if k is None or key not in k.chain()}
         assert len(cache) == len(model)
         assert all(cache.get(k) == v for k, v in model.items())
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["on", "remove", "emit"]),
+            st.integers(-1, 3),  # a scope (-1: global / a global dispatch)
+            st.booleans(),  # prepend
+            st.integers(0, 30),
+        ),
+        max_size=40,
+    )
+)
+def test_dispatch_reaches_the_admitted_listeners_in_registration_order(
+    ops: list[tuple[str, int, bool, int]],
+) -> None:
+    """host-core §1: whatever was added (at the front or the end, globally or per scope) and
+    removed, a dispatch on a scope calls the global listeners and those of the scope and its
+    ancestors, each once, in the one order of all the registrations."""
+    host = Host()
+    parent = Scope("parent")
+    child = Scope("child", parent)
+    scopes = [parent, child, Scope("other"), Scope("grandchild", child)]
+    root = Context(host, host.root)
+    contexts = [root.extend(scope=s) for s in scopes]
+    called: list[int] = []
+    model: list[tuple[int, Scope | None]] = []  # the single ordered list the bus stands for
+    removers: list[Callable[[], object]] = []
+    for op, which, prepend, n in ops:
+        if op == "on":
+            number = len(removers)
+            ctx = root if which < 0 else contexts[which]
+            tag = None if which < 0 else scopes[which]
+            removers.append(
+                ctx.on("e", lambda number=number: called.append(number), prepend=prepend)
+            )
+            entry = (number, tag)
+            model = [entry, *model] if prepend else [*model, entry]
+        elif op == "remove" and removers:
+            number = n % len(removers)
+            removers[number]()
+            model = [(k, t) for k, t in model if k != number]
+        else:
+            key = None if which < 0 else scopes[which]
+            chain = list(key.chain()) if key is not None else []
+            called.clear()
+            (root if key is None else contexts[which]).emit("e")
+            assert called == [k for k, t in model if t is None or t in chain]
+    assert ("e" in host.listeners) == bool(model)

@@ -157,14 +157,6 @@ class ScopedCache(Generic[T]):
             parent = parent.parent
 
 
-def _admits(tag: Scope, key: Scope | None) -> bool:
-    while key is not None:
-        if key is tag:
-            return True
-        key = key.parent
-    return False
-
-
 class _Effect:
     __slots__ = ("disposer", "done")
 
@@ -261,11 +253,49 @@ class Fiber:
 
 
 class _Listener:
-    __slots__ = ("fn", "tag")
+    __slots__ = ("fn", "order", "tag")
 
-    def __init__(self, fn: Callable[..., Any], tag: Scope | None) -> None:
+    def __init__(self, fn: Callable[..., Any], tag: Scope | None, order: int) -> None:
         self.fn = fn
         self.tag = tag
+        self.order = order  # the dispatch order among every listener of the name
+
+
+def _order_of(entry: _Listener) -> int:
+    return entry.order
+
+
+class _Channel:
+    """The listeners of one event name, by scope tag (``None``: global).
+
+    A dispatch on a key reaches the global listeners and those of the key's scope chain, so it
+    looks at a handful of lists however many agents listen elsewhere. Each list is replaced,
+    never changed in place: a dispatch under way keeps the list it started with.
+    """
+
+    __slots__ = ("by_tag",)
+
+    def __init__(self) -> None:
+        self.by_tag: dict[Scope | None, list[_Listener]] = {}
+
+    def admitted(self, key: Scope | None) -> list[_Listener]:
+        """The listeners a dispatch on ``key`` reaches, in registration order (read only)."""
+        by_tag = self.by_tag
+        found = by_tag.get(None)
+        merged: list[_Listener] | None = None
+        s = key
+        while s is not None:
+            entries = by_tag.get(s)
+            if entries:
+                if not found:
+                    found = entries
+                else:
+                    merged = [*(merged or found), *entries]
+            s = s.parent
+        if merged is not None:
+            merged.sort(key=_order_of)
+            return merged
+        return found or []
 
 
 class Host:
@@ -275,7 +305,9 @@ class Host:
         self.root = Fiber(name)
         self.event_types = event_types or EventTypeRegistry()
         self.services: dict[str, object] = {}
-        self.listeners: dict[str, list[_Listener]] = {}
+        self.listeners: dict[str, _Channel] = {}
+        self._appended = 0  # the order of the latest listener added at the end
+        self._prepended = 0  # the order of the latest listener added at the front
         self.tasks: set[asyncio.Task[Any]] = set()
         self.logger = _log
 
@@ -544,18 +576,32 @@ class Context:
         ``global_=True`` lifts the filter.
         """
         self._require_active()
-        entry = _Listener(listener, None if global_ else self.scope)
-        bus = self.host.listeners
-        current = bus.get(name, [])
-        bus[name] = [entry, *current] if prepend else [*current, entry]
+        host = self.host
+        tag = None if global_ else self.scope
+        if prepend:
+            host._prepended -= 1
+            entry = _Listener(listener, tag, host._prepended)
+        else:
+            host._appended += 1
+            entry = _Listener(listener, tag, host._appended)
+        bus = host.listeners
+        channel = bus.get(name)
+        if channel is None:
+            channel = bus[name] = _Channel()
+        current = channel.by_tag.get(tag, ())
+        channel.by_tag[tag] = [entry, *current] if prepend else [*current, entry]
 
         def remove() -> None:
-            entries = bus.get(name)
-            if entries and entry in entries:
-                rest = [e for e in entries if e is not entry]
-                if rest:
-                    bus[name] = rest
-                else:
+            channel = bus.get(name)
+            entries = channel.by_tag.get(tag) if channel is not None else None
+            if channel is None or not entries or entry not in entries:
+                return
+            rest = [e for e in entries if e is not entry]
+            if rest:
+                channel.by_tag[tag] = rest
+            else:
+                del channel.by_tag[tag]
+                if not channel.by_tag:
                     del bus[name]
 
         return self.fiber.add(remove)
@@ -569,23 +615,18 @@ class Context:
         return self.scope if scope is _UNSET else cast("Scope | None", scope)
 
     def _admitted(self, name: str, key: Scope | None) -> list[_Listener]:
-        entries = self.host.listeners.get(name)
-        if not entries:
-            return []
-        return [e for e in entries if e.tag is None or _admits(e.tag, key)]
+        channel = self.host.listeners.get(name)
+        return channel.admitted(key) if channel is not None else []
 
     def emit(self, name: str, *args: Any, scope: Scope | object | None = _UNSET) -> None:
         """Call the listeners of ``name`` synchronously; failures are logged and contained.
 
         A listener that returns an awaitable has it run as a host-owned task.
         """
-        entries = self.host.listeners.get(name)
-        if not entries:
+        channel = self.host.listeners.get(name)
+        if channel is None:
             return
-        key = self._key(scope)
-        for e in entries:
-            if e.tag is not None and not _admits(e.tag, key):
-                continue
+        for e in channel.admitted(self._key(scope)):
             try:
                 result = e.fn(*args)
             except Exception:
