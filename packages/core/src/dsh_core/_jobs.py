@@ -107,11 +107,14 @@ class JobService:
         self._ctx = ctx
         self.cap = cap
         self.jobs: dict[str, Job] = {}
+        # Unfinished jobs by owner: admission looks at one owner's few jobs, not at every job
+        # the host has run.
+        self._unfinished: dict[str, dict[str, Job]] = {}
         self._ids = itertools.count(1)
 
     def active(self, owner_id: str) -> list[Job]:
         """The owner's unfinished jobs (running or stopping)."""
-        return [j for j in self.jobs.values() if j.owner_id == owner_id and not j.finished]
+        return [j for j in self._unfinished.get(owner_id, {}).values() if not j.finished]
 
     def start(self, *, kind: str, label: str, owner: Agent, producer: Producer) -> Job:
         """Start ``producer`` as a job of ``owner``; refused (no id minted) past the cap."""
@@ -123,22 +126,30 @@ class JobService:
             )
         job = Job(f"{kind}-{next(self._ids)}", kind, label, owner.id)
         self.jobs[job.id] = job
+        self._unfinished.setdefault(owner.id, {})[job.id] = job
         job._task = self._ctx.host.spawn(self._run(job, producer), name=f"job:{job.id}")
         return job
 
     async def _run(self, job: Job, producer: Producer) -> None:
         try:
-            settled = await producer(job._controller.signal)
-        except asyncio.CancelledError:
-            job.status, job.detail = "killed", "job cancelled"
-            raise
-        except Exception as exc:
-            settled = JobSettlement(status="failed", detail=f"{type(exc).__name__}: {exc}")
-        if job._controller.signal.aborted and settled.status != "completed":
-            settled = attrs.evolve(settled, status="killed")
-        job.output += settled.output
-        job.detail = settled.detail
-        job.status = settled.status
+            try:
+                settled = await producer(job._controller.signal)
+            except asyncio.CancelledError:
+                job.status, job.detail = "killed", "job cancelled"
+                raise
+            except Exception as exc:
+                settled = JobSettlement(status="failed", detail=f"{type(exc).__name__}: {exc}")
+            if job._controller.signal.aborted and settled.status != "completed":
+                settled = attrs.evolve(settled, status="killed")
+            job.output += settled.output
+            job.detail = settled.detail
+            job.status = settled.status
+        finally:
+            mine = self._unfinished.get(job.owner_id)
+            if mine is not None:
+                mine.pop(job.id, None)
+                if not mine:
+                    del self._unfinished[job.owner_id]
 
     def get(self, job_id: str, *, owner: Agent | None = None) -> Job:
         """The job ``job_id``; with ``owner``, only that owner's."""
