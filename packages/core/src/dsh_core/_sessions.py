@@ -37,9 +37,12 @@ __all__ = ["Session", "SessionStore", "SessionStoreService", "now_ms"]
 Validator = Callable[["Session", SessionEvent], None]
 
 
+_time_ns = time.time_ns
+
+
 def now_ms() -> int:
     """Epoch milliseconds."""
-    return time.time_ns() // 1_000_000
+    return _time_ns() // 1_000_000
 
 
 _DERIVED = frozenset({"user/message", "assistant/message", "tool/result"})
@@ -79,7 +82,8 @@ class Session:
     ) -> None:
         self.header = header
         self._types = types
-        self._specs = types.specs
+        # The registry's own table, not its read-only view: a lookup per append, same process.
+        self._specs = types._specs
         self._events: list[SessionEvent] = []
         self._messages: list[Message] = []
         self._messages_view: tuple[Message, ...] | None = ()
@@ -211,16 +215,14 @@ class Session:
             if not spec.surface:
                 if source_event_seqs is None:
                     return self._commit(
-                        make_event(
-                            type, seq, time.time_ns() // 1_000_000, data, None, None, ignorable
-                        )
+                        make_event(type, seq, _time_ns() // 1_000_000, data, None, None, ignorable)
                     )
             elif source_event_seqs is not None:
                 seqs = tuple(source_event_seqs)
                 if not seqs or (min(seqs) >= 0 and max(seqs) < seq):
                     return self._commit(
                         make_event(
-                            type, seq, time.time_ns() // 1_000_000, data, seqs, "append", ignorable
+                            type, seq, _time_ns() // 1_000_000, data, seqs, "append", ignorable
                         )
                     )
         if spec is None and not ignorable:
