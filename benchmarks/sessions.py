@@ -19,6 +19,8 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+from gcwatch import GcWatch
+
 from dsh_core import (
     AssistantChunkData,
     Context,
@@ -162,17 +164,21 @@ async def trace(persistence: SessionPersistence, root: Path | None, count: int, 
 async def main() -> None:
     parser = argparse.ArgumentParser(description="Session log benchmarks.")
     parser.add_argument("--quick", action="store_true", help="small sizes, one repetition")
+    parser.add_argument("--gc", action="store_true", help="report the collector's pauses")
     args = parser.parse_args()
     sizes = (1_000, 10_000) if args.quick else (10_000, 100_000)
     repeat = 1 if args.quick else 5
     rows: list[tuple[str, str, str]] = []
+    notes: list[str] = []
     with tempfile.TemporaryDirectory(prefix="dsh-bench-") as tmp:
         logs = Path(tmp) / "logs"
         for n in sizes:
-            seconds = await append_and_flush(logs, f"log{n}", n)
+            with GcWatch() as watch:
+                seconds = await append_and_flush(logs, f"log{n}", n)
             rows.append(
                 (f"append+flush {n:,} events (flush/100)", f"{n / seconds:,.0f} ev/s", ">= 100k")
             )
+            notes.append(f"append+flush {n:,}: {watch.report(seconds)}")
         for n in sizes:
             seconds = await load(logs, f"log{n}", repeat)
             rows.append(
@@ -208,6 +214,8 @@ async def main() -> None:
     print(f"{'benchmark':<{width}}  {'result':>13}  target")
     for name, result, target in rows:
         print(f"{name:<{width}}  {result:>13}  {target}")
+    if args.gc:
+        print("\n".join(notes))
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ disposed; the time per turn excludes agent creation.
 
     python benchmarks/turn.py               # default: 4000 turns, 50 per agent
     python benchmarks/turn.py --invariants  # with the invariant checkers (as in tests)
+    python benchmarks/turn.py --gc          # and what the cyclic collector cost meanwhile
 """
 
 from __future__ import annotations
@@ -70,8 +71,12 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=4000)
     parser.add_argument("--per-agent", type=int, default=50)
     parser.add_argument("--invariants", action="store_true")
+    parser.add_argument("--gc", action="store_true", help="report the collector's pauses")
     args = parser.parse_args()
-    per_turn = asyncio.run(measure(args.turns, args.per_agent, args.invariants))
+    from gcwatch import GcWatch
+
+    with GcWatch() as watch:
+        per_turn = asyncio.run(measure(args.turns, args.per_agent, args.invariants))
     gc_note = "on" if gc.isenabled() else "off"
     print(
         f"python {sys.version.split()[0]}: {per_turn * 1e6:.1f} us per turn "
@@ -79,6 +84,8 @@ def main() -> None:
         f"{'on' if args.invariants else 'off'}, gc {gc_note}); peak RSS "
         f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.1f} MB"
     )
+    if args.gc:  # pauses of the whole run (agent creation and warm-up too), against timed turns
+        print(watch.report(per_turn * args.turns))
 
 
 if __name__ == "__main__":
