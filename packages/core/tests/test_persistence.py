@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import logging
 import os
@@ -262,6 +263,50 @@ async def test_cancelled_close_releases_the_file_only_after_its_write(jsonl: Env
     _, stored = await persistence.load("s")  # released (not SESSION_LOCKED), write complete
     assert stored[: len(events)] == events
     await jsonl.close()
+
+
+async def test_a_full_default_executor_does_not_hold_up_a_flush(jsonl: Env) -> None:
+    """host-core §5: file work runs on the backend's own threads, so blocking work that fills
+    the loop's default executor (tools in ``asyncio.to_thread``) never delays durability."""
+    loop = asyncio.get_running_loop()
+    busy = concurrent.futures.ThreadPoolExecutor(1)
+    loop.set_default_executor(busy)
+    release = threading.Event()
+    blocked = loop.run_in_executor(None, release.wait, 30)
+    try:
+        session = jsonl.owner.sessions.create("s")
+        append_turn(session, 1)
+        session.append("turn/end", _turn_end(1))
+        assert await asyncio.wait_for(jsonl.owner.sessions.flush(session), 30)
+        _, stored = await asyncio.wait_for(jsonl.persistence.inspect("s"), 30)
+        assert stored == session.events
+        assert not blocked.done()
+    finally:
+        release.set()
+        await blocked
+    await jsonl.close()
+
+
+async def test_a_write_that_cannot_start_leaves_nothing_pending(jsonl: Env) -> None:
+    """host-core §5: when no worker can take a write (interpreter exit, say) the flush fails,
+    and the next flush writes the same events instead of waiting for a phantom write."""
+    session = jsonl.owner.sessions.create("s")
+    persistence = jsonl.persistence
+    append_turn(session, 1)
+    session.append("turn/end", _turn_end(1))
+    real_submit = persistence._submit
+
+    def refuse(fn: Any, *args: Any) -> Any:
+        raise RuntimeError("cannot schedule new futures after interpreter shutdown")
+
+    persistence._submit = refuse  # type: ignore[method-assign]
+    with pytest.raises(RuntimeError, match="cannot schedule"):
+        await jsonl.owner.sessions.flush(session)
+    persistence._submit = real_submit  # type: ignore[method-assign]
+    assert await asyncio.wait_for(jsonl.owner.sessions.flush(session), 30)
+    _, stored = await persistence.inspect("s")
+    assert stored == session.events
+    await asyncio.wait_for(jsonl.close(), 30)
 
 
 async def test_memory_backend_keeps_event_objects(tmp_path: Path) -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import concurrent.futures
 import json
 import logging
 import os
@@ -95,6 +96,17 @@ async def _settle(fut: asyncio.Future[T]) -> T:
             fut.exception()  # retrieved: the caller sees the cancel, the state reflects the rest
         raise asyncio.CancelledError
     return fut.result()
+
+
+def _deliver(fut: asyncio.Future[Any], outcome: tuple[bool, Any]) -> None:
+    """In the loop: settle ``fut`` with a worker thread's outcome (unless it was cancelled)."""
+    if fut.cancelled():
+        return
+    ok, value = outcome
+    if ok:
+        fut.set_result(value)
+    else:
+        fut.set_exception(value)
 
 
 def _succeeded(fut: asyncio.Future[Any]) -> bool:
@@ -348,9 +360,15 @@ class SessionPersistence:
     ``_headers``); this class owns tracking, batching, ordering and repair, so every backend
     has the same semantics. Storage hooks are synchronous; a backend whose hooks block sets
     ``_threaded`` and they run in a worker thread, one flush of a session at a time.
+
+    The threads are the backend's own, not the event loop's default executor: tools that
+    block in ``asyncio.to_thread`` can fill that one, and a turn must not wait behind them
+    to make its log durable.
     """
 
     _threaded = False
+    #: Worker threads of a threaded backend (flushes of different sessions run side by side).
+    _workers = min(32, (os.cpu_count() or 1) + 4)
 
     def __init__(self) -> None:
         self._ctx: Context | None = None
@@ -360,6 +378,7 @@ class SessionPersistence:
         self._prepared: dict[str, _Prepared] = {}
         self._busy: set[str] = set()
         self._closing: dict[str, asyncio.Task[None]] = {}
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
 
     # -- wiring ----------------------------------------------------------------------------------
 
@@ -399,15 +418,36 @@ class SessionPersistence:
         return self._types
 
     def _submit(self, fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
-        """Start a storage hook: in the worker thread if the backend blocks, else right away."""
+        """Start a storage hook: in a worker thread if the backend blocks, else right away.
+
+        A threaded hook reports straight back to the loop when it returns; once started it
+        runs to the end (callers that stop waiting leave its future to the bookkeeping).
+        """
         loop = asyncio.get_running_loop()
-        if self._threaded:
-            return loop.run_in_executor(None, fn, *args)
         fut: asyncio.Future[T] = loop.create_future()
-        try:
-            fut.set_result(fn(*args))
-        except Exception as exc:
-            fut.set_exception(exc)
+        if not self._threaded:
+            try:
+                fut.set_result(fn(*args))
+            except Exception as exc:
+                fut.set_exception(exc)
+            return fut
+
+        def work() -> None:
+            try:
+                outcome: tuple[bool, Any] = (True, fn(*args))
+            except BaseException as exc:  # delivered to the waiting loop, raised there
+                outcome = (False, exc)
+            try:
+                loop.call_soon_threadsafe(_deliver, fut, outcome)
+            except RuntimeError:  # the loop is closed: nobody is left to tell
+                pass
+
+        pool = self._pool
+        if pool is None:
+            pool = self._pool = concurrent.futures.ThreadPoolExecutor(
+                self._workers, thread_name_prefix="dsh-session-io"
+            )
+        pool.submit(work)
         return fut
 
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
@@ -553,7 +593,14 @@ class SessionPersistence:
                     reported.set_exception(cast("BaseException", job.exception()))
             writing.set_result(None)
 
-        job = self._submit(self._write, rec.handle, batch)
+        try:
+            job = self._submit(self._write, rec.handle, batch)
+        except BaseException:
+            # Nothing started (no worker thread to be had, at interpreter exit say): no write
+            # may look under way, or every later flush and the close would wait for it.
+            rec.writing = None
+            writing.set_result(None)
+            raise
         if job.done():
             count(job)
         else:
@@ -588,6 +635,9 @@ class SessionPersistence:
         await asyncio.gather(
             *(self._close(rec) for rec in tracked), *self._closing.values(), return_exceptions=True
         )
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=False)  # idle by now: every write above has been awaited
 
     # -- refusing and holding --------------------------------------------------------------------
 
