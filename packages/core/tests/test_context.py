@@ -127,15 +127,11 @@ def test_service_with_dsh_bind_gives_a_caller_bound_view() -> None:
     assert [c is child for c in service.binds].count(True) == 1
 
 
-class _Marker:
-    pass
-
-
 def test_extend_shares_owner_and_services_and_carries_the_agent() -> None:
     """host-core §1: ctx.extend shares fiber and services; plain contexts read ctx.agent None."""
     root = make_ctx()
     root.provide("svc", 1)
-    marker: Any = _Marker()  # an agent stand-in (contexts link to their agent weakly)
+    marker: Any = object()  # a stand-in that cannot be weakly referenced is kept as it is
     extended = root.extend(agent=marker)
     assert root.agent is None
     assert extended.agent is marker

@@ -351,6 +351,15 @@ def _service_property(name: str) -> Any:
     return property(get, doc=f"The ``{name}`` service, bound to this context.")
 
 
+def _link(agent: Agent) -> Callable[[], Agent | None]:
+    """A weak link to ``agent``; a strong one for a stand-in that cannot be weakly referenced
+    (a test double), which forms no cycle worth breaking."""
+    try:
+        return weakref.ref(agent)
+    except TypeError:
+        return lambda: agent
+
+
 class Context:
     """A view of a :class:`Host` from one owner: its fiber, its routing scope, its agent.
 
@@ -367,7 +376,7 @@ class Context:
         self.host = host
         self.fiber = fiber
         self.scope = scope
-        self._agent = weakref.ref(agent) if agent is not None else None
+        self._agent = _link(agent) if agent is not None else None
         self._bound: dict[str, tuple[object, object]] = {}
         self._detach: Callable[[], Awaitable[None]] | None = None
 
