@@ -37,7 +37,7 @@ from typing import Any, Literal, cast
 import attrs
 
 from ._converter import converter, tagged_unions
-from ._frozen import is_generated_init, slot_setter
+from ._frozen import filled_fields, slot_setter
 from ._json import dumps
 from ._tagged import TaggedUnion
 
@@ -333,18 +333,10 @@ def _plan(cls: type) -> _Plan | None:
 
 
 def _make_plan(cls: type) -> _Plan | None:
-    if "__attrs_attrs__" not in cls.__dict__ or getattr(cls, "__dictoffset__", 1) != 0:
+    fields = filled_fields(cls)
+    if fields is None:
         return None
-    if not is_generated_init(cls):
-        return None  # an __init__ of its own: only calling it builds the value
-    if hasattr(cls, "__attrs_pre_init__") or hasattr(cls, "__attrs_post_init__"):
-        return None
-    slots = {s for klass in cls.__mro__ for s in klass.__dict__.get("__slots__", ())}
-    slots.discard("__weakref__")
-    attrs.resolve_types(cls)
-    fields = attrs.fields(cls)
-    if slots != {f.name for f in fields}:
-        return None  # instances hold more than their fields (a cached hash, say)
+    attrs.resolve_types(cls)  # annotations to types, in place: the shapes below read them
     union = next(
         (u for u in tagged_unions().values() if cls is not u.base and issubclass(cls, u.base)),
         None,

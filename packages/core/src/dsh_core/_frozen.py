@@ -22,7 +22,7 @@ from typing import Any
 
 import attrs
 
-__all__ = ["attrs_init", "is_generated_init", "slot_setter", "speed_up_inits"]
+__all__ = ["attrs_init", "filled_fields", "is_generated_init", "slot_setter", "speed_up_inits"]
 
 _PREFIX = "<dsh fast init "
 #: attrs' own ``__init__`` of every class given a faster one (tests compare the two).
@@ -43,6 +43,24 @@ def is_generated_init(cls: type) -> bool:
     return bool(
         getattr(getattr(init, "__code__", None), "co_filename", "").startswith("<attrs generated")
     )
+
+
+def filled_fields(cls: type) -> tuple[Any, ...] | None:
+    """The fields of attrs class ``cls`` when building one is exactly filling its slots: its
+    own attrs-generated (or faster) ``__init__``, no init hooks, and slots that hold the fields
+    and nothing else (no ``__dict__``, no cached hash). ``None`` otherwise."""
+    if "__attrs_attrs__" not in cls.__dict__ or getattr(cls, "__dictoffset__", 1) != 0:
+        return None
+    if not is_generated_init(cls):
+        return None  # an __init__ of its own: only calling it builds the value
+    if hasattr(cls, "__attrs_pre_init__") or hasattr(cls, "__attrs_post_init__"):
+        return None
+    slots = {s for klass in cls.__mro__ for s in klass.__dict__.get("__slots__", ())}
+    slots.discard("__weakref__")
+    fields: tuple[Any, ...] = attrs.fields(cls)
+    if slots != {f.name for f in fields}:
+        return None  # instances hold more than their fields (a cached hash, say)
+    return fields
 
 
 def speed_up_inits(namespace: Mapping[str, object]) -> None:
@@ -67,19 +85,13 @@ def slot_setter(cls: type, name: str) -> Callable[[Any, Any], None] | None:
 
 
 def _speed_up(cls: type) -> None:
-    if "__attrs_attrs__" not in cls.__dict__ or cls in _originals:
+    if cls in _originals:
         return
     if getattr(getattr(cls, "__setattr__", None), "__name__", "") != "_frozen_setattrs":
         return  # not frozen (attrs' plain attribute stores are fast), or an attrs we do not know
-    if not is_generated_init(cls):
+    fields = filled_fields(cls)
+    if fields is None:
         return
-    if hasattr(cls, "__attrs_pre_init__") or hasattr(cls, "__attrs_post_init__"):
-        return
-    slots = {s for klass in cls.__mro__ for s in klass.__dict__.get("__slots__", ())}
-    slots.discard("__weakref__")
-    fields = attrs.fields(cls)
-    if slots != {f.name for f in fields}:
-        return  # instances hold more than their fields (a cached hash, say)
     env: dict[str, Any] = {"NOTHING": attrs.NOTHING}
     params: list[str] = []
     body: list[str] = []
