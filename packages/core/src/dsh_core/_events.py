@@ -361,7 +361,7 @@ class EventTypeRegistry:
 
     @property
     def specs(self) -> Mapping[str, EventTypeSpec]:
-        """The registered specs by name (a live, read-only view for hot-path lookups)."""
+        """The registered specs by name (a live, read-only view)."""
         return self._specs_view
 
     def snapshot(self, spec: EventTypeSpec | None, type_: str, data: object) -> object:
