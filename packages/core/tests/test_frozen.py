@@ -13,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from dsh_core import _frozen
-from dsh_core._frozen import attrs_init, speed_up_inits
+from dsh_core._frozen import attrs_init, builder, speed_up_inits
 
 _HOT = ("_content", "_events", "_llm", "_tools", "_agent", "_prompt", "_scripted")
 
@@ -22,7 +22,7 @@ def _is_frozen_without_validators(value: object, module: str) -> bool:
     return (
         isinstance(value, type)
         and value.__module__ == module
-        and attrs.has(value)
+        and "__attrs_attrs__" in vars(value)  # an attrs class itself, not a subclass
         and "__setattr__" in vars(value)
         and bool(attrs.fields(value))
         and all(f.validator is None for f in attrs.fields(value))
@@ -117,6 +117,63 @@ def test_fast_init_builds_what_attrs_builds(case: tuple[type, dict[str, Any]]) -
             assert mine == theirs
             assert type(mine) is type(theirs)
     assert fast[1] == slow[1]
+
+
+def _build_with(build: Any, kwargs: dict[str, Any]) -> tuple[str, Any]:
+    try:
+        return "built", build(**kwargs)
+    except Exception as exc:
+        return "raised", type(exc)
+
+
+@given(_cases())
+def test_builder_builds_what_the_constructor_builds(case: tuple[type, dict[str, Any]]) -> None:
+    """host-core §3: a builder gives, for any arguments, an instance of exactly the class
+    (never its open twin) with the constructor's field values, or the same error type."""
+    cls, kwargs = case
+    fast = _build_with(builder(cls), kwargs)
+    slow = _build(attrs_init(cls), cls, kwargs)
+    assert fast[0] == slow[0]
+    if fast[0] == "raised":
+        assert fast[1] is slow[1]
+        return
+    built = fast[1]
+    assert type(built) is cls
+    for f in attrs.fields(cls):
+        mine, theirs = getattr(built, f.name), getattr(slow[1], f.name)
+        if f.converter is None and f.name in kwargs:
+            assert mine is theirs
+        else:
+            assert mine == theirs
+            assert type(mine) is type(theirs)
+    assert built == slow[1]
+    try:
+        expected = hash(slow[1])
+    except TypeError:  # a field holds an unhashable value: so does the built one
+        with pytest.raises(TypeError):
+            hash(built)
+    else:
+        assert hash(built) == expected
+    with pytest.raises(attrs.exceptions.FrozenInstanceError):
+        built.__setattr__(attrs.fields(cls)[0].name, None)
+
+
+@pytest.mark.parametrize("cls", CLASSES, ids=lambda c: c.__qualname__)
+def test_the_builder_signature_is_the_constructor_signature(cls: type) -> None:
+    """host-core §3: a builder takes the constructor's keyword-only parameters and defaults."""
+    build = builder(cls)
+    assert build is not cls
+    assert inspect.signature(build).parameters == inspect.signature(cls).parameters
+
+
+def test_a_class_a_builder_cannot_reproduce_is_its_own_builder() -> None:
+    """host-core §3: where the fast path would differ (a validator), the builder is the class."""
+
+    @attrs.frozen(kw_only=True)
+    class Validated:
+        x: int = attrs.field(validator=attrs.validators.instance_of(int))
+
+    assert builder(Validated) is Validated
 
 
 def test_instances_stay_frozen() -> None:

@@ -56,7 +56,7 @@ from ._events import (
     TurnEndReason,
     TurnStartData,
 )
-from ._frozen import speed_up_inits
+from ._frozen import builder, speed_up_inits
 from ._inbox import Inbox, InboxTarget
 from ._json import JsonValue, freeze_json
 from ._llm import BlockAssembler, GenerateOptions, failure_of
@@ -92,6 +92,19 @@ Setup = Callable[[Context], "SetupCommit | Awaitable[SetupCommit | None] | None"
 _INITIATOR: contextvars.ContextVar[Agent | None] = contextvars.ContextVar(
     "dsh_initiator", default=None
 )
+
+# Payloads built every turn: plain-function builders (see dsh_core._frozen.builder).
+_turn_start = builder(TurnStartData)
+_turn_end = builder(TurnEndData)
+_step_data = builder(StepData)
+_assemble_context = builder(AssembleContext)
+_generate_options = builder(GenerateOptions)
+_message = builder(Message)
+_assistant_message = builder(AssistantMessageData)
+_chunk_data = builder(AssistantChunkData)
+_tool_call = builder(ToolCallData)
+_tool_result = builder(ToolResultData)
+_execution_input = builder(ToolExecutionInput)
 
 
 class AgentError(DshError):
@@ -225,7 +238,9 @@ class Agent:
         "_header_written",
         "_idle",
         "_latch",
+        "_listeners",
         "_route",
+        "_scope",
         "_service",
         "_snapshot",
         "_turn",
@@ -251,6 +266,9 @@ class Agent:
         self.status: AgentStatus = "idle"
         self._service = service
         self.ctx = Context(host_ctx.host, fiber, Scope(self.id), self)
+        # Read on every step: kept here, not looked up through the context each time.
+        self._scope = self.ctx.scope
+        self._listeners = host_ctx.host.listeners
         self.inbox = Inbox(session, _notifier(weakref.ref(self)))
         self._controller: AbortController | None = None
         self._driver: asyncio.Task[None] | None = None
@@ -266,13 +284,14 @@ class Agent:
         return f"Agent({self.id!r}, {self.status})"
 
     def _notify(self, name: str, message: Message) -> None:
-        if self.ctx.has_listeners(name):
+        if name in self._listeners:
             self.ctx.emit(name, self, message)
 
     def _set_status(self, status: AgentStatus) -> None:
         if self.status != status:
             self.status = status
-            self.ctx.emit("agent/status", self, status)
+            if "agent/status" in self._listeners:
+                self.ctx.emit("agent/status", self, status)
 
     # -- input ---------------------------------------------------------------------------------
 
@@ -369,13 +388,13 @@ class Agent:
         self._controller = AbortController()
         self._set_status("running")
         self._turn += 1
-        self.session.append("turn/start", TurnStartData(turn=self._turn))
+        self.session.append("turn/start", _turn_start(turn=self._turn))
         claimed = self.inbox.claim(turn_boundary=True)
         self._emit_claimed(claimed)
         return claimed
 
     def _emit_claimed(self, claimed: Sequence[Message]) -> None:
-        if claimed and self.ctx.has_listeners("agent/inbox/claimed"):
+        if claimed and "agent/inbox/claimed" in self._listeners:
             for m in claimed:
                 self.ctx.emit("agent/inbox/claimed", self, m, self._turn)
 
@@ -418,10 +437,10 @@ class Agent:
                     raise _TurnAborted
                 step_no = step + 1
                 assembly = self.ctx.system_prompt.assemble(
-                    AssembleContext(scope=self.ctx.scope, signal=signal, agent=self)
+                    _assemble_context(scope=self._scope, signal=signal, agent=self)
                 )
                 entered = self._with_snapshot(batch, assembly)
-                if self.ctx.has_listeners("agent/pre-step"):
+                if "agent/pre-step" in self._listeners:
                     decision: PreStepDecision = await self.ctx.waterfall(
                         "agent/pre-step",
                         PreStep(agent=self, messages=batch, turn=turn, step=step_no, signal=signal),
@@ -436,7 +455,7 @@ class Agent:
                 if not entered and step_no == 1:
                     break
                 step = step_no
-                step_data = StepData(turn=turn, step=step)
+                step_data = _step_data(turn=turn, step=step)
                 session.append("step/start", step_data)
                 open_step = True
                 for m in entered:
@@ -454,7 +473,7 @@ class Agent:
                     break  # a tool concluded the turn: no further request (conclude_turn)
                 inbox = self.inbox
                 if outcome != "tools":
-                    if not inbox.next_step and self.ctx.has_listeners("agent/turn-stopping"):
+                    if not inbox.next_step and "agent/turn-stopping" in self._listeners:
                         await self.ctx.serial("agent/turn-stopping", self, turn)
                     if signal.aborted:
                         raise _TurnAborted
@@ -485,8 +504,8 @@ class Agent:
 
     def _close_turn(self, turn: int, open_step: int | None, reason: TurnEndReason) -> None:
         if open_step is not None:
-            self.session.append("step/end", StepData(turn=turn, step=open_step))
-        self.session.append("turn/end", TurnEndData(turn=turn, reason=reason))
+            self.session.append("step/end", _step_data(turn=turn, step=open_step))
+        self.session.append("turn/end", _turn_end(turn=turn, reason=reason))
 
     def _with_snapshot(
         self, batch: tuple[Message, ...], assembly: PromptAssembly
@@ -508,7 +527,7 @@ class Agent:
         while True:
             attempt += 1
             config = self._config()
-            if ctx.has_listeners("agent/request"):
+            if "agent/request" in self._listeners:
                 config = await ctx.waterfall(
                     "agent/request",
                     RequestContext(agent=self, config=config, turn=turn, step=step),
@@ -521,7 +540,7 @@ class Agent:
                 )
             header = _epoch_header(session, config, assembly.system or None, tools or None)
             self._write_header(header)
-            options = GenerateOptions(
+            options = _generate_options(
                 provider=config.provider,
                 model=config.model,
                 messages=session.derive_messages(),
@@ -544,7 +563,7 @@ class Agent:
             assert finish is not None
             if finish.reason in ("error", "aborted"):
                 fail = finish.failure or LlmFailure(message="model request failed", code="UNKNOWN")
-                if ctx.has_listeners("agent/request-error"):
+                if "agent/request-error" in self._listeners:
                     verdict = await ctx.waterfall(
                         "agent/request-error",
                         RequestErrorContext(
@@ -581,10 +600,10 @@ class Agent:
         """Append the step's ``assistant/message`` (citing its chunks)."""
         self.session.append(
             "assistant/message",
-            AssistantMessageData(
+            _assistant_message(
                 turn=turn,
                 step=step,
-                message=Message(
+                message=_message(
                     id=new_id(),
                     role="assistant",
                     content=blocks,
@@ -645,7 +664,7 @@ class Agent:
         def sink(chunk: StreamChunk) -> bool:
             seqs.append(
                 session.append(
-                    "assistant/chunk", AssistantChunkData(turn=turn, step=step, chunk=chunk)
+                    "assistant/chunk", _chunk_data(turn=turn, step=step, chunk=chunk)
                 ).seq
             )
             assembler.add(chunk)
@@ -687,7 +706,7 @@ class Agent:
             call_seqs = [
                 session.append(
                     "tool/call",
-                    ToolCallData(
+                    _tool_call(
                         turn=turn, step=step, call_id=c.id, name=c.name, arguments=c.arguments
                     ),
                 ).seq
@@ -705,7 +724,7 @@ class Agent:
             for c, seq, result in zip(group, call_seqs, results, strict=True):
                 session.append(
                     "tool/result",
-                    ToolResultData(
+                    _tool_result(
                         turn=turn,
                         step=step,
                         message=result.message(c.id),
@@ -724,7 +743,7 @@ class Agent:
 
     async def _execute(self, call: ToolCallBlock, signal: AbortSignal) -> ToolExecutionResult:
         return await self.ctx.tools.execute(
-            ToolExecutionInput(
+            _execution_input(
                 call_id=call.id, name=call.name, arguments=call.arguments, signal=signal, agent=self
             )
         )

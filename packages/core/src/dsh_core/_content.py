@@ -15,7 +15,7 @@ from typing import Literal, TypeAlias
 import attrs
 
 from ._errors import DshError
-from ._frozen import speed_up_inits
+from ._frozen import builder, speed_up_inits
 from ._json import JsonValue, freeze_json
 from ._tagged import TaggedUnion
 
@@ -146,7 +146,7 @@ for _cls in (TextBlock, ReasoningBlock, ToolCallBlock, ToolResultBlock):
 
 def text_blocks(text: str) -> tuple[ContentBlock, ...]:
     """``(TextBlock(text),)``."""
-    return (TextBlock(text=text),)
+    return (_text_block(text=text),)
 
 
 def blocks_text(blocks: Iterable[ContentBlock]) -> str:
@@ -242,7 +242,7 @@ def user_message(
 ) -> Message:
     """A user-role message with a fresh id."""
     blocks = text_blocks(content) if isinstance(content, str) else tuple(content)
-    return Message(id=id or new_id(), role="user", content=blocks, source=source)
+    return _message(id=id or new_id(), role="user", content=blocks, source=source)
 
 
 def assistant_message(
@@ -250,7 +250,7 @@ def assistant_message(
 ) -> Message:
     """An assistant-role message with a fresh id."""
     blocks = text_blocks(content) if isinstance(content, str) else tuple(content)
-    return Message(id=id or new_id(), role="assistant", content=blocks, source=source)
+    return _message(id=id or new_id(), role="assistant", content=blocks, source=source)
 
 
 # -- failures, usage, stream chunks -------------------------------------------------------------
@@ -379,3 +379,7 @@ del _cls, _src, _chunk
 
 
 speed_up_inits(globals())
+
+# Built for every message: plain-function builders (see dsh_core._frozen.builder).
+_message = builder(Message)
+_text_block = builder(TextBlock)

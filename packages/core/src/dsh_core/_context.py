@@ -345,6 +345,11 @@ def _service_property(name: str) -> Any:
     as ``__getattr__`` gives it (``MISSING_SERVICE`` when nobody provides it)."""
 
     def get(self: Context) -> Any:
+        service = self.host.services.get(name)
+        if service is not None:
+            cached = self._bound.get(name)
+            if cached is not None and cached[0] is service:
+                return cached[1]
         return self._required(name)
 
     get.__name__ = name

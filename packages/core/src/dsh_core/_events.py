@@ -19,7 +19,7 @@ from ._codec import class_decoder
 from ._content import LlmFailure, Message, StreamChunk, TokenUsage
 from ._converter import converter
 from ._errors import DshError
-from ._frozen import speed_up_inits
+from ._frozen import open_twin, speed_up_inits
 from ._json import JsonValue, NotJsonError, freeze_json
 
 __all__ = [
@@ -116,8 +116,7 @@ class SessionEvent:
     ignorable: bool = False
 
 
-_EVENT_FIELDS = ("type", "seq", "time", "data", "source_event_seqs", "surface_op", "ignorable")
-_SET_EVENT = tuple(SessionEvent.__dict__[name].__set__ for name in _EVENT_FIELDS)
+_OpenEvent = open_twin(SessionEvent)
 _new_object = object.__new__
 
 
@@ -131,18 +130,20 @@ def make_event(
     ignorable: bool = False,
 ) -> SessionEvent:
     """Build a :class:`SessionEvent` from already-validated parts (the hot path of appends
-    and loads): it fills the frozen slots directly, about twice as fast as ``__init__``. The
+    and loads): it fills an open twin and swaps the class in (see
+    :func:`~dsh_core._frozen.open_twin`), about three times as fast as the constructor. The
     result is an ordinary, immutable ``SessionEvent``."""
-    event: SessionEvent = _new_object(SessionEvent)
-    set_type, set_seq, set_time, set_data, set_seqs, set_op, set_ignorable = _SET_EVENT
-    set_type(event, type)
-    set_seq(event, seq)
-    set_time(event, time)
-    set_data(event, data)
-    set_seqs(event, source_event_seqs)
-    set_op(event, surface_op)
-    set_ignorable(event, ignorable)
-    return event
+    event: Any = _new_object(_OpenEvent)
+    event.type = type
+    event.seq = seq
+    event.time = time
+    event.data = data
+    event.source_event_seqs = source_event_seqs
+    event.surface_op = surface_op
+    event.ignorable = ignorable
+    event.__class__ = SessionEvent
+    result: SessionEvent = event
+    return result
 
 
 # -- payloads of the core types -------------------------------------------------------------------

@@ -14,11 +14,14 @@ from typing import TYPE_CHECKING, Literal
 from ._content import Message
 from ._errors import DshError
 from ._events import InboxSplicedData, SessionEvent
+from ._frozen import builder
 
 if TYPE_CHECKING:
     from ._sessions import Session
 
 __all__ = ["Inbox", "InboxError", "InboxTarget", "replay_inbox"]
+
+_spliced = builder(InboxSplicedData)  # one per inbox change: see dsh_core._frozen.builder
 
 InboxTarget = Literal["next-turn", "next-step"]
 
@@ -75,7 +78,7 @@ class Inbox:
         if message.id in self._pending:
             raise InboxError(f"message {message.id!r} is already pending", code="DUPLICATE_PENDING")
         lst = self._lists[target]
-        self._splice(InboxSplicedData(target=target, start=len(lst), inserted=(message,)))
+        self._splice(_spliced(target=target, start=len(lst), inserted=(message,)))
         self._pending.add(message.id)
         self._notify("agent/inbox/inserted", message)
 
@@ -93,7 +96,7 @@ class Inbox:
         if found is None:
             return None
         target, i, m = found
-        self._splice(InboxSplicedData(target=target, start=i, removed_count=1, outcome="canceled"))
+        self._splice(_spliced(target=target, start=i, removed_count=1, outcome="canceled"))
         self._pending.discard(message_id)
         self._notify("agent/inbox/discarded", m)
         return m
@@ -105,9 +108,7 @@ class Inbox:
             raise InboxError(f"message {message_id!r} is not pending", code="NOT_PENDING")
         target, i, m = found
         self._splice(
-            InboxSplicedData(
-                target=target, start=i, removed_count=1, inserted=(new,), outcome="canceled"
-            )
+            _spliced(target=target, start=i, removed_count=1, inserted=(new,), outcome="canceled")
         )
         self._pending.discard(message_id)
         self._pending.add(new.id)
@@ -124,7 +125,7 @@ class Inbox:
                 continue
             removed = list(lst)
             self._splice(
-                InboxSplicedData(
+                _spliced(
                     target=target,
                     start=0,
                     removed_count=len(removed),
@@ -143,11 +144,11 @@ class Inbox:
         batch: list[Message] = []
         if self.next_step:
             taken = list(self.next_step)
-            self._splice(InboxSplicedData(target="next-step", start=0, removed_count=len(taken)))
+            self._splice(_spliced(target="next-step", start=0, removed_count=len(taken)))
             batch.extend(taken)
         if turn_boundary and self.next_turn:
             first = self.next_turn[0]
-            self._splice(InboxSplicedData(target="next-turn", start=0, removed_count=1))
+            self._splice(_spliced(target="next-turn", start=0, removed_count=1))
             batch.append(first)
         for m in batch:
             self._pending.discard(m.id)

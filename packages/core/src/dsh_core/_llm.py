@@ -34,7 +34,7 @@ from ._content import (
 )
 from ._errors import DshError
 from ._events import ToolSchema
-from ._frozen import speed_up_inits
+from ._frozen import builder, speed_up_inits
 
 if TYPE_CHECKING:
     from ._context import Context
@@ -93,11 +93,13 @@ class LlmRuntimeService:
 class LlmRuntime:
     """``ctx.llm``: register adapters and stream requests through ``llm/stream``."""
 
-    __slots__ = ("_ctx", "_svc")
+    __slots__ = ("_ctx", "_listeners", "_svc")
 
     def __init__(self, service: LlmRuntimeService, ctx: Context) -> None:
         self._svc = service
         self._ctx = ctx
+        # Read per request (the host keeps one table): not looked up through the context.
+        self._listeners = ctx.host.listeners
 
     def register_adapter(
         self, providers: str | Iterable[str], adapter: LlmAdapter
@@ -137,7 +139,7 @@ class LlmRuntime:
     def _direct(self, options: GenerateOptions) -> AsyncIterator[StreamChunk] | None:
         """The adapter's own stream when no ``llm/stream`` listener wraps it (nothing to
         await); ``None`` sends the caller through :meth:`_open`."""
-        if self._ctx.has_listeners("llm/stream"):
+        if "llm/stream" in self._listeners:
             return None
         adapter = self._svc.adapters.get(options.provider)
         return adapter.stream(options) if adapter is not None else None
@@ -284,13 +286,13 @@ class BlockAssembler:
 def _build(b: _Builder) -> ContentBlock | None:
     text = "".join(b.parts)
     if b.kind == "text":
-        return TextBlock(text=text)
+        return _text_block(text=text)
     if b.kind == "reasoning":
         return ReasoningBlock(text=text)
     if b.kind == "tool-call":
         if b.call_id is None or b.name is None:
             return None
-        return ToolCallBlock(id=b.call_id, name=b.name, arguments=text or "{}")
+        return _call_block(id=b.call_id, name=b.name, arguments=text or "{}")
     return None
 
 
@@ -309,3 +311,7 @@ def failure_of(exc: BaseException) -> LlmFailure:
 
 
 speed_up_inits(globals())
+
+# Built for every answer: plain-function builders (see dsh_core._frozen.builder).
+_text_block = builder(TextBlock)
+_call_block = builder(ToolCallBlock)

@@ -19,7 +19,7 @@ import attrs
 from ._abort import AbortSignal
 from ._context import ScopedCache, nearest_scope
 from ._errors import DshError
-from ._frozen import speed_up_inits
+from ._frozen import builder, speed_up_inits
 
 if TYPE_CHECKING:
     from ._agent import Agent
@@ -270,7 +270,7 @@ class SystemPromptRegistry:
     def assemble(self, actx: AssembleContext | None = None) -> PromptAssembly:
         """Render every visible section (ordered), and join the visible contexts."""
         if actx is None:
-            actx = AssembleContext(scope=self._ctx.scope, agent=self._ctx.agent)
+            actx = _assemble_context(scope=self._ctx.scope, agent=self._ctx.agent)
         scope = actx.scope
         svc = self._svc
         key = svc.effective_scope(scope)
@@ -374,3 +374,5 @@ def _static_assembly(
 
 
 speed_up_inits(globals())
+
+_assemble_context = builder(AssembleContext)  # once per step: see dsh_core._frozen.builder

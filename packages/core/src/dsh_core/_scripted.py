@@ -36,7 +36,7 @@ from ._content import (
     new_id,
 )
 from ._errors import DshError
-from ._frozen import speed_up_inits
+from ._frozen import builder, speed_up_inits
 from ._json import dumps
 from ._llm import GenerateOptions
 
@@ -243,7 +243,7 @@ class ScriptedAdapter:
         self._served = index + 1
         if self._record:
             self.requests.append(options)
-        produced = self._script(ScriptedRequest(options=options, index=index))
+        produced = self._script(_request(options=options, index=index))
         if inspect.isawaitable(produced):
             return self._awaited(options, produced)
         reply = _as_reply(produced)
@@ -312,11 +312,11 @@ def _chunks(reply: ScriptedReply) -> tuple[list[StreamChunk], list[StreamChunk]]
         head.append(ReasoningDelta(index=index, text=reply.reasoning))
         index += 1
     if reply.text:
-        head.append(TextDelta(index=index, text=reply.text))
+        head.append(_text_delta(index=index, text=reply.text))
         index += 1
     for call in reply.tool_calls:
         head.append(
-            ToolCallDelta(
+            _call_delta(
                 index=index,
                 id=call.id or f"call-{new_id()[:12]}",
                 name=call.name,
@@ -450,3 +450,8 @@ def _names(items: Iterable[object]) -> list[str]:
 
 
 speed_up_inits(globals())
+
+# Built for every scripted request: plain-function builders (see dsh_core._frozen.builder).
+_request = builder(ScriptedRequest)
+_text_delta = builder(TextDelta)
+_call_delta = builder(ToolCallDelta)

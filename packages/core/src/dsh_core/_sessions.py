@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Literal
 
 import attrs
 
@@ -25,8 +25,8 @@ from ._events import (
     SessionEvent,
     SessionHeader,
     SessionMeta,
-    make_event,
 )
+from ._frozen import open_twin
 from ._log_checker import LogInvariantError, check_balanced
 
 if TYPE_CHECKING:
@@ -38,6 +38,8 @@ Validator = Callable[["Session", SessionEvent], None]
 
 
 _time_ns = time.time_ns
+_new_object = object.__new__
+_OpenEvent = open_twin(SessionEvent)
 
 
 def now_ms() -> int:
@@ -59,6 +61,7 @@ class Session:
 
     __slots__ = (
         "_announced",
+        "_bus",
         "_ctx",
         "_events",
         "_messages",
@@ -92,6 +95,9 @@ class Session:
         self._publishing = False
         self._request_header: EpochHeader | None = None
         self._ctx: Context | None = None
+        # The host's listener table while published (read per append without going through
+        # the context's attribute lookup; a host keeps one table for its lifetime).
+        self._bus: Mapping[str, object] | None = None
         self._announced = False
         self.first_live_seq = 0
         if seed is not None:
@@ -210,21 +216,15 @@ class Session:
                 code="SESSION_REENTRANT_APPEND",
             )
         spec = self._specs.get(type)
+        seq = len(self._events)
         if spec is not None and spec.trusted and data.__class__ is spec.payload:
-            seq = len(self._events)
             if not spec.surface:
                 if source_event_seqs is None:
-                    return self._commit(
-                        make_event(type, seq, _time_ns() // 1_000_000, data, None, None, ignorable)
-                    )
+                    return self._commit(type, seq, data, None, None, ignorable)
             elif source_event_seqs is not None:
                 seqs = tuple(source_event_seqs)
                 if not seqs or (min(seqs) >= 0 and max(seqs) < seq):
-                    return self._commit(
-                        make_event(
-                            type, seq, _time_ns() // 1_000_000, data, seqs, "append", ignorable
-                        )
-                    )
+                    return self._commit(type, seq, data, seqs, "append", ignorable)
         if spec is None and not ignorable:
             raise SessionError(
                 f"session event type {type!r} is not registered (register it through the "
@@ -232,47 +232,60 @@ class Session:
                 code="SESSION_EVENT_UNKNOWN_TYPE",
             )
         stored = self._types.snapshot(spec, type, data)
-        seq = len(self._events)
-        surface = spec is not None and spec.surface
-        if surface:
+        if spec is not None and spec.surface:
             if source_event_seqs is None:
                 raise SessionError(f"{type} needs source_event_seqs", code="SESSION_SURFACE")
             seqs = tuple(source_event_seqs)
             if any(s < 0 or s >= seq for s in seqs):
                 raise SessionError(f"{type} cites events that do not exist", code="SESSION_SURFACE")
-            event = SessionEvent(
-                type=type,
-                seq=seq,
-                time=now_ms(),
-                data=stored,
-                source_event_seqs=seqs,
-                surface_op="append",
-                ignorable=ignorable,
-            )
-        else:
-            if source_event_seqs is not None:
-                raise SessionError(f"{type} is not a surface type", code="SESSION_SURFACE")
-            event = SessionEvent(
-                type=type, seq=seq, time=now_ms(), data=stored, ignorable=ignorable
-            )
-        return self._commit(event)
+            return self._commit(type, seq, stored, seqs, "append", ignorable)
+        if source_event_seqs is not None:
+            raise SessionError(f"{type} is not a surface type", code="SESSION_SURFACE")
+        return self._commit(type, seq, stored, None, None, ignorable)
 
-    def _commit(self, event: SessionEvent) -> SessionEvent:
+    def _commit(
+        self,
+        type: str,
+        seq: int,
+        data: object,
+        source_event_seqs: tuple[int, ...] | None,
+        surface_op: Literal["append"] | None,
+        ignorable: bool,
+    ) -> SessionEvent:
+        """Build the event from validated parts (as :func:`make_event` does, inline: this is
+        the hottest path of a turn), veto-check it, commit, fold and publish it."""
+        event: Any = _new_object(_OpenEvent)
+        event.type = type
+        event.seq = seq
+        event.time = _time_ns() // 1_000_000
+        event.data = data
+        event.source_event_seqs = source_event_seqs
+        event.surface_op = surface_op
+        event.ignorable = ignorable
+        event.__class__ = SessionEvent
         if self._validators:
             for validator in self._validators:
                 validator(self, event)
         self._events.append(event)
         self._view = None
-        if event.type in _FOLDED:
+        if type in _FOLDED:
             self._fold(event)
-        ctx = self._ctx
-        if ctx is not None and "session/event" in ctx.host.listeners:
+        bus = self._bus
+        if bus is not None and "session/event" in bus:
+            ctx = self._ctx
+            assert ctx is not None
             self._publishing = True
             try:
                 ctx.emit("session/event", self, event)
             finally:
                 self._publishing = False
-        return event
+        committed: SessionEvent = event
+        return committed
+
+    def _attach(self, owner: Context | None) -> None:
+        """Enter the session into (or, with ``None``, detach it from) its owner's host."""
+        self._ctx = owner
+        self._bus = owner.host.listeners if owner is not None else None
 
     def _fold(self, event: SessionEvent) -> None:
         t = event.type
@@ -378,7 +391,7 @@ class SessionStore:
         owner = self._ctx
         entry = _Entry(session, owner)
         live[session.header.id] = entry
-        session._ctx = owner
+        session._attach(owner)
 
         def detach() -> None:
             if live.get(session.header.id) is not entry:
@@ -387,7 +400,7 @@ class SessionStore:
             if session._announced:
                 session._announced = False
                 owner.emit("session/disposed", session)
-            session._ctx = None
+            session._attach(None)
 
         return detach
 
@@ -409,7 +422,7 @@ class SessionStore:
             entry.owner.emit("session/disposed", session)
             session._announced = False
             del self._svc._live[session.header.id]
-            session._ctx = None
+            session._attach(None)
             raise
 
     def create(

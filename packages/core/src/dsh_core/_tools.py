@@ -22,7 +22,7 @@ from ._content import ContentBlock, Message, TextBlock, ToolResultBlock, ToolSou
 from ._context import ScopedCache, nearest_scope
 from ._errors import DshError
 from ._events import ToolSchema
-from ._frozen import speed_up_inits
+from ._frozen import builder, speed_up_inits
 from ._json import JsonValue, NotJsonError, dumps, freeze_json, thaw_json
 
 if TYPE_CHECKING:
@@ -129,23 +129,23 @@ class ToolExecutionResult:
 
     def message(self, call_id: str) -> Message:
         """The ``tool``-role message carrying this result."""
-        return Message(
+        return _message(
             id=f"result-{call_id}",
             role="tool",
             content=(
-                ToolResultBlock(
+                _result_block(
                     tool_call_id=call_id, content=self.content, is_error=self.error is not None
                 ),
             ),
-            source=ToolSource(call_id=call_id),
+            source=_tool_source(call_id=call_id),
         )
 
 
 def failure(message: str, code: str, **fields: Any) -> ToolExecutionResult:
     """A failed result, rendered ``Error: <message>``."""
-    return ToolExecutionResult(
+    return _execution_result(
         error=ToolFailure(message=message, code=code),
-        content=(TextBlock(text=f"Error: {message}"),),
+        content=(_text_block(text=f"Error: {message}"),),
         **fields,
     )
 
@@ -289,11 +289,13 @@ class ToolRegistryService:
 class ToolRegistry:
     """``ctx.tools``: the registry seen from one context (its scope and owner)."""
 
-    __slots__ = ("_ctx", "_svc")
+    __slots__ = ("_ctx", "_listeners", "_svc")
 
     def __init__(self, service: ToolRegistryService, ctx: Context) -> None:
         self._svc = service
         self._ctx = ctx
+        # Read per call (the host keeps one table): not looked up through a context each time.
+        self._listeners = ctx.host.listeners
 
     def register(self, definition: ToolDefinition) -> Callable[[], object]:
         """Register a tool in this context's layer (scoped from an agent context).
@@ -405,13 +407,15 @@ class ToolRegistry:
         a tool's own failure."""
         ctx = call.agent.ctx if call.agent is not None else self._ctx
         result = await self._execute(call, ctx)
-        if ctx.has_listeners("tools/result"):
+        if "tools/result" in self._listeners:
             ctx.emit("tools/result", call, result)
         return result
 
     async def _execute(self, call: ToolExecutionInput, ctx: Context) -> ToolExecutionResult:
         svc = self._svc
-        entry = svc.visible(ctx.scope).get(call.name)
+        listeners = self._listeners
+        scope = ctx.scope
+        entry = svc.visible(scope).get(call.name)
         if entry is None:
             return failure(f"unknown tool {call.name!r}", "UNKNOWN_TOOL")
         raw = call.arguments
@@ -426,12 +430,12 @@ class ToolRegistry:
             return failure(f"invalid arguments for {call.name}: {exc}", "INVALID_ARGS")
         if call.signal.aborted:
             return failure("tool call aborted before dispatch", "ABORTED_BEFORE_DISPATCH")
-        if ctx.has_listeners("tools/pre-execute"):
+        if "tools/pre-execute" in listeners:
             decision: str = await ctx.waterfall("tools/pre-execute", call, default=_allow)
             if decision != "allow":
                 return failure(f"tool call denied: {decision}", "TOOL_DENIED")
-        for scope in (ctx.scope, None) if ctx.scope is not None else (None,):
-            for guard in svc.guards.get(scope, ()):
+        for layer in (scope, None) if scope is not None else (None,):
+            for guard in svc.guards.get(layer, ()):
                 denial = guard(call)
                 if denial is not None:
                     return failure(f"tool call denied: {denial}", "TOOL_DENIED")
@@ -446,7 +450,7 @@ class ToolRegistry:
             call=call,
         )
 
-        if ctx.has_listeners("tools/execute"):
+        if "tools/execute" in listeners:
 
             async def body(c: ToolExecutionInput) -> ToolExecutionResult:
                 if c.signal is not call.signal:
@@ -463,7 +467,7 @@ class ToolRegistry:
                 outcome = self._finish(entry, outcome, run)
         if run._deferred:
             outcome = attrs.evolve(outcome, additional_contexts=tuple(run._deferred))
-        if ctx.has_listeners("tools/post-execute"):
+        if "tools/post-execute" in listeners:
             outcome = await ctx.waterfall("tools/post-execute", call, outcome, default=_accept)
         return outcome
 
@@ -484,10 +488,10 @@ class ToolRegistry:
         if render is not None:
             content = render(frozen, run)
         elif isinstance(frozen, str):
-            content = (TextBlock(text=frozen),)
+            content = (_text_block(text=frozen),)
         else:
-            content = (TextBlock(text=dumps(frozen)),)
-        return ToolExecutionResult(
+            content = (_text_block(text=dumps(frozen)),)
+        return _execution_result(
             value=frozen, content=content, concludes_turn=run._concludes, meta=outcome.meta
         )
 
@@ -505,7 +509,7 @@ async def _invoke(
         return failure(
             str(exc) or type(exc).__name__, code if isinstance(code, str) else "TOOL_ERROR"
         )
-    return ToolExecutionResult(value=value)
+    return _execution_result(value=value)
 
 
 async def _allow(call: ToolExecutionInput) -> str:
@@ -517,3 +521,10 @@ async def _accept(call: ToolExecutionInput, outcome: ToolExecutionResult) -> Too
 
 
 speed_up_inits(globals())
+
+# Built for every tool call: plain-function builders (see dsh_core._frozen.builder).
+_message = builder(Message)
+_result_block = builder(ToolResultBlock)
+_tool_source = builder(ToolSource)
+_text_block = builder(TextBlock)
+_execution_result = builder(ToolExecutionResult)
