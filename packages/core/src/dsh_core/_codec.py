@@ -37,7 +37,7 @@ from typing import Any, Literal, cast
 import attrs
 
 from ._converter import converter, tagged_unions
-from ._frozen import filled_fields, slot_setter
+from ._frozen import filled_fields, open_twin, slot_setter
 from ._json import dumps
 from ._tagged import TaggedUnion
 
@@ -310,7 +310,6 @@ class _Plan:
     cls: type
     fields: tuple[tuple[str, Shape, Any], ...]  # (name, shape, default or NOTHING)
     tag: tuple[str, str] | None  # (tag key, tag value) of a tagged-union variant
-    setters: dict[str, Callable[[Any, Any], None]]
 
 
 #: Compiling happens once per class, in whichever thread first needs it (loads and flushes run
@@ -343,14 +342,11 @@ def _make_plan(cls: type) -> _Plan | None:
     )
     tag: tuple[str, str] | None = None
     planned: list[tuple[str, Shape, Any]] = []
-    setters: dict[str, Callable[[Any, Any], None]] = {}
     for f in fields:
-        setter = slot_setter(cls, f.name)
-        if setter is None or f.validator is not None or f.converter is not None:
+        if slot_setter(cls, f.name) is None or f.validator is not None or f.converter is not None:
             return None
         if f.alias != f.name or isinstance(f.default, attrs.Factory):  # type: ignore[arg-type]
             return None
-        setters[f.name] = setter
         if not f.init:
             if union is None or f.name != union.tag or type(f.default) is not str:
                 return None
@@ -362,7 +358,7 @@ def _make_plan(cls: type) -> _Plan | None:
         planned.append((f.name, shape, f.default))
     if union is not None and tag is None:
         return None
-    return _Plan(cls=cls, fields=tuple(planned), tag=tag, setters=setters)
+    return _Plan(cls=cls, fields=tuple(planned), tag=tag)
 
 
 def _inline_check(kind: str, v: str) -> str | None:
@@ -471,7 +467,14 @@ def class_decoder(cls: type) -> Decoder | None:
 
 def _compile_decoder(plan: _Plan) -> Decoder:
     allowed = {name for name, _, _ in plan.fields}
-    env: dict[str, Any] = {"Unfit": Unfit, "cls": plan.cls, "new": object.__new__}
+    # Values are built as an open twin filled by plain attribute stores, then given their
+    # class (see dsh_core._frozen.open_twin): a half-built one never leaves this function.
+    env: dict[str, Any] = {
+        "Unfit": Unfit,
+        "cls": plan.cls,
+        "new": object.__new__,
+        "open": open_twin(plan.cls),
+    }
     env["MISSING"] = _MISSING
     if plan.tag is not None:
         allowed.add(plan.tag[0])
@@ -484,12 +487,10 @@ def _compile_decoder(plan: _Plan) -> Decoder:
     if plan.tag is not None:
         key, value = plan.tag
         env["tag_value"] = value
-        env["set_tag"] = plan.setters[key]
         body.append(f"if o.get({key!r}) != tag_value: raise Unfit")
-    body.append("obj = new(cls)")
+    body.append("obj = new(open)")
     for i, (name, shape, default) in enumerate(plan.fields):
         v = f"v{i}"
-        env[f"set{i}"] = plan.setters[name]
         check = _inline_check(shape[0], v)
         if shape[0] == "lit":
             env[f"{v}_values"] = shape[1]
@@ -509,16 +510,16 @@ def _compile_decoder(plan: _Plan) -> Decoder:
         if default is _NOTHING:
             if check:
                 body.append(check)
-            body.append(f"set{i}(obj, {value})")
+            body.append(f"obj.{name} = {value}")
         else:
             env[f"d{i}"] = default
-            body += [f"if {v} is MISSING:", f"    set{i}(obj, d{i})", "else:"]
+            body += [f"if {v} is MISSING:", f"    obj.{name} = d{i}", "else:"]
             if check:
                 body.append(f"    {check}")
-            body.append(f"    set{i}(obj, {value})")
+            body.append(f"    obj.{name} = {value}")
     if plan.tag is not None:
-        body.append("set_tag(obj, tag_value)")
-    body.append("return obj")
+        body.append(f"obj.{plan.tag[0]} = tag_value")
+    body += ["obj.__class__ = cls", "return obj"]
     return _exec("decode", body, env, plan.cls)
 
 
