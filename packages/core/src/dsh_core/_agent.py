@@ -634,7 +634,7 @@ class Agent:
             reason: Literal["initial", "resume", "change"] = (
                 "resume" if current is not None else "initial"
             )
-        elif current != header:
+        elif current is not header and current != header:  # the same object when unchanged
             reason = "change"
         else:
             return

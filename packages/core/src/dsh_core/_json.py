@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping
+from json.encoder import c_encode_basestring as _c_encode_str  # type: ignore[attr-defined]
+from json.encoder import c_make_encoder as _c_make_encoder  # type: ignore[attr-defined]
 from types import MappingProxyType
 from typing import Any, TypeAlias
 
@@ -95,8 +97,20 @@ def _default(value: object) -> object:
 
 
 _ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, default=_default)
+# ``JSONEncoder.encode`` builds a C encoder for every call; this one is built once. It skips the
+# cycle check (no markers), as ``check_circular=False`` does: values here are frozen JSON, which
+# cannot be cyclic, and a shared marker table would be unsafe across the I/O threads.
+_C_ENCODE: Any = (
+    _c_make_encoder(None, _default, _c_encode_str, None, ":", ",", False, False, True)
+    if _c_make_encoder is not None and _c_encode_str is not None
+    else None
+)
 
 
 def dumps(value: object) -> str:
     """Compact JSON text; frozen mappings and tuples serialize as objects and arrays."""
+    if value.__class__ is str:
+        return _ENCODER.encode(value)
+    if _C_ENCODE is not None:
+        return "".join(_C_ENCODE(value, 0))
     return _ENCODER.encode(value)

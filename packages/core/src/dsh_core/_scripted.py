@@ -244,9 +244,14 @@ class ScriptedAdapter:
         if self._record:
             self.requests.append(options)
         produced = self._script(_request(options=options, index=index))
-        if inspect.isawaitable(produced):
+        if produced.__class__ is str:
+            reply = _reply(text=produced)
+        elif produced.__class__ is ScriptedReply:
+            reply = produced
+        elif inspect.isawaitable(produced):
             return self._awaited(options, produced)
-        reply = _as_reply(produced)
+        else:
+            reply = _as_reply(produced)
         if reply.wait is not None:
             return self._waiting(options, reply)
         return _Replay(reply)
@@ -296,7 +301,7 @@ class ScriptedAdapter:
 
 
 def _as_reply(produced: ReplyLike) -> ScriptedReply:
-    return ScriptedReply(text=produced) if isinstance(produced, str) else produced
+    return _reply(text=produced) if isinstance(produced, str) else produced
 
 
 def _chunks(reply: ScriptedReply) -> tuple[list[StreamChunk], list[StreamChunk]]:
@@ -453,5 +458,6 @@ speed_up_inits(globals())
 
 # Built for every scripted request: plain-function builders (see dsh_core._frozen.builder).
 _request = builder(ScriptedRequest)
+_reply = builder(ScriptedReply)
 _text_delta = builder(TextDelta)
 _call_delta = builder(ToolCallDelta)
