@@ -61,7 +61,7 @@ from ._inbox import Inbox, InboxTarget
 from ._json import JsonValue, freeze_json
 from ._llm import BlockAssembler, GenerateOptions, failure_of
 from ._prompt import AssembleContext, PromptAssembly
-from ._tools import ToolExecutionInput, ToolExecutionResult, failure
+from ._tools import ToolExecutionInput, ToolRegistry, failure
 
 if TYPE_CHECKING:
     from ._sessions import Session
@@ -522,7 +522,8 @@ class Agent:
         """One model request (with retries) and its tool calls; returns what should follow."""
         ctx = self.ctx
         session = self.session
-        tools = ctx.tools.schemas()
+        registry = ctx.tools
+        tools = registry.schemas()
         attempt = 0
         while True:
             attempt += 1
@@ -582,7 +583,7 @@ class Agent:
         calls = [b for b in blocks if isinstance(b, ToolCallBlock)]
         if not calls:
             return "done"
-        concluded = await self._run_calls(calls, turn, step, signal)
+        concluded = await self._run_calls(calls, turn, step, signal, registry)
         if signal.aborted:
             raise _TurnAborted
         return "concluded" if concluded else "tools"
@@ -685,12 +686,16 @@ class Agent:
         return assembler, seqs
 
     async def _run_calls(
-        self, calls: list[ToolCallBlock], turn: int, step: int, signal: AbortSignal
+        self,
+        calls: list[ToolCallBlock],
+        turn: int,
+        step: int,
+        signal: AbortSignal,
+        tools: ToolRegistry,
     ) -> bool:
         """Execute one response's calls; concurrency-safe neighbours run together, results are
         committed in model order. Returns whether a successful call concluded the turn."""
         session = self.session
-        tools = self.ctx.tools
         concluded = False
         i = 0
         while i < len(calls):
@@ -718,9 +723,13 @@ class Agent:
                     for _ in group
                 ]
             elif len(group) == 1:
-                results = [await self._execute(group[0], signal)]
+                results = [await tools.execute(self._call_input(group[0], signal))]
             else:
-                results = list(await asyncio.gather(*(self._execute(c, signal) for c in group)))
+                results = list(
+                    await asyncio.gather(
+                        *(tools.execute(self._call_input(c, signal)) for c in group)
+                    )
+                )
             for c, seq, result in zip(group, call_seqs, results, strict=True):
                 session.append(
                     "tool/result",
@@ -741,11 +750,9 @@ class Agent:
                     concluded = True
         return concluded
 
-    async def _execute(self, call: ToolCallBlock, signal: AbortSignal) -> ToolExecutionResult:
-        return await self.ctx.tools.execute(
-            _execution_input(
-                call_id=call.id, name=call.name, arguments=call.arguments, signal=signal, agent=self
-            )
+    def _call_input(self, call: ToolCallBlock, signal: AbortSignal) -> ToolExecutionInput:
+        return _execution_input(
+            call_id=call.id, name=call.name, arguments=call.arguments, signal=signal, agent=self
         )
 
 

@@ -151,7 +151,10 @@ def text_blocks(text: str) -> tuple[ContentBlock, ...]:
 
 def blocks_text(blocks: Iterable[ContentBlock]) -> str:
     """The concatenated text of the text blocks (reasoning and tool blocks excluded)."""
-    return "".join(b.text for b in blocks if isinstance(b, TextBlock))
+    if blocks.__class__ is tuple and len(blocks) == 1:
+        (only,) = blocks  # the usual message: one block, no join
+        return only.text if isinstance(only, TextBlock) else ""
+    return "".join([b.text for b in blocks if isinstance(b, TextBlock)])
 
 
 # -- message sources ---------------------------------------------------------------------------

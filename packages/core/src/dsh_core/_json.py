@@ -56,18 +56,54 @@ def freeze_json(value: object, path: str = "$") -> JsonValue:
     t = type(value)
     if t is str or t is int or value is None or t is bool:
         return value
+    try:
+        return _freeze(value)
+    except _Unfit:
+        pass
+    return _freeze_at(value, path)  # again, tracking where, to name it in the error
+
+
+class _Unfit(Exception):
+    """Internal: :func:`_freeze` met something that is not lossless JSON."""
+
+
+def _freeze(value: object) -> JsonValue:
+    """:func:`freeze_json` without the path bookkeeping (the common, valid case)."""
+    t = type(value)
+    if t is str or t is int or value is None or t is bool:
+        return value
+    if t is float:
+        if not math.isfinite(value) or (value == 0.0 and math.copysign(1.0, value) < 0):  # type: ignore[arg-type]
+            raise _Unfit
+        return value
+    if t is list or t is tuple:
+        return tuple([_freeze(v) for v in value])  # type: ignore[attr-defined]
+    if isinstance(value, dict | Mapping):
+        out: dict[str, JsonValue] = {}
+        for k, v in value.items():
+            if type(k) is not str:
+                raise _Unfit
+            out[k] = _freeze(v)
+        return MappingProxyType(out)
+    raise _Unfit
+
+
+def _freeze_at(value: object, path: str) -> JsonValue:
+    t = type(value)
+    if t is str or t is int or value is None or t is bool:
+        return value
     if t is float:
         _check_float(value, path)  # type: ignore[arg-type]
         return value
     if t is list or t is tuple:
         items: list[object] | tuple[object, ...] = value  # type: ignore[assignment]
-        return tuple(freeze_json(v, f"{path}[{i}]") for i, v in enumerate(items))
+        return tuple(_freeze_at(v, f"{path}[{i}]") for i, v in enumerate(items))
     if isinstance(value, dict | Mapping):  # dict first: the common case skips the ABC check
         out: dict[str, JsonValue] = {}
         for k, v in value.items():
             if type(k) is not str:
                 raise NotJsonError(f"object key {k!r} is not a string", path=path)
-            out[k] = freeze_json(v, f"{path}.{k}")
+            out[k] = _freeze_at(v, f"{path}.{k}")
         return MappingProxyType(out)
     raise NotJsonError(f"{type(value).__name__} is not JSON", path=path)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
@@ -21,6 +21,7 @@ from ._events import (
     EndSeedData,
     EpochHeader,
     EventTypeRegistry,
+    EventTypeSpec,
     SessionError,
     SessionEvent,
     SessionHeader,
@@ -217,50 +218,28 @@ class Session:
             )
         spec = self._specs.get(type)
         seq = len(self._events)
-        if spec is not None and spec.trusted and data.__class__ is spec.payload:
-            if not spec.surface:
-                if source_event_seqs is None:
-                    return self._commit(type, seq, data, None, None, ignorable)
-            elif source_event_seqs is not None:
-                seqs = tuple(source_event_seqs)
-                if not seqs or (min(seqs) >= 0 and max(seqs) < seq):
-                    return self._commit(type, seq, data, seqs, "append", ignorable)
-        if spec is None and not ignorable:
-            raise SessionError(
-                f"session event type {type!r} is not registered (register it through the "
-                "dsh_session_event_types hook, or append it as ignorable)",
-                code="SESSION_EVENT_UNKNOWN_TYPE",
-            )
-        stored = self._types.snapshot(spec, type, data)
-        if spec is not None and spec.surface:
-            if source_event_seqs is None:
-                raise SessionError(f"{type} needs source_event_seqs", code="SESSION_SURFACE")
+        # The trusted fast path (a core payload of the declared class, cited seqs in range)
+        # falls through to the commit below; anything else is checked and snapshotted first.
+        seqs: tuple[int, ...] | None = None
+        if (
+            spec is None
+            or not spec.trusted
+            or data.__class__ is not spec.payload
+            or (source_event_seqs is None) is spec.surface
+        ):
+            data, seqs = self._checked(spec, type, data, source_event_seqs, ignorable, seq)
+        elif source_event_seqs is not None:
             seqs = tuple(source_event_seqs)
-            if any(s < 0 or s >= seq for s in seqs):
+            if seqs and (min(seqs) < 0 or max(seqs) >= seq):
                 raise SessionError(f"{type} cites events that do not exist", code="SESSION_SURFACE")
-            return self._commit(type, seq, stored, seqs, "append", ignorable)
-        if source_event_seqs is not None:
-            raise SessionError(f"{type} is not a surface type", code="SESSION_SURFACE")
-        return self._commit(type, seq, stored, None, None, ignorable)
-
-    def _commit(
-        self,
-        type: str,
-        seq: int,
-        data: object,
-        source_event_seqs: tuple[int, ...] | None,
-        surface_op: Literal["append"] | None,
-        ignorable: bool,
-    ) -> SessionEvent:
-        """Build the event from validated parts (as :func:`make_event` does, inline: this is
-        the hottest path of a turn), veto-check it, commit, fold and publish it."""
+        # The event is built inline (as make_event does): this is the hottest path of a turn.
         event: Any = _new_object(_OpenEvent)
         event.type = type
         event.seq = seq
         event.time = _time_ns() // 1_000_000
         event.data = data
-        event.source_event_seqs = source_event_seqs
-        event.surface_op = surface_op
+        event.source_event_seqs = seqs
+        event.surface_op = None if seqs is None else "append"
         event.ignorable = ignorable
         event.__class__ = SessionEvent
         if self._validators:
@@ -281,6 +260,34 @@ class Session:
                 self._publishing = False
         committed: SessionEvent = event
         return committed
+
+    def _checked(
+        self,
+        spec: EventTypeSpec | None,
+        type: str,
+        data: object,
+        source_event_seqs: Iterable[int] | None,
+        ignorable: bool,
+        seq: int,
+    ) -> tuple[object, tuple[int, ...] | None]:
+        """The stored payload and cited seqs of an append off the fast path, or the error."""
+        if spec is None and not ignorable:
+            raise SessionError(
+                f"session event type {type!r} is not registered (register it through the "
+                "dsh_session_event_types hook, or append it as ignorable)",
+                code="SESSION_EVENT_UNKNOWN_TYPE",
+            )
+        stored = self._types.snapshot(spec, type, data)
+        if spec is not None and spec.surface:
+            if source_event_seqs is None:
+                raise SessionError(f"{type} needs source_event_seqs", code="SESSION_SURFACE")
+            seqs = tuple(source_event_seqs)
+            if any(s < 0 or s >= seq for s in seqs):
+                raise SessionError(f"{type} cites events that do not exist", code="SESSION_SURFACE")
+            return stored, seqs
+        if source_event_seqs is not None:
+            raise SessionError(f"{type} is not a surface type", code="SESSION_SURFACE")
+        return stored, None
 
     def _attach(self, owner: Context | None) -> None:
         """Enter the session into (or, with ``None``, detach it from) its owner's host."""
