@@ -48,8 +48,8 @@ def now_ms() -> int:
     return _time_ns() // 1_000_000
 
 
-_DERIVED = frozenset({"user/message", "assistant/message", "tool/result"})
-_FOLDED = _DERIVED | {"request/header"}
+#: Marks a publishing session (its ``_specs`` while ``session/event`` listeners run).
+_PUBLISHING: dict[str, EventTypeSpec] = {}
 
 
 class Session:
@@ -67,7 +67,6 @@ class Session:
         "_events",
         "_messages",
         "_messages_view",
-        "_publishing",
         "_request_header",
         "_specs",
         "_types",
@@ -90,10 +89,9 @@ class Session:
         self._specs = types._specs
         self._events: list[SessionEvent] = []
         self._messages: list[Message] = []
-        self._messages_view: tuple[Message, ...] | None = ()
-        self._view: tuple[SessionEvent, ...] | None = ()
+        self._messages_view: tuple[Message, ...] = ()
+        self._view: tuple[SessionEvent, ...] = ()
         self._validators: list[Validator] = []
-        self._publishing = False
         self._request_header: EpochHeader | None = None
         self._ctx: Context | None = None
         # The host's listener table while published (read per append without going through
@@ -134,9 +132,10 @@ class Session:
                 f"the seed is not balanced: {exc}", code="SESSION_SEED_INVALID"
             ) from exc
         for event in seed:
-            self._fold(event)
+            fold = _FOLDS.get(event.type)
+            if fold is not None:
+                fold(self, event.data)
         self._events.extend(seed)
-        self._view = None
         self.first_live_seq = len(seed)
         if not seed or seed[-1].type != "session/end-seed":
             self.append("session/end-seed", EndSeedData())
@@ -152,7 +151,7 @@ class Session:
     def events(self) -> tuple[SessionEvent, ...]:
         """An immutable snapshot of the whole log."""
         view = self._view
-        if view is None:
+        if len(view) != len(self._events):  # the log only grows: a shorter view is stale
             view = self._view = tuple(self._events)
         return view
 
@@ -172,7 +171,7 @@ class Session:
     def derive_messages(self) -> tuple[Message, ...]:
         """The model-visible history: user messages, non-empty assistant messages, results."""
         view = self._messages_view
-        if view is None:
+        if len(view) != len(self._messages):  # the history only grows
             view = self._messages_view = tuple(self._messages)
         return view
 
@@ -210,14 +209,11 @@ class Session:
         Surface types need ``source_event_seqs`` (possibly empty); others must omit it.
         An unregistered type may be appended only as ``ignorable`` free-form JSON.
         """
-        if self._publishing:
-            raise SessionError(
-                f"cannot append {type!r} to session {self.header.id!r} from inside its own "
-                "session/event publication",
-                code="SESSION_REENTRANT_APPEND",
-            )
+        # While the session publishes, ``_specs`` is empty: every append takes the checked
+        # path, which refuses it (one check less on the hot path).
         spec = self._specs.get(type)
-        seq = len(self._events)
+        events = self._events
+        seq = len(events)
         # The trusted fast path (a core payload of the declared class, cited seqs in range)
         # falls through to the commit below; anything else is checked and snapshotted first.
         seqs: tuple[int, ...] | None = None
@@ -245,19 +241,19 @@ class Session:
         if self._validators:
             for validator in self._validators:
                 validator(self, event)
-        self._events.append(event)
-        self._view = None
-        if type in _FOLDED:
-            self._fold(event)
+        events.append(event)
+        fold = _FOLDS.get(type)
+        if fold is not None:
+            fold(self, event.data)
         bus = self._bus
         if bus is not None and "session/event" in bus:
             ctx = self._ctx
             assert ctx is not None
-            self._publishing = True
+            specs, self._specs = self._specs, _PUBLISHING
             try:
                 ctx.emit("session/event", self, event)
             finally:
-                self._publishing = False
+                self._specs = specs
         committed: SessionEvent = event
         return committed
 
@@ -271,6 +267,12 @@ class Session:
         seq: int,
     ) -> tuple[object, tuple[int, ...] | None]:
         """The stored payload and cited seqs of an append off the fast path, or the error."""
+        if self._specs is _PUBLISHING:
+            raise SessionError(
+                f"cannot append {type!r} to session {self.header.id!r} from inside its own "
+                "session/event publication",
+                code="SESSION_REENTRANT_APPEND",
+            )
         if spec is None and not ignorable:
             raise SessionError(
                 f"session event type {type!r} is not registered (register it through the "
@@ -293,20 +295,6 @@ class Session:
         """Enter the session into (or, with ``None``, detach it from) its owner's host."""
         self._ctx = owner
         self._bus = owner.host.listeners if owner is not None else None
-
-    def _fold(self, event: SessionEvent) -> None:
-        t = event.type
-        if t in _DERIVED:
-            if t == "user/message":
-                self._messages.append(event.data)
-            elif t == "assistant/message":
-                if event.data.message.content:
-                    self._messages.append(event.data.message)
-            else:
-                self._messages.append(event.data.message)
-            self._messages_view = None
-        elif t == "request/header":
-            self._request_header = event.data.header
 
     def __repr__(self) -> str:
         return f"Session({self.header.id!r}, events={len(self._events)})"
@@ -475,3 +463,31 @@ class SessionStore:
 
 def _now() -> int:
     return now_ms()
+
+
+# -- what a session derives from its log as it grows ---------------------------------------------
+
+
+def _fold_user(session: Session, data: Any) -> None:
+    session._messages.append(data)
+
+
+def _fold_answer(session: Session, data: Any) -> None:
+    if data.message.content:  # an empty answer is logged but never sent back to the model
+        session._messages.append(data.message)
+
+
+def _fold_result(session: Session, data: Any) -> None:
+    session._messages.append(data.message)
+
+
+def _fold_header(session: Session, data: Any) -> None:
+    session._request_header = data.header
+
+
+_FOLDS: dict[str, Callable[[Session, Any], None]] = {
+    "user/message": _fold_user,
+    "assistant/message": _fold_answer,
+    "tool/result": _fold_result,
+    "request/header": _fold_header,
+}
