@@ -212,6 +212,42 @@ async def test_context_is_appended_as_a_snapshot_only_when_it_changes() -> None:
         assert sorted(m.text for m in batches[2]) == ["Delegation: one child running.", "third"]
 
 
+async def test_a_remembered_static_prompt_follows_every_change() -> None:
+    """host-core §8: an unchanged static prompt is served again without rendering, yet any
+    section change reaches the agent's next step, and computed text is never remembered."""
+    async with scripted_host(config={"system-prompt": {"persona": "First."}}) as h:
+        handle = await h.create_agent()
+        agent = handle.agent
+        await h.run(agent, "one")
+        await h.run(agent, "two")
+        assert agent.ctx.system_prompt.cached() is not None
+        owner = h.ctx.plugin("owner")
+        owner.system_prompt.section(PromptSection(name="extra", order=200, text="Extra."))
+        assert agent.ctx.system_prompt.cached() is None
+        await h.run(agent, "three")
+        await owner.dispose()
+        await h.run(agent, "four")
+        state = {"n": 0}
+
+        def counted(actx: AssembleContext) -> str:
+            state["n"] += 1
+            return f"Call {state['n']}."
+
+        h.ctx.system_prompt.section(PromptSection(name="computed", order=300, text=counted))
+        await h.run(agent, "five")
+        await h.run(agent, "six")
+        assert agent.ctx.system_prompt.cached() is None
+        systems = [r.system for r in h.model.requests]
+        assert systems == [
+            "First.",
+            "First.",
+            "First.\n\nExtra.",
+            "First.",
+            "First.\n\nCall 1.",
+            "First.\n\nCall 2.",
+        ]
+
+
 async def test_context_is_routed_by_scope() -> None:
     """host-core §8: a scoped context reaches only its own agent."""
     async with scripted_host() as h:

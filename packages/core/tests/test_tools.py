@@ -119,6 +119,29 @@ async def test_registration_is_owned_by_the_registering_context() -> None:
         assert code(await h.ctx.tools.execute(call("temp"))) == "UNKNOWN_TOOL"
 
 
+async def test_a_view_sees_every_change_however_often_it_answered_before() -> None:
+    """host-core §7: a context's view answers repeated lookups from a memo, yet a registration,
+    restriction or withdrawal anywhere reaches its very next lookup (schemas, get, execute)."""
+    async with scripted_host() as h:
+        a = scope_ctx(h, "a")
+        view = a.tools
+        base = names(a)  # the host's own tools (jobs)
+        assert view.schemas() is view.schemas()
+        owner = h.ctx.plugin("owner")
+        owner.tools.register(tool("late"))
+        assert names(a) == [*base, "late"]
+        assert view.get("late") is not None
+        assert text(await view.execute(call("late"))) == "late"
+        a.tools.register(tool("own"))
+        assert names(a) == [*base, "late", "own"]
+        a.tools.restrict(ToolRestriction(deny=("late",)))
+        assert names(a) == [*base, "own"]
+        assert code(await view.execute(call("late"))) == "UNKNOWN_TOOL"
+        await owner.dispose()
+        assert view.get("late") is None
+        assert names(h.ctx) == base
+
+
 # -- restrict: one visibility rule ------------------------------------------------------------
 
 

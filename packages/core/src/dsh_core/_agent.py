@@ -436,7 +436,8 @@ class Agent:
                 if signal.aborted:
                     raise _TurnAborted
                 step_no = step + 1
-                assembly = self.ctx.system_prompt.assemble(
+                prompt = self.ctx.system_prompt
+                assembly = prompt.cached() or prompt.assemble(
                     _assemble_context(scope=self._scope, signal=signal, agent=self)
                 )
                 entered = self._with_snapshot(batch, assembly)

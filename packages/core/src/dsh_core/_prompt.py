@@ -129,6 +129,8 @@ class SystemPromptService:
         self._counter = 0
         #: Assemblies of static text, by effective scope; a change drops the entries it affects.
         self.cache: ScopedCache[PromptAssembly] = ScopedCache()
+        #: Bumped by every change: a bound view's memo of its own scope is valid while equal.
+        self.version = 0
 
     def __dsh_bind__(self, ctx: Context) -> SystemPromptRegistry:
         return SystemPromptRegistry(self, ctx)
@@ -145,6 +147,7 @@ class SystemPromptService:
         """Drop the cached assemblies a change in ``scope`` can affect (an agent's scoped
         section never invalidates another agent's prompt)."""
         self.cache.drop(scope)
+        self.version += 1
 
 
 class _Variables(Mapping[str, "str | None"]):
@@ -195,11 +198,24 @@ def _text(source: TextSource, ctx: AssembleContext) -> str:
 class SystemPromptRegistry:
     """``ctx.system_prompt``: the registry seen from one context (its scope and owner)."""
 
-    __slots__ = ("_ctx", "_svc")
+    __slots__ = ("_ctx", "_memo", "_scope", "_svc")
 
     def __init__(self, service: SystemPromptService, ctx: Context) -> None:
         self._svc = service
         self._ctx = ctx
+        self._scope = ctx.scope
+        # (service version, cached assembly) of this view's own scope: an agent assembles
+        # every step, and an unchanged static prompt is the rule.
+        self._memo: tuple[int, PromptAssembly] | None = None
+
+    def cached(self) -> PromptAssembly | None:
+        """This context's assembly if it is static and nothing changed since it was made
+        (no rendering, no :class:`AssembleContext` needed); else ``None``: call
+        :meth:`assemble`."""
+        memo = self._memo
+        if memo is not None and memo[0] == self._svc.version:
+            return memo[1]
+        return None
 
     def _register(
         self, layers: dict[Scope | None, dict[str, _Item]], value: PromptSection | PromptContext
@@ -273,18 +289,23 @@ class SystemPromptRegistry:
             actx = _assemble_context(scope=self._ctx.scope, agent=self._ctx.agent)
         scope = actx.scope
         svc = self._svc
+        version = svc.version
         key = svc.effective_scope(scope)
         cached = svc.cache.get(key)
-        if cached is not None:
-            return cached
-        if key is not None and key is scope and scope.parent is None:
+        if cached is None and key is not None and key is scope and scope.parent is None:
             base = svc.cache.get(None)
             if base is not None:
-                fast = _static_assembly(svc, scope, base)
-                if fast is not None:
-                    svc.cache[key] = fast
-                    return fast
-        return self._assemble(actx, key)
+                cached = _static_assembly(svc, scope, base)
+                if cached is not None:
+                    svc.cache[key] = cached
+        if cached is None:
+            assembly = self._assemble(actx, key)
+            if svc.cache.get(key) is not assembly:
+                return assembly  # computed text: made afresh every time
+            cached = assembly
+        if scope is self._scope and svc.version == version:
+            self._memo = (version, cached)
+        return cached
 
     def _assemble(self, actx: AssembleContext, key: Scope | None) -> PromptAssembly:
         """The general assembly (templates, computed text, nested scopes); caches static

@@ -226,6 +226,8 @@ class ToolRegistryService:
         self.guards: dict[Scope | None, list[Callable[[ToolExecutionInput], str | None]]] = {}
         self._visible: ScopedCache[dict[str, _Entry]] = ScopedCache()
         self._schemas: ScopedCache[tuple[ToolSchema, ...]] = ScopedCache()
+        #: Bumped by every change: a bound view's memo of its own scope is valid while equal.
+        self.version = 0
 
     def __dsh_bind__(self, ctx: Context) -> ToolRegistry:
         return ToolRegistry(self, ctx)
@@ -235,6 +237,7 @@ class ToolRegistryService:
         ``tools/change``."""
         self._visible.drop(scope)
         self._schemas.drop(scope)
+        self.version += 1
         ctx.emit("tools/change")
 
     def schemas(self, scope: Scope | None) -> tuple[ToolSchema, ...]:
@@ -289,13 +292,25 @@ class ToolRegistryService:
 class ToolRegistry:
     """``ctx.tools``: the registry seen from one context (its scope and owner)."""
 
-    __slots__ = ("_ctx", "_listeners", "_svc")
+    __slots__ = ("_ctx", "_listeners", "_memo", "_scope", "_svc")
 
     def __init__(self, service: ToolRegistryService, ctx: Context) -> None:
         self._svc = service
         self._ctx = ctx
         # Read per call (the host keeps one table): not looked up through a context each time.
         self._listeners = ctx.host.listeners
+        self._scope = ctx.scope
+        # (service version, visible tools, schemas) of this view's own scope: an agent asks
+        # for its tools every step, and nothing changed since the last time is the rule.
+        self._memo: tuple[int, dict[str, _Entry], tuple[ToolSchema, ...]] | None = None
+
+    def _own(self) -> tuple[int, dict[str, _Entry], tuple[ToolSchema, ...]]:
+        svc = self._svc
+        memo = self._memo
+        if memo is None or memo[0] != svc.version:
+            scope = self._scope
+            memo = self._memo = (svc.version, svc.visible(scope), svc.schemas(scope))
+        return memo
 
     def register(self, definition: ToolDefinition) -> Callable[[], object]:
         """Register a tool in this context's layer (scoped from an agent context).
@@ -387,14 +402,15 @@ class ToolRegistry:
 
     def get(self, name: str, scope: Scope | object | None = ...) -> ToolDefinition | None:
         """The tool ``name`` as visible from ``scope`` (default: this context's)."""
-        sc = self._ctx.scope if scope is ... else scope
-        entry = self._svc.visible(sc).get(name)  # type: ignore[arg-type]
+        visible = self._own()[1] if scope is ... else self._svc.visible(scope)  # type: ignore[arg-type]
+        entry = visible.get(name)
         return entry.definition if entry is not None else None
 
     def schemas(self, scope: Scope | object | None = ...) -> tuple[ToolSchema, ...]:
         """The tools visible from ``scope``, as the model sees them (registration order)."""
-        sc = self._ctx.scope if scope is ... else scope
-        return self._svc.schemas(sc)  # type: ignore[arg-type]
+        if scope is ...:
+            return self._own()[2]
+        return self._svc.schemas(scope)  # type: ignore[arg-type]
 
     def definitions(self, scope: Scope | object | None = ...) -> tuple[ToolDefinition, ...]:
         """The visible definitions from ``scope``."""
@@ -415,7 +431,8 @@ class ToolRegistry:
         svc = self._svc
         listeners = self._listeners
         scope = ctx.scope
-        entry = svc.visible(scope).get(call.name)
+        visible = self._own()[1] if scope is self._scope else svc.visible(scope)
+        entry = visible.get(call.name)
         if entry is None:
             return failure(f"unknown tool {call.name!r}", "UNKNOWN_TOOL")
         raw = call.arguments
