@@ -58,8 +58,19 @@ def _closure(name: str) -> set[str]:
     return seen
 
 
-def _install_wheels(session: nox.Session, *names: str) -> None:
-    session.install("--find-links", str(DIST), *names, *TEST_REQUIREMENTS)
+def _install_wheels(
+    session: nox.Session, *names: str, extra: tuple[str, ...] = tuple(TEST_REQUIREMENTS)
+) -> None:
+    """``names`` (and their dependencies) from this checkout's wheels, plus ``extra``.
+
+    A reused venv (``nox -r``) already holds the same versions from an older checkout, which
+    pip would keep; so the dsh wheels are then put in place again, from ``dist/`` only.
+    """
+    session.install("--find-links", str(DIST), *names, *extra)
+    ours = sorted(set().union(*(_closure(name) for name in names)))
+    session.install(
+        "--no-index", "--find-links", str(DIST), "--no-deps", "--force-reinstall", *ours
+    )
 
 
 def _pytest(session: nox.Session, *paths: str) -> None:
@@ -181,7 +192,7 @@ PEERS = {
 @nox.session(requires=["build"])
 def bench(session: nox.Session) -> None:
     """Our benchmarks (never timed assertions): delegation and the session log."""
-    session.install("--find-links", str(DIST), *PACKAGES)
+    _install_wheels(session, *PACKAGES, extra=())
     session.run("python", "benchmarks/turn.py")
     session.run("python", "benchmarks/delegation.py", *session.posargs)
     session.run("python", "benchmarks/sessions.py")
@@ -199,7 +210,7 @@ def peers(session: nox.Session, peer: str) -> None:
 @nox.session(requires=["build"])
 def demo(session: nox.Session) -> None:
     """The main job: the offline demo on embedded defaults (no network, no keys)."""
-    session.install("--find-links", str(DIST), *PACKAGES)
+    _install_wheels(session, *PACKAGES, extra=())
     session.run("dsh", "demo", *session.posargs, env={"DSH_HOME": session.create_tmp()})
 
 
