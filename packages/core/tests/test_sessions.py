@@ -6,6 +6,8 @@ import math
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from dsh_core import (
     AssistantMessageData,
@@ -136,6 +138,34 @@ def test_surface_metadata_is_required_exactly_on_surface_types() -> None:
     assert (event.source_event_seqs, event.surface_op) == ((), "append")
     plain = session.append("turn/start", TurnStartData(turn=1))
     assert (plain.source_event_seqs, plain.surface_op) == (None, None)
+
+
+@given(
+    surface=st.sampled_from([True, False, 1, 0]),  # a plugin may spell a flag as an int
+    trusted=st.booleans(),
+    seqs=st.sampled_from([None, (), (0,), (1,), (-1,), (0, 1)]),
+)
+def test_every_append_path_applies_the_surface_rule(
+    surface: Any, trusted: bool, seqs: tuple[int, ...] | None
+) -> None:
+    """host-core §3: trusted or not, a type's events carry surface metadata iff it is a
+    surface type, and cite only events that exist; anything else fails SESSION_SURFACE."""
+    types = EventTypeRegistry()
+    types.register(
+        EventTypeSpec(name="x/plugin", payload=StepData, surface=surface, trusted=trusted)
+    )
+    session = make_ctx(types).sessions.create("s")
+    session.append("turn/start", TurnStartData(turn=1))
+    valid = (seqs is not None) == bool(surface) and all(0 <= q < 1 for q in seqs or ())
+    if not valid:
+        with pytest.raises(SessionError) as info:
+            session.append("x/plugin", StepData(turn=1, step=1), source_event_seqs=seqs)
+        assert info.value.code == "SESSION_SURFACE"
+        assert session.seq == 1
+        return
+    event = session.append("x/plugin", StepData(turn=1, step=1), source_event_seqs=seqs)
+    assert event.source_event_seqs == seqs
+    assert event.surface_op == ("append" if surface else None)
 
 
 def test_validator_vetoes_before_commit() -> None:

@@ -221,7 +221,7 @@ class Session:
             spec is None
             or not spec.trusted
             or data.__class__ is not spec.payload
-            or (source_event_seqs is None) is spec.surface
+            or (source_event_seqs is None) is not (not spec.surface)  # seqs iff surface
         ):
             data, seqs = self._checked(spec, type, data, source_event_seqs, ignorable, seq)
         elif source_event_seqs is not None:
