@@ -214,8 +214,9 @@ class Session:
         spec = self._specs.get(type)
         events = self._events
         seq = len(events)
-        # The trusted fast path (a core payload of the declared class, cited seqs in range)
-        # falls through to the commit below; anything else is checked and snapshotted first.
+        # The trusted fast path (a core payload of the declared class, seqs iff surface) goes
+        # straight on; anything else is checked and snapshotted first. Cited seqs are checked
+        # below, on both paths.
         seqs: tuple[int, ...] | None = None
         if (
             spec is None
@@ -223,11 +224,11 @@ class Session:
             or data.__class__ is not spec.payload
             or (source_event_seqs is None) is not (not spec.surface)  # seqs iff surface
         ):
-            data, seqs = self._checked(spec, type, data, source_event_seqs, ignorable, seq)
+            data, seqs = self._checked(spec, type, data, source_event_seqs, ignorable)
         elif source_event_seqs is not None:
             seqs = tuple(source_event_seqs)
-            if seqs and (min(seqs) < 0 or max(seqs) >= seq):
-                raise SessionError(f"{type} cites events that do not exist", code="SESSION_SURFACE")
+        if seqs and (min(seqs) < 0 or max(seqs) >= seq):
+            raise SessionError(f"{type} cites events that do not exist", code="SESSION_SURFACE")
         # The event is built inline (as make_event does): this is the hottest path of a turn.
         event: Any = _new_object(_OpenEvent)
         event.type = type
@@ -264,9 +265,9 @@ class Session:
         data: object,
         source_event_seqs: Iterable[int] | None,
         ignorable: bool,
-        seq: int,
     ) -> tuple[object, tuple[int, ...] | None]:
-        """The stored payload and cited seqs of an append off the fast path, or the error."""
+        """The stored payload and cited seqs (not yet range-checked) of an append off the fast
+        path, or the error."""
         if self._specs is _PUBLISHING:
             raise SessionError(
                 f"cannot append {type!r} to session {self.header.id!r} from inside its own "
@@ -283,10 +284,7 @@ class Session:
         if spec is not None and spec.surface:
             if source_event_seqs is None:
                 raise SessionError(f"{type} needs source_event_seqs", code="SESSION_SURFACE")
-            seqs = tuple(source_event_seqs)
-            if any(s < 0 or s >= seq for s in seqs):
-                raise SessionError(f"{type} cites events that do not exist", code="SESSION_SURFACE")
-            return stored, seqs
+            return stored, tuple(source_event_seqs)
         if source_event_seqs is not None:
             raise SessionError(f"{type} is not a surface type", code="SESSION_SURFACE")
         return stored, None
