@@ -58,7 +58,7 @@ def freeze_json(value: object, path: str = "$") -> JsonValue:
         return value
     try:
         return _freeze(value)
-    except _Unfit:
+    except (_Unfit, NotJsonError):
         pass
     return _freeze_at(value, path)  # again, tracking where, to name it in the error
 
@@ -73,8 +73,7 @@ def _freeze(value: object) -> JsonValue:
     if t is str or t is int or value is None or t is bool:
         return value
     if t is float:
-        if not math.isfinite(value) or (value == 0.0 and math.copysign(1.0, value) < 0):  # type: ignore[arg-type]
-            raise _Unfit
+        _check_float(value, "$")  # type: ignore[arg-type]  # the 2nd walk names the path
         return value
     if t is list or t is tuple:
         return tuple([_freeze(v) for v in value])  # type: ignore[attr-defined]

@@ -145,9 +145,8 @@ class LlmRuntime:
         return adapter.stream(options) if adapter is not None else None
 
     async def _open(self, options: GenerateOptions) -> AsyncIterator[StreamChunk]:
-        ctx = self._ctx
-        if ctx.has_listeners("llm/stream"):
-            return await ctx.waterfall("llm/stream", options, default=self._terminal)
+        if "llm/stream" in self._listeners:
+            return await self._ctx.waterfall("llm/stream", options, default=self._terminal)
         return await self._terminal(options)
 
     async def stream(self, options: GenerateOptions) -> AsyncIterator[StreamChunk]:
