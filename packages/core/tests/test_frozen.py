@@ -160,9 +160,11 @@ def test_builder_builds_what_the_constructor_builds(case: tuple[type, dict[str, 
 
 @pytest.mark.parametrize("cls", CLASSES, ids=lambda c: c.__qualname__)
 def test_the_builder_signature_is_the_constructor_signature(cls: type) -> None:
-    """host-core §3: a builder takes the constructor's keyword-only parameters and defaults."""
+    """host-core §3: a builder takes the constructor's keyword-only parameters and defaults;
+    there is one per class, whichever module asks."""
     build = builder(cls)
     assert build is not cls
+    assert builder(cls) is build
     assert inspect.signature(build).parameters == inspect.signature(cls).parameters
 
 

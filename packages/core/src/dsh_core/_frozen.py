@@ -46,6 +46,8 @@ _PREFIX = "<dsh fast init "
 _originals: dict[type, Callable[..., None]] = {}
 #: The open twin of each frozen class that has one.
 _twins: dict[type, type] = {}
+#: The builder of each class asked for one (a module asking again gets the same function).
+_builders: dict[type, Callable[..., Any]] = {}
 
 
 def attrs_init(cls: type) -> Callable[..., None] | None:
@@ -133,7 +135,16 @@ def builder(cls: Callable[P, T]) -> Callable[P, T]:
     a plain function that fills an :func:`open_twin` and swaps in ``cls``. Same keyword-only
     parameters, defaults, factories and converters as the constructor. A class whose
     constructor cannot be reproduced exactly comes back unchanged (the class itself).
+    Built once per class: every module that builds ``cls`` shares one function.
     """
+    assert isinstance(cls, type)
+    known: Callable[P, T] | None = _builders.get(cls)
+    if known is None:
+        known = _builders[cls] = _make_builder(cls)
+    return known
+
+
+def _make_builder(cls: Callable[P, T]) -> Callable[P, T]:
     assert isinstance(cls, type)
     plan = _plan(cls)
     if plan is None:
