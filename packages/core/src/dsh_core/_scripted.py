@@ -244,14 +244,10 @@ class ScriptedAdapter:
         if self._record:
             self.requests.append(options)
         produced = self._script(_request(options=options, index=index))
-        if produced.__class__ is str:
-            reply = _reply(text=produced)
-        elif produced.__class__ is ScriptedReply:
-            reply = produced
-        elif inspect.isawaitable(produced):
+        plain = produced.__class__ is str or produced.__class__ is ScriptedReply
+        if not plain and inspect.isawaitable(produced):  # the usual reply skips the ABC check
             return self._awaited(options, produced)
-        else:
-            reply = _as_reply(produced)
+        reply = _as_reply(produced)  # type: ignore[arg-type]
         if reply.wait is not None:
             return self._waiting(options, reply)
         return _Replay(reply)
