@@ -581,7 +581,7 @@ class SessionPersistence:
 
         def count(job: asyncio.Future[None]) -> None:
             rec.writing = None
-            if not job.cancelled() and job.exception() is None:
+            if _succeeded(job):
                 rec.stored += len(batch)
                 rec.unsynced = False
                 if not reported.done():
