@@ -134,23 +134,17 @@ class SubagentService:
             raise SubagentError(
                 f"no subagent provider is registered as {name!r}", code="NO_PROVIDER"
             )
-        if (
-            request.output_schema is not None
-            or request.max_depth is not None
-            or request.tool_filter is not None
-            or request.persona is not None
-        ):
-            caps = provider.capabilities
-            for field, flag in _CAPABILITY_ORDER:
-                if getattr(request, field) is not None and not getattr(caps, flag):
-                    raise SubagentError(
-                        f"subagent provider {name!r} does not support {field}",
-                        code="UNSUPPORTED_CAPABILITY",
-                    )
-            if request.max_depth is not None:
-                assert_subagent_max_depth(request.max_depth)
-            if request.output_schema is not None:
-                assert_object_json_schema(request.output_schema)
+        caps = provider.capabilities
+        for field, flag in _CAPABILITY_ORDER:
+            if getattr(request, field) is not None and not getattr(caps, flag):
+                raise SubagentError(
+                    f"subagent provider {name!r} does not support {field}",
+                    code="UNSUPPORTED_CAPABILITY",
+                )
+        if request.max_depth is not None:
+            assert_subagent_max_depth(request.max_depth)
+        if request.output_schema is not None:
+            assert_object_json_schema(request.output_schema)
         resolved = ResolvedSubagentStartRequest(
             **{field: getattr(request, field) for field in _REQUEST_FIELDS},
             descriptor=self._descriptor(name, request.label),
