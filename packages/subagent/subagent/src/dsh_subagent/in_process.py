@@ -83,19 +83,16 @@ def child_agent_options(parent: Agent, requested: AgentOptions | None, depth: in
     """DEP-4: the parent's route and ``max_tokens`` overlaid with the request's declared fields,
     plus the runtime ``subagent_depth``. Nothing undeclared is invented."""
     base = parent.options
-    if requested is None:
-        return AgentOptions(
-            provider=base.provider,
-            model=base.model,
-            max_tokens=base.max_tokens,
-            extensions={SUBAGENT_DEPTH_KEY: depth},
-        )
+    req = requested if requested is not None else _NO_OPTIONS
     return AgentOptions(
-        provider=requested.provider if requested.provider is not None else base.provider,
-        model=requested.model if requested.model is not None else base.model,
-        max_tokens=requested.max_tokens if requested.max_tokens is not None else base.max_tokens,
-        extensions={**requested.extensions, SUBAGENT_DEPTH_KEY: depth},
+        provider=req.provider if req.provider is not None else base.provider,
+        model=req.model if req.model is not None else base.model,
+        max_tokens=req.max_tokens if req.max_tokens is not None else base.max_tokens,
+        extensions={**req.extensions, SUBAGENT_DEPTH_KEY: depth},
     )
+
+
+_NO_OPTIONS = AgentOptions()  # a request that declares nothing (an immutable value)
 
 
 def completed_turn_prefix(parent: Agent) -> tuple[SessionEvent, ...] | None:
