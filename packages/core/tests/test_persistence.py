@@ -976,14 +976,19 @@ async def test_file_cut_inside_the_header_was_never_created(
 
 
 async def test_unparsable_header_followed_by_events_is_corrupt(jsonl: Env) -> None:
-    """host-core §5: a bad header that is not the last line is corruption, never skipped."""
+    """host-core §5, hardening 11.3: a bad header that is not the last line is corruption,
+    never skipped silently: listing reports it (by id and code), loading and creating fail."""
     await jsonl.store("s", balanced())
     path = jsonl.file("s")
     lines = path.read_bytes().split(b"\n")
     lines[0] = b"{garbage"
     path.write_bytes(b"\n".join(lines))
+    assert await jsonl.persistence.list() == []
+    [damaged] = (await jsonl.persistence.listing()).damaged
+    assert damaged.id == "s" and damaged.code == "SESSION_CORRUPT"
+    assert f"{path} line 1" in damaged.message
     with pytest.raises(SessionError) as info:
-        await jsonl.persistence.list()
+        await jsonl.persistence.load("s")
     assert info.value.code == "SESSION_CORRUPT" and f"{path} line 1" in str(info.value)
     with pytest.raises(SessionError) as info:
         await jsonl.persistence.create(SessionHeader(id="s", created_at=1))

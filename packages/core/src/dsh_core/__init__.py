@@ -98,8 +98,10 @@ from ._json import JsonValue, NotJsonError, dumps, freeze_json, is_lossless_json
 from ._llm import BlockAssembler, GenerateOptions, LlmAdapter, LlmRuntime, LlmSeamError
 from ._log_checker import LogInvariantError, SessionLogChecker, check_balanced
 from ._persistence import (
+    DamagedSession,
     JsonlSessionPersistence,
     MemorySessionPersistence,
+    SessionListing,
     SessionPersistence,
     SessionPreparation,
     default_sessions_dir,
@@ -132,6 +134,7 @@ from ._query import (
     SessionLineageTrace,
     SessionQuery,
     SessionQueryError,
+    SessionQueryListing,
     SessionRecord,
     install_session_query,
 )
@@ -178,6 +181,7 @@ __all__ = [
     "Context",
     "ContextError",
     "CreateAgentOptions",
+    "DamagedSession",
     "DiscoveredPlugin",
     "DshError",
     "DshPluginManager",
@@ -249,12 +253,14 @@ __all__ = [
     "SessionId",
     "SessionLineageNode",
     "SessionLineageTrace",
+    "SessionListing",
     "SessionLogChecker",
     "SessionMeta",
     "SessionPersistence",
     "SessionPreparation",
     "SessionQuery",
     "SessionQueryError",
+    "SessionQueryListing",
     "SessionRecord",
     "SessionStore",
     "SessionStoreService",

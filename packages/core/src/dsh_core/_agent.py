@@ -835,7 +835,8 @@ def _last_snapshot(session: Session) -> str | None:
 class AgentHandle:
     """Ownership of one live agent. ``dispose()`` is idempotent and shared by racing callers:
     cancel (clearing the inbox) -> wait for idle -> dispose the agent's scope -> unregister
-    (``agent/disposed``) -> detach the session (``session/disposed``; stored data untouched)."""
+    (``agent/disposed``) -> detach the session (``session/disposed``; stored data untouched)
+    -> wait until persistence has stored the rest and released the session's lock."""
 
     __slots__ = ("_detach_owner", "_detach_session", "_done", "_service", "agent")
 
@@ -890,6 +891,12 @@ async def _teardown(
             agent.ctx.emit("agent/disposed", agent)
     if detach_session is not None:
         detach_session()
+        # Persistence drains and unlocks a disposed session in a task of its own: wait for it,
+        # so the log is complete and unlocked once dispose returns (hardening 11.10).
+        persistence = service.host_ctx.get("session_persistence")
+        released = getattr(persistence, "released", None)
+        if released is not None:
+            await released(agent.id)
     agent.ctx._bound.clear()  # views refer back to the context: let refcounting free them
 
 

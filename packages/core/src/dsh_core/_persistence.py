@@ -22,7 +22,9 @@ import concurrent.futures
 import json
 import logging
 import os
+import stat
 import sys
+import threading
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from json.encoder import encode_basestring
 from pathlib import Path
@@ -58,8 +60,10 @@ if TYPE_CHECKING:
     from ._context import Context
 
 __all__ = [
+    "DamagedSession",
     "JsonlSessionPersistence",
     "MemorySessionPersistence",
+    "SessionListing",
     "SessionPersistence",
     "SessionPreparation",
     "default_sessions_dir",
@@ -278,6 +282,33 @@ def _validate_appended(types: EventTypeRegistry, event: SessionEvent) -> None:
         raise SessionError(
             f"event {event.seq} ({event.type}) has wrong surface metadata", code="SESSION_SURFACE"
         )
+
+
+# -- listing ------------------------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class DamagedSession:
+    """A stored entry that listing could not read (hardening 11.3).
+
+    ``id`` is the id its name gives (possibly not a valid one); ``code`` is the stable
+    ``SessionError`` code its own load would fail with (``SESSION_CORRUPT``,
+    ``SESSION_FORMAT_UNSUPPORTED``, ``SESSION_FILE_UNSAFE``, ``SESSION_INVALID_ID`` or
+    ``SESSION_IO``); ``message`` says what is wrong and names the file.
+    """
+
+    id: str
+    code: str
+    message: str
+
+
+@attrs.frozen(kw_only=True)
+class SessionListing:
+    """What ``listing()`` found: the readable headers (oldest first) and, by id, the entries
+    that are damaged. One damaged entry never hides the others."""
+
+    headers: tuple[SessionHeader, ...]
+    damaged: tuple[DamagedSession, ...] = ()
 
 
 # -- the service ------------------------------------------------------------------------------
@@ -809,13 +840,31 @@ class SessionPersistence:
         return loaded.header, tuple(loaded.events)
 
     async def list(self, signal: AbortSignal | None = None) -> builtins.list[SessionHeader]:
-        """The headers of every stored session, oldest first (events are never read)."""
+        """The headers of every stored session, oldest first (events are never read).
+
+        A damaged entry is left out (and logged); :meth:`listing` also reports it.
+        """
+        return builtins.list((await self.listing(signal)).headers)
+
+    async def listing(self, signal: AbortSignal | None = None) -> SessionListing:
+        """The readable headers, oldest first, and the damaged entries, by id.
+
+        A stored entry whose header cannot be read (not JSON, an unsupported version, a header
+        naming another id, a symlink or other non-regular file, an unreadable file) is a
+        :class:`DamagedSession` instead of failing the whole listing; only its own load fails.
+        """
         self._installed()
         _check(signal)
-        headers = await self._run(self._headers, signal)
+        headers, damaged = await self._run(self._entries, signal)
         _check(signal)
         headers.sort(key=lambda h: (h.created_at, h.id))
-        return headers
+        damaged.sort(key=lambda d: d.id)
+        return SessionListing(headers=tuple(headers), damaged=tuple(damaged))
+
+    async def released(self, id: str) -> None:
+        """Wait until this backend's hold on ``id`` from a disposed session is let go (its
+        last drain written, its lock released); returns at once when nothing is pending."""
+        await self._quiesce(id)
 
     # -- storage hooks ---------------------------------------------------------------------------
 
@@ -844,6 +893,13 @@ class SessionPersistence:
     def _headers(self, signal: AbortSignal | None) -> builtins.list[SessionHeader]:
         """Every stored header, unordered."""
         raise NotImplementedError
+
+    def _entries(
+        self, signal: AbortSignal | None
+    ) -> tuple[builtins.list[SessionHeader], builtins.list[DamagedSession]]:
+        """Every readable stored header and every damaged entry, unordered (a backend that
+        cannot hold damaged entries keeps the default: ``_headers`` and no damage)."""
+        return self._headers(signal), []
 
 
 def _not_found(id: str, where: str = "") -> SessionError:
@@ -921,6 +977,59 @@ def default_sessions_dir() -> Path:
     return base / "dsh" / "sessions"
 
 
+_NOFOLLOW: int = getattr(os, "O_NOFOLLOW", 0)
+_NONBLOCK: int = getattr(os, "O_NONBLOCK", 0)
+_READ_FLAGS = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
+
+
+def _unsafe(path: Path) -> SessionError:
+    return SessionError(
+        f"session file {path} is a symlink or not a regular file; session files are never "
+        "opened through one",
+        code="SESSION_FILE_UNSAFE",
+    )
+
+
+def _open_file(path: Path, flags: int) -> int:
+    """Open the session file named ``path`` itself: never through a symlink, never a FIFO,
+    device or folder (``SESSION_FILE_UNSAFE``); other failures raise ``OSError``.
+
+    ``O_NOFOLLOW`` refuses a symlink (dangling or not) at the open, ``O_NONBLOCK`` keeps a FIFO
+    from blocking it, and ``fstat`` then requires a regular file. Where ``O_NOFOLLOW`` does
+    not exist (Windows) the name is ``lstat``-ed after the open and must be the opened file.
+    """
+    try:
+        fd = os.open(path, flags | _NOFOLLOW | _NONBLOCK, 0o600)
+    except FileNotFoundError:
+        raise
+    except OSError:
+        # ELOOP (Linux, macOS), EMLINK (FreeBSD), EISDIR, ENXIO...: refuse what is no file.
+        try:
+            named = os.lstat(path)
+        except OSError:
+            named = None
+        if named is not None and not stat.S_ISREG(named.st_mode):
+            raise _unsafe(path) from None
+        raise
+    try:
+        held = os.fstat(fd)
+        if not stat.S_ISREG(held.st_mode):
+            raise _unsafe(path)
+        if not _NOFOLLOW:
+            named = os.lstat(path)
+            if not stat.S_ISREG(named.st_mode) or (named.st_ino, named.st_dev) != (
+                held.st_ino,
+                held.st_dev,
+            ):
+                raise _unsafe(path)
+        if _NONBLOCK and flags & (os.O_WRONLY | os.O_RDWR):
+            os.set_blocking(fd, True)  # a writer's writes block as usual
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 def _check_id(id: str) -> None:
     if not id or id in (".", "..") or "/" in id or "\\" in id or "\0" in id:
         raise SessionError(
@@ -987,9 +1096,10 @@ def _lock(fd: int, path: Path) -> None:
 
 
 def _same_file(fd: int, path: Path) -> bool:
-    """Whether ``path`` still names the open file (it may have been replaced before the lock)."""
+    """Whether ``path`` still names the open file (it may have been replaced before the lock,
+    by a symlink too: the name is not followed)."""
     try:
-        named = os.stat(path)
+        named = os.lstat(path)
     except FileNotFoundError:
         return False
     held = os.fstat(fd)
@@ -1058,6 +1168,11 @@ def _loads(line: bytes) -> Any:
 
 
 _HEADER_CHUNK = 4096
+#: The longest header line (bytes, without its newline) the store writes or lists: a header
+#: holds a few short fields, so anything longer is not a header (and listing never reads more).
+HEADER_LINE_LIMIT = 1 << 20
+#: How often an open that races a concurrent rename or removal is tried before giving up.
+_OPEN_ATTEMPTS = 16
 
 
 class JsonlSessionPersistence(SessionPersistence):
@@ -1068,6 +1183,10 @@ class JsonlSessionPersistence(SessionPersistence):
     session (from creation or ``prepare`` until disposal) the file carries an exclusive
     ``flock``; another process gets ``SESSION_LOCKED``. The lock is POSIX-only: on Windows
     nothing stops two processes from appending to one file.
+
+    Session files are never opened through a symlink and must be regular files
+    (``SESSION_FILE_UNSAFE`` otherwise); a store folder that group or others may write is
+    reported once with a warning (hardening 11.5).
     """
 
     _threaded = True
@@ -1075,9 +1194,11 @@ class JsonlSessionPersistence(SessionPersistence):
     def __init__(self, root: Path | None = None) -> None:
         super().__init__()
         self.root = Path(root) if root is not None else default_sessions_dir()
-        # file name -> ((inode, ctime), header): a header never changes once written.
-        self._header_cache: dict[str, tuple[tuple[int, int], SessionHeader]] = {}
+        # file name -> ((inode, ctime), header or damage): a header never changes once written.
+        self._header_cache: dict[str, tuple[tuple[int, int], SessionHeader | DamagedSession]] = {}
         self._line_encoders: dict[str, Callable[[SessionEvent], str]] = {}
+        self._root_noted = False
+        self._root_lock = threading.Lock()
 
     def path_of(self, id: str) -> Path:
         """The file of session ``id`` (``SESSION_INVALID_ID`` if it cannot name one)."""
@@ -1092,11 +1213,37 @@ class JsonlSessionPersistence(SessionPersistence):
         self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
         _fsync_dir(self.root.parent)
 
+    def _note_root(self) -> None:
+        """Warn once (per backend) if the store folder is writable by group or others.
+
+        Loose means ``mode & 0o022``: someone else could plant, replace or remove session
+        files there. The folder is still used (it is the user's choice); the warning says so.
+        POSIX only: Windows has no such mode bits.
+        """
+        if sys.platform == "win32":
+            return
+        with self._root_lock:  # worker threads may race to be first: warn once all the same
+            if self._root_noted:
+                return
+            try:
+                mode = os.stat(self.root).st_mode
+            except OSError:
+                return  # not there yet: checked once it is
+            self._root_noted = True
+        if mode & 0o022:
+            _log.warning(
+                "session folder %s is writable by group or others (mode %03o): anyone who can "
+                "write there can plant or replace session files; make it private (chmod 700)",
+                self.root,
+                stat.S_IMODE(mode),
+            )
+
     def _acquire(self, id: str, header: SessionHeader | None) -> _Handle:
         path = self.path_of(id)
         try:
             if header is not None:
                 self._ensure_root()
+            self._note_root()
             handle = self._open_locked(id, path, create=header is not None)
             if header is not None:
                 self._start(handle, header)
@@ -1107,18 +1254,23 @@ class JsonlSessionPersistence(SessionPersistence):
         return handle
 
     def _open_locked(self, id: str, path: Path, *, create: bool) -> _FileHandle:
+        """Open and lock ``path`` itself (never through a symlink; a regular file only).
+
+        Racing a concurrent removal or rename is retried a bounded number of times; a name
+        that keeps changing is ``SESSION_IO``.
+        """
         flags = os.O_RDWR | os.O_APPEND | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
-        while True:
+        for _ in range(_OPEN_ATTEMPTS):
             created = False
             try:
                 if create:
                     try:
-                        fd = os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o600)
+                        fd = _open_file(path, flags | os.O_CREAT | os.O_EXCL)
                         created = True
                     except FileExistsError:
-                        fd = os.open(path, flags)
+                        fd = _open_file(path, flags)
                 else:
-                    fd = os.open(path, flags)
+                    fd = _open_file(path, flags)
             except FileNotFoundError:
                 if create:
                     continue  # removed between the two opens: try again
@@ -1131,6 +1283,10 @@ class JsonlSessionPersistence(SessionPersistence):
                 os.close(fd)
                 raise
             os.close(fd)  # replaced or removed while we waited for the lock: start over
+        raise SessionError(
+            f"session file {path} kept changing while it was opened ({_OPEN_ATTEMPTS} tries)",
+            code="SESSION_IO",
+        )
 
     def _start(self, handle: _FileHandle, header: SessionHeader) -> None:
         """Write a new log's header line (made durable by the first flush)."""
@@ -1145,6 +1301,12 @@ class JsonlSessionPersistence(SessionPersistence):
                 handle.created = True
                 handle.dir_synced = False
             line = (dumps(encode_header(header)) + "\n").encode("utf-8", "surrogatepass")
+            if len(line) > HEADER_LINE_LIMIT:
+                raise SessionError(
+                    f"the header of session {handle.id!r} is {len(line)} bytes; a header line "
+                    f"is at most {HEADER_LINE_LIMIT}",
+                    code="SESSION_HEADER_TOO_LARGE",
+                )
             _write_all(handle.fd, line)
             handle.size = len(line)
         except BaseException:
@@ -1171,12 +1333,13 @@ class JsonlSessionPersistence(SessionPersistence):
         self, id: str, handle: _Handle | None
     ) -> tuple[SessionHeader, list[SessionEvent], Callable[[int], str]]:
         path = self.path_of(id)
+        self._note_root()
         try:
             if isinstance(handle, _FileHandle):
                 data = _read_all(handle.fd)
             else:
                 try:
-                    fd = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+                    fd = _open_file(path, _READ_FLAGS)
                 except FileNotFoundError:
                     raise _not_found(id) from None
                 try:
@@ -1262,23 +1425,38 @@ class JsonlSessionPersistence(SessionPersistence):
         return values  # type: ignore[no-any-return]
 
     def _header_of(self, fd: int, path: Path) -> SessionHeader | None:
-        """The header of an open log, or ``None`` if the file was cut inside it."""
-        first = b""
+        """The header of an open log, or ``None`` if the file was cut inside it.
+
+        Reads at most :data:`HEADER_LINE_LIMIT` bytes: a longer first line is not a header
+        (``SESSION_CORRUPT``), however long the file.
+        """
+        parts: list[bytes] = []
         offset = 0
-        while b"\n" not in first:
+        while True:
             chunk = _pread(fd, _HEADER_CHUNK, offset)
             if not chunk:
                 return None  # no complete header line
-            first += chunk
+            end = chunk.find(b"\n")
+            if end >= 0:
+                parts.append(chunk[:end])
+                break
+            parts.append(chunk)
             offset += len(chunk)
-        line, _, rest = first.partition(b"\n")
+            if offset > HEADER_LINE_LIMIT:
+                raise SessionError(
+                    f"session file {path} line 1 is longer than {HEADER_LINE_LIMIT} bytes: "
+                    "not a session header",
+                    code="SESSION_CORRUPT",
+                )
+        line = b"".join(parts)
         try:
             raw = _loads(line)
-        except ValueError as exc:
-            if not rest and os.fstat(fd).st_size == len(line) + 1:
+        except (ValueError, RecursionError) as exc:
+            if os.fstat(fd).st_size == len(line) + 1:
                 return None  # the header is the torn last line
+            what = "nested too deeply" if isinstance(exc, RecursionError) else f"not JSON: {exc}"
             raise SessionError(
-                f"session file {path} line 1 is not JSON: {exc}", code="SESSION_CORRUPT"
+                f"session file {path} line 1 is {what}", code="SESSION_CORRUPT"
             ) from None
         try:
             return structure_header(raw)
@@ -1286,13 +1464,27 @@ class JsonlSessionPersistence(SessionPersistence):
             raise SessionError(f"session file {path} line 1: {exc}", code=exc.code) from exc
 
     def _headers(self, signal: AbortSignal | None) -> list[SessionHeader]:
+        return self._entries(signal)[0]
+
+    def _entries(
+        self, signal: AbortSignal | None
+    ) -> tuple[list[SessionHeader], list[DamagedSession]]:
+        """Every readable header and every damaged ``*.jsonl`` entry of the folder.
+
+        Each entry is judged on its own (hardening 11.3): what cannot be read becomes a
+        :class:`DamagedSession`, logged when first seen. Headers and damage are cached per
+        file name under the entry's (inode, ctime), so an unchanged file is read once;
+        ``SESSION_IO`` is never cached (it may pass), and a torn header is never cached.
+        """
         try:
             entries = list(os.scandir(self.root))
         except FileNotFoundError:
-            return []
+            return [], []
+        self._note_root()
         cache = self._header_cache
-        fresh: dict[str, tuple[tuple[int, int], SessionHeader]] = {}
+        fresh: dict[str, tuple[tuple[int, int], SessionHeader | DamagedSession]] = {}
         out: list[SessionHeader] = []
+        damaged: list[DamagedSession] = []
         for entry in entries:
             name = entry.name
             if not name.endswith(".jsonl"):
@@ -1300,30 +1492,56 @@ class JsonlSessionPersistence(SessionPersistence):
             if signal is not None and signal.aborted:
                 raise AbortedError(signal.reason)
             try:
-                st = entry.stat()
+                st = entry.stat(follow_symlinks=False)
             except FileNotFoundError:
                 continue  # removed while listing
             key = (st.st_ino, st.st_ctime_ns)
             known = cache.get(name)
             if known is not None and known[0] == key:
-                header: SessionHeader | None = known[1]
+                found: SessionHeader | DamagedSession | None = known[1]
             else:
-                header = self._header_at(Path(entry.path))
-            if header is None:
+                found = self._entry_at(name[:-6], Path(entry.path), st.st_mode)
+                if isinstance(found, DamagedSession):
+                    _log.warning("session listing left out %s", found.message)
+            if found is None:
                 continue
-            if header.id != name[:-6]:
+            if isinstance(found, DamagedSession):
+                damaged.append(found)
+                if found.code == "SESSION_IO":
+                    continue
+            else:
+                out.append(found)
+            fresh[name] = (key, found)
+        self._header_cache = fresh
+        return out, damaged
+
+    def _entry_at(self, id: str, path: Path, mode: int) -> SessionHeader | DamagedSession | None:
+        """The header stored at ``path`` (``None``: torn inside it), or what is wrong there."""
+        try:
+            _check_id(id)
+            if not stat.S_ISREG(mode):
+                raise _unsafe(path)
+            header = self._header_at(path)
+            if header is not None and header.id != id:
                 raise SessionError(
-                    f"session file {entry.path} line 1: header names session {header.id!r}",
+                    f"session file {path} line 1: header names session {header.id!r}",
                     code="SESSION_CORRUPT",
                 )
-            fresh[name] = (key, header)
-            out.append(header)
-        self._header_cache = fresh
-        return out
+            return header
+        except SessionError as exc:
+            code, message = exc.code, str(exc)
+            if code == "SESSION_INVALID_ID":
+                message = f"session file {path}: its name is no session id ({exc})"
+        except OSError as exc:
+            code, message = "SESSION_IO", f"cannot read session file {path}: {exc}"
+        except Exception as exc:  # a crafted file must not fail the listing, whatever it holds
+            code = "SESSION_CORRUPT"
+            message = f"session file {path} line 1 is unreadable: {type(exc).__name__}: {exc}"
+        return DamagedSession(id=id, code=code, message=message)
 
     def _header_at(self, path: Path) -> SessionHeader | None:
         try:
-            fd = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+            fd = _open_file(path, _READ_FLAGS)
         except FileNotFoundError:
             return None
         try:

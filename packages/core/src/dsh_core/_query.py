@@ -3,6 +3,8 @@
 The corpus is the host's live sessions together with the persisted headers (when
 ``session_persistence`` is provided); for an id in both, the live session wins. Traces are
 built from headers only (``parent_session`` links), so tracing never reads an event log.
+A stored entry whose header cannot be read is not in the corpus; it is reported by id and
+code (``damaged``) instead of failing the query (hardening 11.3).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from ._abort import AbortedError, AbortSignal
 from ._errors import DshError
 from ._events import SessionError, SessionEvent, SessionHeader
 from ._log_checker import LogInvariantError, SessionLogChecker
+from ._persistence import DamagedSession
 
 if TYPE_CHECKING:
     from ._context import Context
@@ -25,6 +28,7 @@ __all__ = [
     "SessionLineageTrace",
     "SessionQuery",
     "SessionQueryError",
+    "SessionQueryListing",
     "SessionRecord",
     "install_session_query",
 ]
@@ -66,7 +70,8 @@ class SessionLineageTrace:
 
     ``ancestors`` run nearest first. A trace is ``complete`` when the chain reaches a session
     without a parent (``root``); otherwise ``unresolved_parent_id`` names the first parent the
-    corpus does not hold and ``root`` is ``None``.
+    corpus does not hold and ``root`` is ``None``. ``damaged`` lists the stored entries left
+    out of the corpus because their header cannot be read (their lineage is unknown).
     """
 
     target: SessionRecord
@@ -75,6 +80,16 @@ class SessionLineageTrace:
     complete: bool
     root: SessionRecord | None
     unresolved_parent_id: str | None
+    damaged: tuple[DamagedSession, ...] = ()
+
+
+@attrs.frozen(kw_only=True)
+class SessionQueryListing:
+    """``listing()``: every record of the corpus (newest first) and, by id, the stored entries
+    left out of it because their header cannot be read."""
+
+    records: tuple[SessionRecord, ...]
+    damaged: tuple[DamagedSession, ...] = ()
 
 
 def _aborted(signal: AbortSignal | None) -> None:
@@ -89,16 +104,21 @@ def _order(header: SessionHeader) -> tuple[int, str]:
 
 
 class _Corpus:
-    """Headers by id, which of them are live, which are stored."""
+    """Headers by id, which of them are live, which are stored, which stored ones are damaged."""
 
-    __slots__ = ("headers", "live", "persisted")
+    __slots__ = ("damaged", "headers", "live", "persisted")
 
     def __init__(
-        self, headers: dict[str, SessionHeader], live: set[str], persisted: set[str]
+        self,
+        headers: dict[str, SessionHeader],
+        live: set[str],
+        persisted: set[str],
+        damaged: tuple[DamagedSession, ...],
     ) -> None:
         self.headers = headers
         self.live = live
         self.persisted = persisted
+        self.damaged = damaged
 
     def record(self, id: str) -> SessionRecord:
         return SessionRecord(
@@ -129,10 +149,16 @@ class SessionQuery:
         ctx = self._installed()
         _aborted(signal)
         stored: Sequence[SessionHeader] = ()
+        damaged: tuple[DamagedSession, ...] = ()
         persistence = ctx.get("session_persistence")
         if persistence is not None:
             try:
-                stored = await persistence.list(signal)
+                listing = getattr(persistence, "listing", None)
+                if listing is None:  # a backend without per-entry diagnostics
+                    stored = await persistence.list(signal)
+                else:
+                    found = await listing(signal)
+                    stored, damaged = found.headers, found.damaged
             except AbortedError as exc:
                 raise SessionQueryError(
                     f"session query aborted: {exc.reason!r}", code="SESSION_QUERY_ABORTED"
@@ -149,13 +175,21 @@ class SessionQuery:
         for session in ctx.sessions.list():
             headers[session.header.id] = session.header
             live.add(session.header.id)
-        return _Corpus(headers, live, persisted)
+        if damaged and live:
+            damaged = tuple(d for d in damaged if d.id not in live)  # the live session wins
+        return _Corpus(headers, live, persisted, damaged)
 
     async def list_sessions(self, signal: AbortSignal | None = None) -> list[SessionRecord]:
         """Every session of the corpus, newest first (by ``created_at``, then id)."""
+        return list((await self.listing(signal)).records)
+
+    async def listing(self, signal: AbortSignal | None = None) -> SessionQueryListing:
+        """``list_sessions`` plus the damaged stored entries left out of it, by id."""
         corpus = await self._corpus(signal)
         ids = sorted(corpus.headers, key=lambda i: _order(corpus.headers[i]), reverse=True)
-        return [corpus.record(i) for i in ids]
+        return SessionQueryListing(
+            records=tuple(corpus.record(i) for i in ids), damaged=corpus.damaged
+        )
 
     async def trace_session(
         self, id: str, signal: AbortSignal | None = None
@@ -197,6 +231,7 @@ class SessionQuery:
             complete=complete,
             root=root,
             unresolved_parent_id=unresolved,
+            damaged=corpus.damaged,
         )
 
     @staticmethod

@@ -347,10 +347,14 @@ class SessionStore:
         """Build an unpublished session (nothing is announced or stored yet).
 
         ``restored`` rebuilds a persisted session under its stored header (``seed`` is then the
-        stored log). A live duplicate id or a relative ``cwd`` fails.
+        stored log). A live duplicate id, an empty id (``SESSION_INVALID_ID``) or a relative
+        ``cwd`` fails; ``id=None`` mints a new id.
         """
         if restored is not None:
             header = restored
+        elif id == "":
+            # An empty id names nothing (hardening 11.5): refused, never replaced by a new one.
+            raise SessionError("session id '' is empty", code="SESSION_INVALID_ID")
         else:
             meta = meta or SessionMeta()
             if meta.cwd is not None and not os.path.isabs(meta.cwd):
@@ -359,7 +363,7 @@ class SessionStore:
                 )
             header = SessionHeader(
                 version=SESSION_FORMAT_VERSION,
-                id=id or f"session-{new_id()}",
+                id=f"session-{new_id()}" if id is None else id,
                 created_at=_now(),
                 cwd=meta.cwd,
                 parent_session=meta.parent_session,
