@@ -27,7 +27,7 @@ from dsh_core import (
     user_message,
 )
 from dsh_core._persistence import install_jsonl_persistence, install_memory_persistence
-from dsh_core._query import SessionQuery, install_session_query
+from dsh_core._query import SessionQuery, SessionQueryError, install_session_query
 from dsh_core.testing import scripted_host
 
 posix_only = pytest.mark.skipif(sys.platform == "win32", reason="POSIX file semantics")
@@ -157,6 +157,10 @@ async def test_a_damaged_file_is_a_listing_diagnostic(
         trace = await env.query.trace_session("good")
         assert [n.session.id for n in trace.descendants] == ["kid"]
         assert trace.damaged == listing.damaged
+        with pytest.raises(SessionQueryError) as failed:
+            await env.query.trace_session("x")
+        assert failed.value.code == "SESSION_QUERY_PERSISTENCE_FAILED"
+        assert str(env.file("x")) in str(failed.value)
         for read in (env.persistence.load, env.persistence.inspect, env.persistence.prepare):
             with pytest.raises(Exception) as info:
                 await read("x")
@@ -358,16 +362,23 @@ async def test_an_empty_session_id_is_refused(tmp_path: Path, store: Any) -> Non
 
 
 @posix_only
-async def test_the_session_lock_is_released_when_dispose_returns(tmp_path: Path) -> None:
+@pytest.mark.parametrize("pending", [True, False])
+async def test_the_session_lock_is_released_when_dispose_returns(
+    tmp_path: Path, pending: bool
+) -> None:
     """hardening 11.10, host-core §9: once ``await handle.dispose()`` returns, the session's
-    file lock is released: another open file description locks it at once."""
+    file lock is released (with or without events left to store): another open file
+    description locks it at once."""
     import fcntl
 
     root = tmp_path / "sessions"
     async with scripted_host(model=["done", "again"], store="jsonl", store_root=root) as h:
         handle = await h.create_agent(session_id="s")
         assert await h.run(handle.agent, "go") == "done"
-        handle.agent.followup(user_message("more"))
+        if pending:
+            handle.agent.followup(user_message("more"))
+        else:
+            await h.ctx.sessions.flush(handle.agent.session)
         await handle.dispose()
         fd = os.open(root / "s.jsonl", os.O_RDONLY)
         try:

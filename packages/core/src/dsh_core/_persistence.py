@@ -536,8 +536,11 @@ class SessionPersistence:
             # session never existed and nothing of it is kept.
             self._release(rec.handle, discard=True)
             return
-        if not self._threaded and rec.writing is None:
-            # Nothing here blocks (the memory backend): close at once instead of in a task.
+        if rec.writing is None and (
+            not self._threaded or (rec.end == rec.stored and not rec.unsynced)
+        ):
+            # Nothing here blocks (the memory backend, or nothing left to write): close at once
+            # instead of in a task, so the hold is gone when the detach returns.
             self._close_now(rec)
             return
         try:

@@ -196,12 +196,19 @@ class SessionQuery:
     ) -> SessionLineageTrace:
         """The ancestors (nearest first) and the descendant tree (oldest first) of ``id``.
 
-        Fails with ``SESSION_QUERY_SESSION_NOT_FOUND`` for an unknown target and
-        ``SESSION_QUERY_INVALID_LINEAGE`` when the ancestry loops.
+        Fails with ``SESSION_QUERY_SESSION_NOT_FOUND`` for an unknown target,
+        ``SESSION_QUERY_PERSISTENCE_FAILED`` for a damaged stored one (its header cannot be
+        read) and ``SESSION_QUERY_INVALID_LINEAGE`` when the ancestry loops.
         """
         corpus = await self._corpus(signal)
         headers = corpus.headers
         if id not in headers:
+            for damaged in corpus.damaged:
+                if damaged.id == id:
+                    raise SessionQueryError(
+                        f"session {id!r} is stored but damaged: {damaged.message}",
+                        code="SESSION_QUERY_PERSISTENCE_FAILED",
+                    )
             raise SessionQueryError(
                 f"no live or persisted session {id!r}", code="SESSION_QUERY_SESSION_NOT_FOUND"
             )
