@@ -419,3 +419,27 @@ async def test_a_header_too_large_to_list_is_refused_at_creation(env: Env) -> No
     listing = await env.persistence.listing()
     assert listing.headers == () and listing.damaged == ()
     await env.close()
+
+
+async def test_a_long_header_spanning_reads_is_listed(env: Env) -> None:
+    """hardening 11.3, host-core §5: a valid header longer than one read chunk (but within the
+    limit) is listed like any other."""
+    cwd = "/" + "d" * 20_000
+    await env.persistence.create(SessionHeader(id="s", created_at=1, cwd=cwd))
+    listing = await env.persistence.listing()
+    assert [(h.id, h.cwd) for h in listing.headers] == [("s", cwd)] and listing.damaged == ()
+    await env.close()
+
+
+async def test_a_torn_header_is_left_out_but_not_damage(
+    env: Env, caplog: pytest.LogCaptureFixture
+) -> None:
+    """hardening 11.3, host-core §5: the torn-header rule stands: a file cut inside its header
+    was never created, so it is left out with a warning and is not a damaged entry."""
+    await env.persistence.create(SessionHeader(id="good", created_at=1))
+    env.file("torn").write_bytes(header_line("torn")[:20])
+    with caplog.at_level(logging.WARNING, logger="dsh.sessions"):
+        listing = await env.persistence.listing()
+    assert [h.id for h in listing.headers] == ["good"] and listing.damaged == ()
+    assert "never created" in caplog.text
+    await env.close()
