@@ -319,7 +319,7 @@ def _chunks(reply: ScriptedReply) -> tuple[list[StreamChunk], list[StreamChunk]]
         head.append(
             _call_delta(
                 index=index,
-                id=call.id or f"call-{new_id()[:12]}",
+                id=call.id or f"call-{new_id()}",  # the whole id: its head is per process
                 name=call.name,
                 arguments_delta=call.raw_arguments(),
             )
