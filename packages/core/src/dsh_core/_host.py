@@ -5,8 +5,8 @@ A composition is a list of rows ``{plugin, config, disabled}``, written in code 
 (``[[plugins]]`` tables). Rows are applied in a stable topological order over the services
 each plugin ``requires``/``provides`` (and optionally wants ``after``); a missing required
 service or a cycle fails loud at boot with ``PLUGIN_UNRESOLVED``. A row's config is structured
-into the plugin's attrs ``config_type``; a wrong key or type fails with ``PLUGIN_CONFIG`` naming
-the plugin and the key.
+into the plugin's attrs ``config_type`` strictly (a wrong type is refused, never converted); a
+wrong key or type fails with ``PLUGIN_CONFIG`` naming the row, the plugin and the key.
 """
 
 from __future__ import annotations
@@ -20,9 +20,11 @@ from typing import Any
 
 import attrs
 import cattrs
+from cattrs.errors import AttributeValidationNote, ForbiddenExtraKeysError
 
 from ._content import SOURCES
 from ._context import Context, Host
+from ._converter import config_converter, type_name
 from ._events import EventTypeRegistry, EventTypeSpec
 from ._plugins import DshPluginManager, PluginError, PluginSpec, make_plugin_manager
 
@@ -38,25 +40,53 @@ class PluginRow:
     disabled: bool = False
 
 
-_config_converter = cattrs.Converter(forbid_extra_keys=True)
+def structure_config(spec: PluginSpec, raw: object, *, row: int | None = None) -> Any:
+    """Structure a row's config into ``spec.config_type``, strictly (see
+    :data:`dsh_core._converter.config_converter`): a wrong type is refused, never converted.
 
-
-def structure_config(spec: PluginSpec, raw: Mapping[str, Any]) -> Any:
-    """Structure a row's config into ``spec.config_type``; errors name the plugin and key."""
+    Errors are ``PLUGIN_CONFIG`` naming the row (``plugins[row]`` when given), the plugin, each
+    offending key with its expected type, and the value found.
+    """
+    where = f"plugin {spec.name!r}" if row is None else f"plugins[{row}] (plugin {spec.name!r})"
+    if not isinstance(raw, Mapping):
+        raise PluginError(f"{where}: config must be a table, got {raw!r}", code="PLUGIN_CONFIG")
     if spec.config_type is None:
         if raw:
             raise PluginError(
-                f"plugin {spec.name!r} takes no config, got keys {sorted(raw)}",
-                code="PLUGIN_CONFIG",
+                f"{where} takes no config, got keys {sorted(raw)}", code="PLUGIN_CONFIG"
             )
         return None
     try:
-        return _config_converter.structure(dict(raw), spec.config_type)
+        return config_converter.structure(dict(raw), spec.config_type)
     except cattrs.ClassValidationError as exc:
-        problems = "; ".join(cattrs.transform_error(exc))
-        raise PluginError(f"plugin {spec.name!r} config: {problems}", code="PLUGIN_CONFIG") from exc
-    except (TypeError, ValueError) as exc:
-        raise PluginError(f"plugin {spec.name!r} config: {exc}", code="PLUGIN_CONFIG") from exc
+        problems = "; ".join(_problems(exc, ()))
+        raise PluginError(f"{where} config: {problems}", code="PLUGIN_CONFIG") from exc
+    except (TypeError, ValueError, KeyError) as exc:
+        raise PluginError(f"{where} config: {exc}", code="PLUGIN_CONFIG") from exc
+
+
+def _problems(group: BaseExceptionGroup[Exception], path: tuple[str, ...]) -> list[str]:
+    """One line per bad key of a cattrs validation group: its dotted path, expected type and
+    what was wrong."""
+    out: list[str] = []
+    for exc in group.exceptions:
+        if isinstance(exc, ForbiddenExtraKeysError):
+            known = sorted(a.name for a in attrs.fields(exc.cl)) if attrs.has(exc.cl) else []
+            out.extend(
+                f"key {'.'.join((*path, key))!r} is unknown (known keys: {known})"
+                for key in sorted(exc.extra_fields)
+            )
+            continue
+        notes = getattr(exc, "__notes__", ())
+        note = next((n for n in notes if isinstance(n, AttributeValidationNote)), None)
+        here = (*path, note.name) if note is not None else path
+        if isinstance(exc, BaseExceptionGroup):
+            out += _problems(exc, here)
+            continue
+        expected = f" ({type_name(note.type)})" if note is not None else ""
+        message = "is required" if isinstance(exc, KeyError) else str(exc)
+        out.append(f"key {'.'.join(here)!r}{expected}: {message}")
+    return out
 
 
 def load_composition(path: str | Path) -> list[PluginRow]:
@@ -82,14 +112,34 @@ def load_composition(path: str | Path) -> list[PluginRow]:
                 f"{p}: plugins[{i}] needs `plugin` and may have `config`, `disabled`",
                 code="PLUGIN_CONFIG",
             )
-        out.append(
-            PluginRow(
-                plugin=str(row["plugin"]),
-                config=row.get("config", {}),
-                disabled=bool(row.get("disabled", False)),
-            )
-        )
+        out.append(_checked_row(row, f"{p}: plugins[{i}]"))
     return out
+
+
+def _checked_row(row: Mapping[str, Any], where: str) -> PluginRow:
+    """A row from plain data, strictly: ``plugin`` a string, ``config`` a table, ``disabled`` a
+    boolean (``disabled = "no"`` must not disable a plugin)."""
+    unknown = sorted(set(row) - {"plugin", "config", "disabled"})
+    if unknown or "plugin" not in row:
+        raise PluginError(
+            f"{where} needs `plugin` and may have `config`, `disabled` (got keys {sorted(row)})",
+            code="PLUGIN_CONFIG",
+        )
+    plugin, config = row["plugin"], row.get("config", {})
+    disabled = row.get("disabled", False)
+    if type(plugin) is not str:
+        raise PluginError(
+            f"{where}: `plugin` must be a string, got {plugin!r}", code="PLUGIN_CONFIG"
+        )
+    if not isinstance(config, Mapping):
+        raise PluginError(
+            f"{where}: `config` must be a table, got {config!r}", code="PLUGIN_CONFIG"
+        )
+    if disabled is not True and disabled is not False:
+        raise PluginError(
+            f"{where}: `disabled` must be a boolean, got {disabled!r}", code="PLUGIN_CONFIG"
+        )
+    return PluginRow(plugin=plugin, config=config, disabled=disabled)
 
 
 def _order(
@@ -165,13 +215,18 @@ class HostRuntime:
 
 def _rows(items: Iterable[PluginRow | Mapping[str, Any] | str]) -> list[PluginRow]:
     out: list[PluginRow] = []
-    for item in items:
+    for i, item in enumerate(items):
         if isinstance(item, PluginRow):
             out.append(item)
         elif isinstance(item, str):
             out.append(PluginRow(plugin=item))
+        elif isinstance(item, Mapping):
+            out.append(_checked_row(item, f"plugins[{i}]"))
         else:
-            out.append(PluginRow(**dict(item)))
+            raise PluginError(
+                f"plugins[{i}]: a row is a plugin name, a mapping or a PluginRow, got {item!r}",
+                code="PLUGIN_CONFIG",
+            )
     return out
 
 
@@ -199,9 +254,11 @@ async def boot_host(
     host = Host(event_types=registry)
     runtime = HostRuntime(host, pm)
     chosen: list[tuple[PluginRow, PluginSpec]] = []
-    for row in _rows(rows):
+    position: dict[int, int] = {}
+    for i, row in enumerate(_rows(rows)):
         if row.disabled:
             continue
+        position[id(row)] = i
         found = specs.get(row.plugin)
         if found is None:
             raise PluginError(
@@ -210,7 +267,7 @@ async def boot_host(
             )
         chosen.append((row, found))
     ordered = _order(chosen, set())
-    configs = [structure_config(spec, row.config) for row, spec in ordered]
+    configs = [structure_config(spec, row.config, row=position[id(row)]) for row, spec in ordered]
     try:
         for (row, spec), config in zip(ordered, configs, strict=True):
             ctx = runtime.ctx.plugin(row.plugin)
