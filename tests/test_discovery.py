@@ -16,10 +16,14 @@ EVERY_ENTRY_POINT = {
 }  # fmt: skip
 
 
-def _dsh(*args: str, pythonpath: Path | None = None) -> subprocess.CompletedProcess[str]:
+def _dsh(
+    *args: str, pythonpath: Path | None = None, dsh_env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("DSH_")}
-    if pythonpath is not None:
-        env["PYTHONPATH"] = str(pythonpath)
+    env.update(dsh_env or {})
+    # The script imports the code this test process imports (a checkout's sources come first).
+    paths = [*([str(pythonpath)] if pythonpath is not None else []), *filter(None, sys.path)]
+    env["PYTHONPATH"] = os.pathsep.join(paths)
     script = Path(sys.executable).with_name("dsh")
     return subprocess.run(
         [str(script), *args], capture_output=True, text=True, env=env, timeout=60, check=False
@@ -55,3 +59,35 @@ def test_broken_plugin_is_reported_by_the_cli(tmp_path: Path) -> None:
     assert "RuntimeError: broken on purpose" in done.stdout
     listed = {line.split()[0] for line in done.stdout.split("\n\n")[0].splitlines()[1:]}
     assert listed == EVERY_ENTRY_POINT
+
+
+def test_disabled_autoload_with_a_plugin_list_loads_the_list(tmp_path: Path) -> None:
+    """host-core §1, dx 12.6: `DSH_DISABLE_PLUGIN_AUTOLOAD=1 DSH_PLUGINS=core,dsh-subagent`
+    lists exactly those two; a broken plugin not named is neither loaded nor reported."""
+    write_distribution(
+        tmp_path,
+        "dsh-broken-fixture",
+        entry_points={"broken-fixture": "broken_fixture"},
+        modules={"broken_fixture": "raise RuntimeError('broken on purpose')\n"},
+    )
+    env = {"DSH_DISABLE_PLUGIN_AUTOLOAD": "1", "DSH_PLUGINS": "core,dsh-subagent"}
+    done = _dsh("plugins", pythonpath=tmp_path, dsh_env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    listed = {line.split()[0] for line in done.stdout.splitlines()[1:] if line.strip()}
+    assert listed == {"core", "subagent"}
+
+
+def test_a_broken_plugin_is_a_warning_on_stderr(tmp_path: Path) -> None:
+    """host-core §1, dx 12.6: the import failure is also logged (logger `dsh.plugins`), once."""
+    write_distribution(
+        tmp_path,
+        "dsh-broken-fixture",
+        version="9.9.9",
+        entry_points={"broken-fixture": "broken_fixture"},
+        modules={"broken_fixture": "raise RuntimeError('broken on purpose')\n"},
+    )
+    done = _dsh("plugins", pythonpath=tmp_path)
+    warned = [line for line in done.stderr.splitlines() if "broken-fixture" in line]
+    assert len(warned) == 1, done.stderr
+    assert "'broken-fixture' (dsh-broken-fixture 9.9.9) failed to load" in warned[0]
+    assert "RuntimeError: broken on purpose" in warned[0]

@@ -230,6 +230,30 @@ def _rows(items: Iterable[PluginRow | Mapping[str, Any] | str]) -> list[PluginRo
     return out
 
 
+def _unknown(name: str, specs: Mapping[str, PluginSpec], pm: DshPluginManager) -> str:
+    """PLUGIN_UNKNOWN's message: the known names, and the entry points that failed to load (the
+    one named like the row, else all of them, since any might have mounted it)."""
+    message = f"no installed plugin mounts {name!r} (known: {sorted(specs)})"
+    related = pm.failures_for(name)
+    if related:
+        return (
+            message
+            + "; "
+            + "; ".join(
+                f"entry point {f.name!r}"
+                + (f" ({f.distribution} {f.version})" if f.distribution else "")
+                + f" failed to load: {f.message}"
+                for f in related
+            )
+        )
+    if pm.failures:
+        n = len(pm.failures)
+        listed = "; ".join(f.describe() for f in pm.failures)
+        plural = "" if n == 1 else "s"
+        return f"{message}; {n} plugin{plural} failed to load and may mount it: {listed}"
+    return message
+
+
 async def boot_host(
     rows: Iterable[PluginRow | Mapping[str, Any] | str],
     *,
@@ -261,10 +285,7 @@ async def boot_host(
         position[id(row)] = i
         found = specs.get(row.plugin)
         if found is None:
-            raise PluginError(
-                f"no installed plugin mounts {row.plugin!r} (known: {sorted(specs)})",
-                code="PLUGIN_UNKNOWN",
-            )
+            raise PluginError(_unknown(row.plugin, specs, pm), code="PLUGIN_UNKNOWN")
         chosen.append((row, found))
     ordered = _order(chosen, set())
     configs = [structure_config(spec, row.config, row=position[id(row)]) for row, spec in ordered]
