@@ -14,8 +14,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-import dsh_subagent.plugin as subagent_plugin
-import dsh_subagent_spawn.plugin as spawn_plugin
 from dsh_core import PluginError, PluginSpec, make_plugin_manager
 from dsh_core._converter import type_name
 from dsh_core._host import boot_host, load_composition, structure_config
@@ -137,7 +135,7 @@ async def test_a_provider_name_that_is_not_a_string_registers_nothing(value: obj
         async with scripted_host(
             "subagent",
             "subagent-spawn",
-            modules={"subagent": subagent_plugin, "subagent-spawn": spawn_plugin},
+            load=("dsh-subagent", "dsh-subagent-spawn"),
             config={"subagent-spawn": {"provider_name": value}},
         ):
             pass
