@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from dsh_core import PluginError, PluginSpec, make_plugin_manager
 from dsh_core._converter import type_name
-from dsh_core._host import boot_host, load_composition, structure_config
+from dsh_core._host import PluginRow, boot_host, load_composition, structure_config
 from dsh_core.testing import scripted_host
 
 #: Every installed plugin that takes config, found the way a host finds it.
@@ -253,3 +253,12 @@ async def test_rows_in_code_are_checked_like_rows_in_a_file() -> None:
             await boot_host(rows, pm=pm)  # type: ignore[arg-type]
         assert err.value.code == "PLUGIN_CONFIG"
         assert "plugins[0]" in str(err.value)
+
+
+def test_a_plugin_row_made_in_code_is_checked() -> None:
+    """host-core §1, dx 12.5: PluginRow itself refuses a wrong-typed field with PLUGIN_CONFIG."""
+    for fields in ({"plugin": 3}, {"plugin": "x", "disabled": "no"}, {"plugin": "x", "config": 3}):
+        with pytest.raises(PluginError) as err:
+            PluginRow(**fields)  # type: ignore[arg-type]
+        assert err.value.code == "PLUGIN_CONFIG"
+    assert PluginRow(plugin="x", disabled=True).disabled is True

@@ -31,13 +31,29 @@ from ._plugins import DshPluginManager, PluginError, PluginSpec, make_plugin_man
 __all__ = ["HostRuntime", "PluginRow", "boot_host", "load_composition", "structure_config"]
 
 
+def _check_row_field(row: PluginRow, attribute: attrs.Attribute[Any], value: Any) -> None:
+    ok = {
+        "plugin": type(value) is str,
+        "config": isinstance(value, Mapping),
+        "disabled": value is True or value is False,
+    }[attribute.name]
+    if not ok:
+        kind = {"plugin": "a string", "config": "a table", "disabled": "a boolean"}
+        raise PluginError(
+            f"`{attribute.name}` must be {kind[attribute.name]}, got {value!r}",
+            code="PLUGIN_CONFIG",
+        )
+
+
 @attrs.frozen(kw_only=True)
 class PluginRow:
-    """One row of a composition."""
+    """One row of a composition. Checked when made, as strictly as its config: ``plugin`` a
+    string, ``config`` a table, ``disabled`` a boolean (``disabled = "no"`` must not disable
+    a plugin); otherwise ``PLUGIN_CONFIG``."""
 
-    plugin: str
-    config: Mapping[str, Any] = attrs.field(factory=dict)
-    disabled: bool = False
+    plugin: str = attrs.field(validator=_check_row_field)
+    config: Mapping[str, Any] = attrs.field(factory=dict, validator=_check_row_field)
+    disabled: bool = attrs.field(default=False, validator=_check_row_field)
 
 
 def structure_config(spec: PluginSpec, raw: object, *, row: int | None = None) -> Any:
@@ -103,43 +119,23 @@ def load_composition(path: str | Path) -> list[PluginRow]:
         )
     out: list[PluginRow] = []
     for i, row in enumerate(rows):
-        if (
-            not isinstance(row, dict)
-            or "plugin" not in row
-            or set(row) - {"plugin", "config", "disabled"}
-        ):
-            raise PluginError(
-                f"{p}: plugins[{i}] needs `plugin` and may have `config`, `disabled`",
-                code="PLUGIN_CONFIG",
-            )
+        if not isinstance(row, dict):
+            raise PluginError(f"{p}: plugins[{i}] is not a table", code="PLUGIN_CONFIG")
         out.append(_checked_row(row, f"{p}: plugins[{i}]"))
     return out
 
 
 def _checked_row(row: Mapping[str, Any], where: str) -> PluginRow:
-    """A row from plain data, strictly: ``plugin`` a string, ``config`` a table, ``disabled`` a
-    boolean (``disabled = "no"`` must not disable a plugin)."""
-    unknown = sorted(set(row) - {"plugin", "config", "disabled"})
-    if unknown or "plugin" not in row:
+    """A row from plain data (a file's table, a mapping in code); errors name the row."""
+    if "plugin" not in row or set(row) - {"plugin", "config", "disabled"}:
         raise PluginError(
             f"{where} needs `plugin` and may have `config`, `disabled` (got keys {sorted(row)})",
             code="PLUGIN_CONFIG",
         )
-    plugin, config = row["plugin"], row.get("config", {})
-    disabled = row.get("disabled", False)
-    if type(plugin) is not str:
-        raise PluginError(
-            f"{where}: `plugin` must be a string, got {plugin!r}", code="PLUGIN_CONFIG"
-        )
-    if not isinstance(config, Mapping):
-        raise PluginError(
-            f"{where}: `config` must be a table, got {config!r}", code="PLUGIN_CONFIG"
-        )
-    if disabled is not True and disabled is not False:
-        raise PluginError(
-            f"{where}: `disabled` must be a boolean, got {disabled!r}", code="PLUGIN_CONFIG"
-        )
-    return PluginRow(plugin=plugin, config=config, disabled=disabled)
+    try:
+        return PluginRow(**row)
+    except PluginError as exc:
+        raise PluginError(f"{where}: {exc}", code="PLUGIN_CONFIG") from exc
 
 
 def _order(
