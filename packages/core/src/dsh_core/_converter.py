@@ -1,9 +1,12 @@
-"""The one cattrs converter for durable JSON (session logs, descriptors, configs).
+"""The cattrs converters: one for durable JSON (session logs, descriptors), one for plugin
+config.
 
 Values unstructure to plain JSON (defaults omitted, tags added) and structure back strictly:
 an unknown key is an error, so corruption is noticed instead of silently dropped. Tagged unions
 (:mod:`dsh_core._tagged`) dispatch on their tag; an unclaimed tag becomes the union's unknown
-variant and round-trips verbatim.
+variant and round-trips verbatim. :data:`config_converter` shares the scalar rules (no
+coercion) but validates in detail, so a config error can name the key; the durable converter
+stays lean, its errors reported by the caller with the file and line.
 """
 
 from __future__ import annotations
