@@ -392,3 +392,42 @@ async def test_every_reply_path_streams_the_same_chunks() -> None:
     stream = failing.stream(options(user_message("hi")))  # opening does not raise
     with pytest.raises(LlmError):
         await stream.__anext__()
+
+
+async def test_generated_tool_call_ids_are_unique_within_and_across_responses() -> None:
+    """host-core §2, hardening 11.11: every id the scripted model mints for a call is unique,
+    among many calls of one response and across responses."""
+    calls = tuple(ScriptedToolCall(name="t", arguments={"i": i}) for i in range(50))
+    adapter = ScriptedAdapter(lambda r: ScriptedReply(tool_calls=calls))
+    ids: list[str] = []
+    for _ in range(3):
+        chunks = await run(adapter, options(user_message("go")))
+        ids += [c.id for c in chunks if isinstance(c, ToolCallDelta)]
+    assert len(ids) == 150
+    assert len(set(ids)) == 150
+    assert all(i.startswith("call-") for i in ids)
+
+
+async def test_an_agent_runs_two_id_less_calls_of_one_response() -> None:
+    """host-core §3, hardening 11.11: two calls without ids in one response both run; the
+    session log holds two distinct tool calls, not "tool call repeated"."""
+    from dsh_core import ToolDefinition
+    from dsh_core.testing import scripted_host
+
+    async def echo(args: Any, run: Any) -> str:
+        return str(args["n"])
+
+    both = ScriptedReply(
+        tool_calls=(
+            ScriptedToolCall(name="echo", arguments={"n": 1}),
+            ScriptedToolCall(name="echo", arguments={"n": 2}),
+        )
+    )
+    async with scripted_host(model=[both, "done"]) as h:
+        h.ctx.tools.register(
+            ToolDefinition(name="echo", description="echo", parameters={}, execute=echo)
+        )
+        handle = await h.create_agent()
+        assert await h.run(handle.agent, "go") == "done"
+        calls = [e.data for e in handle.agent.session.events if e.type == "tool/call"]
+        assert len({c.call_id for c in calls}) == 2

@@ -1,13 +1,18 @@
-"""The one cattrs converter for durable JSON (session logs, descriptors, configs).
+"""The cattrs converters: one for durable JSON (session logs, descriptors), one for plugin
+config.
 
 Values unstructure to plain JSON (defaults omitted, tags added) and structure back strictly:
 an unknown key is an error, so corruption is noticed instead of silently dropped. Tagged unions
 (:mod:`dsh_core._tagged`) dispatch on their tag; an unclaimed tag becomes the union's unknown
-variant and round-trips verbatim.
+variant and round-trips verbatim. :data:`config_converter` shares the scalar rules (no
+coercion) but validates in detail, so a config error can name the key; the durable converter
+stays lean, its errors reported by the caller with the file and line.
 """
 
 from __future__ import annotations
 
+import collections.abc as cabc
+import types
 import typing
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
@@ -21,6 +26,7 @@ from ._json import freeze_json, thaw_json
 from ._tagged import TaggedUnion, TaggedUnionError
 
 __all__ = [
+    "config_converter",
     "converter",
     "register_tagged_union",
     "structure",
@@ -157,6 +163,123 @@ def register_tagged_union(union: TaggedUnion[Any]) -> None:
 for _union in (BLOCKS, SOURCES, CHUNKS):
     register_tagged_union(_union)
 del _union
+
+
+# -- plugin config --------------------------------------------------------------------------------
+
+#: The converter for a user's plugin config (a composition row's ``config``): as strict as the
+#: durable one about scalars and arrays, but with detailed validation, so an error can name the
+#: key. A wrong type is refused, never converted: no ``str(3)``, no ``int("3")``, no ``bool("no")``.
+config_converter = cattrs.Converter(
+    forbid_extra_keys=True, omit_if_default=True, detailed_validation=True
+)
+config_converter.register_structure_hook(int, _strict_int)
+config_converter.register_structure_hook(str, _strict_str)
+config_converter.register_structure_hook(bool, _strict_bool)
+config_converter.register_structure_hook(float, _strict_float)
+
+_SCALARS: frozenset[Any] = frozenset({str, int, float, bool, type(None)})
+_SEQUENCES: frozenset[Any] = frozenset({tuple, list, set, frozenset, cabc.Sequence, cabc.Set})
+_MAPPINGS: frozenset[Any] = frozenset({dict, cabc.Mapping})
+
+
+def type_name(t: Any) -> str:
+    """A type as a user reads it in a config error (``str``, ``str | None``, ``list[int]``)."""
+    if t is type(None):
+        return "None"
+    if isinstance(t, type) and not typing.get_args(t):
+        return t.__name__
+    return str(t).replace("typing.", "").replace("collections.abc.", "")
+
+
+def _is_union(t: Any) -> bool:
+    return typing.get_origin(t) in (typing.Union, types.UnionType)
+
+
+def _is_scalar_union(t: Any) -> bool:
+    return _is_union(t) and all(a in _SCALARS for a in typing.get_args(t))
+
+
+def _scalar_union(t: Any) -> Callable[[Any, Any], Any]:
+    """``str | int | None`` and the like: the value's own type must be a member (an int counts
+    for ``float``); ``None`` only when the union has it."""
+    members = frozenset(typing.get_args(t))
+    accepted = members | ({int} if float in members else set())
+    name = type_name(t)
+
+    def structure_union(value: Any, _: Any) -> Any:
+        if type(value) not in accepted:
+            raise TypeError(f"expected {name}, got {value!r}")
+        return value
+
+    return structure_union
+
+
+def _is_sequence(t: Any) -> bool:
+    origin = typing.get_origin(t)
+    if origin not in _SEQUENCES:
+        return False
+    args = typing.get_args(t)
+    return len(args) == 1 or (origin is tuple and len(args) == 2 and args[1] is Ellipsis)
+
+
+def _sequence(t: Any) -> Callable[[Any, Any], Any]:
+    """Homogeneous sequences and sets from an array only (never a string's characters or an
+    object's keys); items are structured strictly, and an error names the item's index."""
+    origin = typing.get_origin(t)
+    item = typing.get_args(t)[0]
+    hook = config_converter.get_structure_hook(item)
+    make: Callable[[list[Any]], Any] = {list: list, set: set, frozenset: frozenset}.get(
+        origin, frozenset if origin is cabc.Set else tuple
+    )
+
+    def structure_sequence(value: Any, _: Any) -> Any:
+        if type(value) is not list and type(value) is not tuple:
+            raise TypeError(f"expected an array, got {value!r}")
+        out = []
+        for i, v in enumerate(value):
+            try:
+                out.append(hook(v, item))
+            except Exception as exc:
+                raise TypeError(f"item {i}: {_first_message(exc)}") from exc
+        return make(out)
+
+    return structure_sequence
+
+
+def _is_mapping(t: Any) -> bool:
+    return typing.get_origin(t) in _MAPPINGS and len(typing.get_args(t)) == 2
+
+
+def _mapping(t: Any) -> Callable[[Any, Any], Any]:
+    """``dict[K, V]`` from an object only; keys and values structured strictly."""
+    key_type, value_type = typing.get_args(t)
+    key_hook = config_converter.get_structure_hook(key_type)
+    value_hook = config_converter.get_structure_hook(value_type)
+
+    def structure_mapping(value: Any, _: Any) -> dict[Any, Any]:
+        if not isinstance(value, Mapping):
+            raise TypeError(f"expected an object, got {value!r}")
+        out: dict[Any, Any] = {}
+        for k, v in value.items():
+            try:
+                out[key_hook(k, key_type)] = value_hook(v, value_type)
+            except Exception as exc:
+                raise TypeError(f"entry {k!r}: {_first_message(exc)}") from exc
+        return out
+
+    return structure_mapping
+
+
+def _first_message(exc: BaseException) -> str:
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return str(exc)
+
+
+config_converter.register_structure_hook_factory(_is_scalar_union, _scalar_union)
+config_converter.register_structure_hook_factory(_is_sequence, _sequence)
+config_converter.register_structure_hook_factory(_is_mapping, _mapping)
 
 
 def unstructure(value: object) -> Any:

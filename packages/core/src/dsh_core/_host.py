@@ -5,8 +5,8 @@ A composition is a list of rows ``{plugin, config, disabled}``, written in code 
 (``[[plugins]]`` tables). Rows are applied in a stable topological order over the services
 each plugin ``requires``/``provides`` (and optionally wants ``after``); a missing required
 service or a cycle fails loud at boot with ``PLUGIN_UNRESOLVED``. A row's config is structured
-into the plugin's attrs ``config_type``; a wrong key or type fails with ``PLUGIN_CONFIG`` naming
-the plugin and the key.
+into the plugin's attrs ``config_type`` strictly (a wrong type is refused, never converted); a
+wrong key or type fails with ``PLUGIN_CONFIG`` naming the row, the plugin and the key.
 """
 
 from __future__ import annotations
@@ -20,43 +20,89 @@ from typing import Any
 
 import attrs
 import cattrs
+from cattrs.errors import AttributeValidationNote, ForbiddenExtraKeysError
 
 from ._content import SOURCES
 from ._context import Context, Host
+from ._converter import config_converter, type_name
 from ._events import EventTypeRegistry, EventTypeSpec
 from ._plugins import DshPluginManager, PluginError, PluginSpec, make_plugin_manager
 
 __all__ = ["HostRuntime", "PluginRow", "boot_host", "load_composition", "structure_config"]
 
 
+def _check_row_field(row: PluginRow, attribute: attrs.Attribute[Any], value: Any) -> None:
+    ok = {
+        "plugin": type(value) is str,
+        "config": isinstance(value, Mapping),
+        "disabled": value is True or value is False,
+    }[attribute.name]
+    if not ok:
+        kind = {"plugin": "a string", "config": "a table", "disabled": "a boolean"}
+        raise PluginError(
+            f"`{attribute.name}` must be {kind[attribute.name]}, got {value!r}",
+            code="PLUGIN_CONFIG",
+        )
+
+
 @attrs.frozen(kw_only=True)
 class PluginRow:
-    """One row of a composition."""
+    """One row of a composition. Checked when made, as strictly as its config: ``plugin`` a
+    string, ``config`` a table, ``disabled`` a boolean (``disabled = "no"`` must not disable
+    a plugin); otherwise ``PLUGIN_CONFIG``."""
 
-    plugin: str
-    config: Mapping[str, Any] = attrs.field(factory=dict)
-    disabled: bool = False
+    plugin: str = attrs.field(validator=_check_row_field)
+    config: Mapping[str, Any] = attrs.field(factory=dict, validator=_check_row_field)
+    disabled: bool = attrs.field(default=False, validator=_check_row_field)
 
 
-_config_converter = cattrs.Converter(forbid_extra_keys=True)
+def structure_config(spec: PluginSpec, raw: object, *, row: int | None = None) -> Any:
+    """Structure a row's config into ``spec.config_type``, strictly (see
+    :data:`dsh_core._converter.config_converter`): a wrong type is refused, never converted.
 
-
-def structure_config(spec: PluginSpec, raw: Mapping[str, Any]) -> Any:
-    """Structure a row's config into ``spec.config_type``; errors name the plugin and key."""
+    Errors are ``PLUGIN_CONFIG`` naming the row (``plugins[row]`` when given), the plugin, each
+    offending key with its expected type, and the value found.
+    """
+    where = f"plugin {spec.name!r}" if row is None else f"plugins[{row}] (plugin {spec.name!r})"
+    if not isinstance(raw, Mapping):
+        raise PluginError(f"{where}: config must be a table, got {raw!r}", code="PLUGIN_CONFIG")
     if spec.config_type is None:
         if raw:
             raise PluginError(
-                f"plugin {spec.name!r} takes no config, got keys {sorted(raw)}",
-                code="PLUGIN_CONFIG",
+                f"{where} takes no config, got keys {sorted(raw)}", code="PLUGIN_CONFIG"
             )
         return None
     try:
-        return _config_converter.structure(dict(raw), spec.config_type)
+        return config_converter.structure(dict(raw), spec.config_type)
     except cattrs.ClassValidationError as exc:
-        problems = "; ".join(cattrs.transform_error(exc))
-        raise PluginError(f"plugin {spec.name!r} config: {problems}", code="PLUGIN_CONFIG") from exc
-    except (TypeError, ValueError) as exc:
-        raise PluginError(f"plugin {spec.name!r} config: {exc}", code="PLUGIN_CONFIG") from exc
+        problems = "; ".join(_problems(exc, ()))
+        raise PluginError(f"{where} config: {problems}", code="PLUGIN_CONFIG") from exc
+    except (TypeError, ValueError, KeyError) as exc:
+        raise PluginError(f"{where} config: {exc}", code="PLUGIN_CONFIG") from exc
+
+
+def _problems(group: BaseExceptionGroup[Exception], path: tuple[str, ...]) -> list[str]:
+    """One line per bad key of a cattrs validation group: its dotted path, expected type and
+    what was wrong."""
+    out: list[str] = []
+    for exc in group.exceptions:
+        if isinstance(exc, ForbiddenExtraKeysError):
+            known = sorted(a.name for a in attrs.fields(exc.cl)) if attrs.has(exc.cl) else []
+            out.extend(
+                f"key {'.'.join((*path, key))!r} is unknown (known keys: {known})"
+                for key in sorted(exc.extra_fields)
+            )
+            continue
+        notes = getattr(exc, "__notes__", ())
+        note = next((n for n in notes if isinstance(n, AttributeValidationNote)), None)
+        here = (*path, note.name) if note is not None else path
+        if isinstance(exc, BaseExceptionGroup):
+            out += _problems(exc, here)
+            continue
+        expected = f" ({type_name(note.type)})" if note is not None else ""
+        message = "is required" if isinstance(exc, KeyError) else str(exc)
+        out.append(f"key {'.'.join(here)!r}{expected}: {message}")
+    return out
 
 
 def load_composition(path: str | Path) -> list[PluginRow]:
@@ -73,23 +119,23 @@ def load_composition(path: str | Path) -> list[PluginRow]:
         )
     out: list[PluginRow] = []
     for i, row in enumerate(rows):
-        if (
-            not isinstance(row, dict)
-            or "plugin" not in row
-            or set(row) - {"plugin", "config", "disabled"}
-        ):
-            raise PluginError(
-                f"{p}: plugins[{i}] needs `plugin` and may have `config`, `disabled`",
-                code="PLUGIN_CONFIG",
-            )
-        out.append(
-            PluginRow(
-                plugin=str(row["plugin"]),
-                config=row.get("config", {}),
-                disabled=bool(row.get("disabled", False)),
-            )
-        )
+        if not isinstance(row, dict):
+            raise PluginError(f"{p}: plugins[{i}] is not a table", code="PLUGIN_CONFIG")
+        out.append(_checked_row(row, f"{p}: plugins[{i}]"))
     return out
+
+
+def _checked_row(row: Mapping[str, Any], where: str) -> PluginRow:
+    """A row from plain data (a file's table, a mapping in code); errors name the row."""
+    if "plugin" not in row or set(row) - {"plugin", "config", "disabled"}:
+        raise PluginError(
+            f"{where} needs `plugin` and may have `config`, `disabled` (got keys {sorted(row)})",
+            code="PLUGIN_CONFIG",
+        )
+    try:
+        return PluginRow(**row)
+    except PluginError as exc:
+        raise PluginError(f"{where}: {exc}", code="PLUGIN_CONFIG") from exc
 
 
 def _order(
@@ -165,14 +211,43 @@ class HostRuntime:
 
 def _rows(items: Iterable[PluginRow | Mapping[str, Any] | str]) -> list[PluginRow]:
     out: list[PluginRow] = []
-    for item in items:
+    for i, item in enumerate(items):
         if isinstance(item, PluginRow):
             out.append(item)
         elif isinstance(item, str):
             out.append(PluginRow(plugin=item))
+        elif isinstance(item, Mapping):
+            out.append(_checked_row(item, f"plugins[{i}]"))
         else:
-            out.append(PluginRow(**dict(item)))
+            raise PluginError(
+                f"plugins[{i}]: a row is a plugin name, a mapping or a PluginRow, got {item!r}",
+                code="PLUGIN_CONFIG",
+            )
     return out
+
+
+def _unknown(name: str, specs: Mapping[str, PluginSpec], pm: DshPluginManager) -> str:
+    """PLUGIN_UNKNOWN's message: the known names, and the entry points that failed to load (the
+    one named like the row, else all of them, since any might have mounted it)."""
+    message = f"no installed plugin mounts {name!r} (known: {sorted(specs)})"
+    related = pm.failures_for(name)
+    if related:
+        return (
+            message
+            + "; "
+            + "; ".join(
+                f"entry point {f.name!r}"
+                + (f" ({f.distribution} {f.version})" if f.distribution else "")
+                + f" failed to load: {f.message}"
+                for f in related
+            )
+        )
+    if pm.failures:
+        n = len(pm.failures)
+        listed = "; ".join(f.describe() for f in pm.failures)
+        plural = "" if n == 1 else "s"
+        return f"{message}; {n} plugin{plural} failed to load and may mount it: {listed}"
+    return message
 
 
 async def boot_host(
@@ -199,18 +274,17 @@ async def boot_host(
     host = Host(event_types=registry)
     runtime = HostRuntime(host, pm)
     chosen: list[tuple[PluginRow, PluginSpec]] = []
-    for row in _rows(rows):
+    position: dict[int, int] = {}
+    for i, row in enumerate(_rows(rows)):
         if row.disabled:
             continue
+        position[id(row)] = i
         found = specs.get(row.plugin)
         if found is None:
-            raise PluginError(
-                f"no installed plugin mounts {row.plugin!r} (known: {sorted(specs)})",
-                code="PLUGIN_UNKNOWN",
-            )
+            raise PluginError(_unknown(row.plugin, specs, pm), code="PLUGIN_UNKNOWN")
         chosen.append((row, found))
     ordered = _order(chosen, set())
-    configs = [structure_config(spec, row.config) for row, spec in ordered]
+    configs = [structure_config(spec, row.config, row=position[id(row)]) for row, spec in ordered]
     try:
         for (row, spec), config in zip(ordered, configs, strict=True):
             ctx = runtime.ctx.plugin(row.plugin)

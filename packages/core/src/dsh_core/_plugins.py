@@ -3,11 +3,14 @@
 Discovery is the only place dsh uses pluggy hooks; :class:`DshPluginManager` is also the only
 module that calls ``pm.hook.*``. A plugin that fails to import, fails validation or fails its
 hook is recorded as a :class:`PluginLoadFailure` and left out; the others load regardless.
+Each failure is also a warning on the ``dsh.plugins`` logger, once per process for the same
+entry point and error (a host that discovers again does not repeat it).
 """
 
 from __future__ import annotations
 
 import importlib.metadata as md
+import logging
 import os
 import re
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
@@ -35,6 +38,10 @@ ENTRY_POINT_GROUP = "dsh"
 hookimpl = pluggy.HookimplMarker("dsh")
 
 _FALSE_WORDS = frozenset({"", "0", "false", "no", "off"})
+
+_log = logging.getLogger("dsh.plugins")
+#: Failures already warned about in this process: (entry point, target, message).
+_warned: set[tuple[str, str | None, str]] = set()
 
 
 class PluginError(DshError):
@@ -84,6 +91,11 @@ class PluginLoadFailure:
     version: str | None
     message: str
     error: BaseException | None = attrs.field(default=None, eq=False, repr=False)
+
+    def describe(self) -> str:
+        """``name (distribution version): message``, as ``dsh plugins`` prints it."""
+        where = f" ({self.distribution} {self.version})" if self.distribution else ""
+        return f"{self.name}{where}: {self.message}"
 
 
 def _normalize(name: str) -> str:
@@ -141,7 +153,7 @@ class DshPluginManager(pluggy.PluginManager):
             self._load_one(ep, dist_name, version)
         for key, original in (wanted or {}).items():
             if key not in matched:
-                self.failures.append(
+                self._fail(
                     PluginLoadFailure(
                         name=original,
                         value=None,
@@ -153,7 +165,7 @@ class DshPluginManager(pluggy.PluginManager):
 
     def _load_one(self, ep: md.EntryPoint, dist_name: str | None, version: str | None) -> None:
         def fail(exc: BaseException, stage: str) -> None:
-            self.failures.append(
+            self._fail(
                 PluginLoadFailure(
                     name=ep.name,
                     value=ep.value,
@@ -254,9 +266,27 @@ class DshPluginManager(pluggy.PluginManager):
                 self._hook_failed(impl.plugin_name, exc, "dsh_message_source_kinds")
         return out
 
+    def _fail(self, failure: PluginLoadFailure) -> None:
+        """Record ``failure``; warn about it unless this process already did."""
+        self.failures.append(failure)
+        key = (failure.name, failure.value, failure.message)
+        if key not in _warned:
+            _warned.add(key)
+            where = f" ({failure.distribution} {failure.version})" if failure.distribution else ""
+            _log.warning("dsh plugin %r%s failed to load: %s", failure.name, where, failure.message)
+
+    def failures_for(self, name: str) -> list[PluginLoadFailure]:
+        """The failures whose entry-point or distribution name is ``name`` (normalised)."""
+        key = _normalize(name)
+        return [
+            f
+            for f in self.failures
+            if key == _normalize(f.name) or (f.distribution and key == _normalize(f.distribution))
+        ]
+
     def _hook_failed(self, plugin_name: str, exc: BaseException, hook: str) -> None:
         found = next((d for d in self.discovered if d.name == plugin_name), None)
-        self.failures.append(
+        self._fail(
             PluginLoadFailure(
                 name=plugin_name,
                 value=found.value if found else None,
@@ -283,10 +313,13 @@ def make_plugin_manager(
 ) -> DshPluginManager:
     """Build a fresh plugin manager; never a module global.
 
-    :param autoload: load the ``dsh`` entry points; ``None`` reads the environment
-        (``DSH_DISABLE_PLUGIN_AUTOLOAD`` set to a true value turns it off).
-    :param only: load only these entry-point or distribution names; ``None`` reads
-        ``DSH_PLUGINS`` (comma separated; set but empty loads nothing).
+    :param autoload: load every installed ``dsh`` entry point; ``None`` reads the environment
+        (``DSH_DISABLE_PLUGIN_AUTOLOAD`` set to a true value turns it off). ``False`` given in
+        code also ignores ``DSH_PLUGINS`` (a test host loads only what it names).
+    :param only: load exactly these entry-point or distribution names, whatever ``autoload``
+        says; ``None`` reads ``DSH_PLUGINS`` (comma separated; set but empty loads nothing)
+        unless ``autoload=False`` was passed. So ``DSH_DISABLE_PLUGIN_AUTOLOAD=1`` with
+        ``DSH_PLUGINS=a,b`` loads ``a`` and ``b`` only, as ``DSH_PLUGINS`` alone does.
     :param plugins: extra plugin modules or objects to register by name, before autoload.
     :param environ: the environment to read (default ``os.environ``).
     :param entry_points: the entry points to consider (default: the installed ``dsh`` group).
@@ -295,10 +328,13 @@ def make_plugin_manager(
     pm = DshPluginManager()
     for name, plugin in (plugins or {}).items():
         pm.add_plugin(plugin, name=name)
+    from_env = autoload is None
     if autoload is None:
         autoload = not _env_flag(env, "DSH_DISABLE_PLUGIN_AUTOLOAD")
-    if only is None and "DSH_PLUGINS" in env:
+    if only is None and (from_env or autoload) and "DSH_PLUGINS" in env:
         only = [n.strip() for n in env["DSH_PLUGINS"].split(",") if n.strip()]
-    if autoload:
+    if only is not None:
         pm.load_entry_points(only=only, entry_points=entry_points)
+    elif autoload:
+        pm.load_entry_points(entry_points=entry_points)
     return pm

@@ -18,6 +18,7 @@ from typing import Any, TypeAlias, get_args
 
 import attrs
 
+from ._abort import AbortSignal
 from ._content import (
     Finish,
     FinishReason,
@@ -36,6 +37,7 @@ from ._content import (
     new_id,
 )
 from ._errors import DshError
+from ._events import ToolSchema
 from ._frozen import builder, speed_up_inits
 from ._json import dumps
 from ._llm import GenerateOptions
@@ -95,10 +97,53 @@ Script: TypeAlias = Callable[["ScriptedRequest"], "ReplyLike | Awaitable[ReplyLi
 
 @attrs.frozen(kw_only=True)
 class ScriptedRequest:
-    """What a script sees of one request."""
+    """One request the scripted model served: what a script sees, and what
+    :attr:`ScriptedAdapter.requests` records. ``options`` is the raw :class:`GenerateOptions`;
+    its fields read through (``model``, ``tools``, ``max_tokens``, ...), and ``system`` is
+    ``''`` rather than ``None`` when there is none."""
 
     options: GenerateOptions
     index: int
+
+    @property
+    def provider(self) -> str:
+        """The provider the request was routed to."""
+        return self.options.provider
+
+    @property
+    def model(self) -> str:
+        """The model asked for."""
+        return self.options.model
+
+    @property
+    def tools(self) -> tuple[ToolSchema, ...] | None:
+        """The tool schemas offered (``None``: none)."""
+        return self.options.tools
+
+    @property
+    def max_tokens(self) -> int | None:
+        """The output token limit, if any."""
+        return self.options.max_tokens
+
+    @property
+    def temperature(self) -> float | None:
+        """The sampling temperature, if any."""
+        return self.options.temperature
+
+    @property
+    def stop(self) -> tuple[str, ...] | None:
+        """The stop sequences, if any."""
+        return self.options.stop
+
+    @property
+    def signal(self) -> AbortSignal | None:
+        """The request's abort signal."""
+        return self.options.signal
+
+    @property
+    def loop_request(self) -> bool:
+        """Whether the agent loop built the request from its log."""
+        return self.options.loop_request
 
     @property
     def messages(self) -> tuple[Message, ...]:
@@ -148,7 +193,8 @@ class ScriptedRequest:
 
 
 class ScriptedAdapter:
-    """Replays replies from ``script``; records every request it served in ``requests``.
+    """Replays replies from ``script``; records every request it served in ``requests``, as the
+    :class:`ScriptedRequest` the script saw (``request.options`` is the raw request).
 
     ``record=False`` keeps ``requests`` empty: a long-running host (the ``llm-scripted``
     plugin, a benchmark) should not hold every request, and the history each one carries,
@@ -159,7 +205,7 @@ class ScriptedAdapter:
         self._script = script
         self._record = record
         self._served = 0
-        self.requests: list[GenerateOptions] = []
+        self.requests: list[ScriptedRequest] = []
 
     # -- constructors ------------------------------------------------------------------------
 
@@ -241,9 +287,10 @@ class ScriptedAdapter:
         """
         index = self._served
         self._served = index + 1
+        request = _request(options=options, index=index)
         if self._record:
-            self.requests.append(options)
-        produced = self._script(_request(options=options, index=index))
+            self.requests.append(request)
+        produced = self._script(request)
         plain = produced.__class__ is str or produced.__class__ is ScriptedReply
         if not plain and inspect.isawaitable(produced):  # the usual reply skips the ABC check
             return self._awaited(options, produced)
@@ -319,7 +366,7 @@ def _chunks(reply: ScriptedReply) -> tuple[list[StreamChunk], list[StreamChunk]]
         head.append(
             _call_delta(
                 index=index,
-                id=call.id or f"call-{new_id()[:12]}",
+                id=call.id or f"call-{new_id()}",  # the whole id: its head is per process
                 name=call.name,
                 arguments_delta=call.raw_arguments(),
             )

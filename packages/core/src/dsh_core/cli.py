@@ -33,8 +33,7 @@ def _print_failures(pm: DshPluginManager, out: TextIO) -> None:
         return
     print(f"\n{len(pm.failures)} plugin(s) failed to load:", file=out)
     for f in pm.failures:
-        where = f" ({f.distribution} {f.version})" if f.distribution else ""
-        print(f"  {f.name}{where}: {f.message}", file=out)
+        print(f"  {f.describe()}", file=out)
 
 
 def cmd_plugins(args: argparse.Namespace, out: TextIO) -> int:

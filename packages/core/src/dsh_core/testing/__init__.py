@@ -11,6 +11,7 @@ from .._scripted import ScriptedAdapter, ScriptedReply, ScriptedRequest, Scripte
 from ._distributions import write_distribution
 from ._entry_points import check_entry_point
 from ._host import SCRIPTED, TestHost, default_options, last_answer, scripted_host
+from ._replies import held_reply, max_tokens_reply, model_error_reply, tool_call_reply
 
 __all__ = [
     "SCRIPTED",
@@ -21,7 +22,11 @@ __all__ = [
     "TestHost",
     "check_entry_point",
     "default_options",
+    "held_reply",
     "last_answer",
+    "max_tokens_reply",
+    "model_error_reply",
     "scripted_host",
+    "tool_call_reply",
     "write_distribution",
 ]
