@@ -8,22 +8,29 @@ Lifecycle events are observation only: a listener failure is logged and containe
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from dsh_core import Context, ServiceKey
+from dsh_core import (
+    AbortSignal,
+    Agent,
+    AgentOptions,
+    ContentBlock,
+    Context,
+    ServiceKey,
+    ToolRestriction,
+)
 
 from ._depth import assert_subagent_max_depth
 from ._descriptor import OneShotDescriptor, snapshot_one_shot_descriptor
-from ._errors import SubagentError
+from ._errors import InvalidStartRequestError, SubagentError
 from ._schema import assert_object_json_schema
 from ._types import (
     ResolvedSubagentStartRequest,
+    SharedResult,
     SubagentProvider,
-    SubagentResult,
     SubagentRun,
     SubagentRunEndInfo,
     SubagentRunInfo,
@@ -145,6 +152,7 @@ class SubagentService:
             assert_subagent_max_depth(request.max_depth)
         if request.output_schema is not None:
             assert_object_json_schema(request.output_schema)
+        _check_fields(request)
         resolved = ResolvedSubagentStartRequest(
             **{field: getattr(request, field) for field in _REQUEST_FIELDS},
             descriptor=self._descriptor(name, request.label),
@@ -166,6 +174,39 @@ class SubagentService:
         if descriptor is None:
             descriptor = cache[name] = snapshot_one_shot_descriptor(name)
         return descriptor
+
+
+def _check_fields(request: SubagentStartRequest) -> None:
+    """Refuse mistyped request fields before anything exists (DRV-3, hardening 11.6).
+
+    ``label`` is left to the descriptor snapshot (DSC-1), ``max_depth`` and ``output_schema``
+    to SVC-6; the rest is checked here, so a provider never publishes a child it then cannot
+    prompt.
+    """
+    prompt = request.prompt
+    if not isinstance(prompt, tuple | list):
+        raise _mistyped("prompt", "a sequence of content blocks (see text_blocks)", prompt)
+    for i, block in enumerate(prompt):
+        if not isinstance(block, ContentBlock):
+            raise _mistyped("prompt", f"a sequence of content blocks; item {i}", block)
+    if not isinstance(request.parent, Agent):
+        raise _mistyped("parent", "an Agent", request.parent)
+    if not isinstance(request.signal, AbortSignal):
+        raise _mistyped("signal", "an AbortSignal", request.signal)
+    if request.persona is not None and not isinstance(request.persona, str):
+        raise _mistyped("persona", "a str or None", request.persona)
+    options = request.agent_options
+    if options is not None and not isinstance(options, AgentOptions):
+        raise _mistyped("agent_options", "an AgentOptions or None", options)
+    tool_filter = request.tool_filter
+    if tool_filter is not None and not isinstance(tool_filter, ToolRestriction):
+        raise _mistyped("tool_filter", "a ToolRestriction or None", tool_filter)
+
+
+def _mistyped(field: str, what: str, value: object) -> InvalidStartRequestError:
+    return InvalidStartRequestError(
+        f"SubagentStartRequest.{field} must be {what}, got {type(value).__name__}"
+    )
 
 
 class _RunLifecycle:
@@ -193,7 +234,7 @@ class _RunLifecycle:
             )
         return info
 
-    def observe_end(self, future: asyncio.Future[SubagentResult]) -> None:
+    def observe_end(self, future: SharedResult) -> None:
         """``run.result`` settled: emit ``subagent/end`` (its payload only when observed)."""
         last: Any = None
         if future.cancelled() or future.exception() is not None:
