@@ -139,6 +139,7 @@ from ._scripted import ScriptedAdapter, ScriptedReply, ScriptedRequest, Scripted
 from ._sessions import Session, SessionStore, SessionStoreService, now_ms
 from ._tagged import TaggedUnion, TaggedUnionError
 from ._tools import (
+    VALIDATOR_CACHE_SIZE,
     ToolDefinition,
     ToolError,
     ToolExecutionInput,
@@ -148,6 +149,7 @@ from ._tools import (
     ToolRegistry,
     ToolRestriction,
     ToolRunContext,
+    compile_schema,
 )
 
 __all__ = [
@@ -155,6 +157,7 @@ __all__ = [
     "ENTRY_POINT_GROUP",
     "PERSONA_SECTION",
     "SESSION_FORMAT_VERSION",
+    "VALIDATOR_CACHE_SIZE",
     "AbortController",
     "AbortSignal",
     "AbortedError",
@@ -296,6 +299,7 @@ __all__ = [
     "blocks_text",
     "boot_host",
     "check_balanced",
+    "compile_schema",
     "converter",
     "current_initiator",
     "default_sessions_dir",

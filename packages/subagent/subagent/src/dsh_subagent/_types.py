@@ -17,6 +17,7 @@ from dsh_core import (
     ContentBlock,
     JsonValue,
     MessageSource,
+    NotJsonError,
     SessionEvent,
     freeze_json,
 )
@@ -80,21 +81,31 @@ class SubagentCapabilities:
 NO_START_CAPABILITIES = SubagentCapabilities()
 
 
+def _freeze_schema(value: object) -> Any:
+    """Freeze an ``output_schema`` that is lossless JSON; keep any other value as given, for
+    ``start`` to refuse in its documented order (SVC-5 capability first, then SVC-6)."""
+    try:
+        return freeze_json(value)
+    except (NotJsonError, RecursionError):
+        return value
+
+
 @attrs.frozen(kw_only=True)
 class SubagentStartRequest:
     """What a caller asks for when starting a ONE-SHOT subagent.
 
     ``parent`` gives the child its workspace, lineage and delegation depth; ``signal`` is the
-    one cancellation channel before and after start-up. The optional fields each need the
-    matching provider capability, or the start is refused (SVC-5).
+    one cancellation channel before and after start-up (default: a fresh signal nothing
+    aborts, so the child runs until it ends or the run is disposed). The optional fields each
+    need the matching provider capability, or the start is refused (SVC-5).
     """
 
     prompt: tuple[ContentBlock, ...]
     parent: Agent = attrs.field(eq=False)
-    signal: AbortSignal = attrs.field(eq=False)
+    signal: AbortSignal = attrs.field(eq=False, factory=AbortSignal)
     label: str | None = None
     agent_options: AgentOptions | None = None
-    output_schema: JsonValue = attrs.field(default=None, converter=freeze_json)
+    output_schema: JsonValue = attrs.field(default=None, converter=_freeze_schema)
     max_depth: int | None = None
     tool_filter: ToolRestriction | None = None
     persona: str | None = None
@@ -237,7 +248,7 @@ class ContinuableCreateRequest:
 
     session_id: str
     parent: Agent = attrs.field(eq=False)
-    signal: AbortSignal = attrs.field(eq=False)
+    signal: AbortSignal = attrs.field(eq=False, factory=AbortSignal)
 
 
 @attrs.frozen(kw_only=True)
@@ -259,7 +270,7 @@ class ContinuableStartSpec:
     label: str
     prompt: tuple[ContentBlock, ...]
     parent: Agent = attrs.field(eq=False)
-    signal: AbortSignal = attrs.field(eq=False)
+    signal: AbortSignal = attrs.field(eq=False, factory=AbortSignal)
     agent_options: AgentOptions | None = None
     max_depth: int | None = None
     tool_filter: ToolRestriction | None = None
@@ -314,7 +325,7 @@ class SubagentFollowupOptions:
     """Options for following up with one continuable child."""
 
     source: MessageSource
-    signal: AbortSignal = attrs.field(eq=False)
+    signal: AbortSignal = attrs.field(eq=False, factory=AbortSignal)
 
 
 @attrs.frozen(kw_only=True)
@@ -322,7 +333,7 @@ class SubagentReportOptions:
     """Options for one continuable child's report to its direct parent."""
 
     delivery: SubagentReportDelivery
-    signal: AbortSignal = attrs.field(eq=False)
+    signal: AbortSignal = attrs.field(eq=False, factory=AbortSignal)
 
 
 @attrs.frozen(kw_only=True)
