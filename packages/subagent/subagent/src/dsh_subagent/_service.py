@@ -138,9 +138,10 @@ class SubagentService:
 
         Order: provider exists (``NO_PROVIDER``); capabilities in the order output_schema,
         max_depth, tool_filter, persona (``UNSUPPORTED_CAPABILITY``); then ``max_depth`` is a
-        non-negative safe integer (``TypeError``) and ``output_schema`` is in the supported
-        subset. Only then is the provider called, with a fresh resolved request carrying the
-        one-shot descriptor. A provider failure passes through unchanged and emits nothing.
+        non-negative safe integer (``TypeError``), ``output_schema`` is in the supported
+        subset, and the other fields have their declared types (``InvalidStartRequestError``).
+        Only then is the provider called, with a fresh resolved request carrying the one-shot
+        descriptor. A provider failure passes through unchanged and emits nothing.
         """
         provider = self._state.providers.get(name)
         if provider is None:
