@@ -12,6 +12,7 @@ output by OUT-1.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
@@ -70,6 +71,7 @@ DELEGATION_STATEMENT = (
     "answer. Your tools and permissions are fixed for this task. If you cannot do something "
     "with what you have, say so in your answer instead of retrying."
 )
+_log = logging.getLogger("dsh.subagent")
 # Keyed lookups of the host services the driver uses on fresh contexts (no attribute fallback).
 _AGENTS: ServiceKey[AgentRegistry] = ServiceKey("agents")
 _SYSTEM_PROMPT: ServiceKey[SystemPromptRegistry] = ServiceKey("system_prompt")
@@ -193,7 +195,10 @@ async def start_in_process_run(
         return _publish(request, handle, capture)
     except BaseException:
         # Published but not handed out: nobody else can dispose it (DRV-3, hardening 11.6).
-        await handle.dispose()
+        try:
+            await handle.dispose()
+        except Exception:
+            _log.exception("disposing a child whose start failed also failed")
         raise
 
 
