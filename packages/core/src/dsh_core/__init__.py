@@ -142,6 +142,7 @@ from ._scripted import ScriptedAdapter, ScriptedReply, ScriptedRequest, Scripted
 from ._sessions import Session, SessionStore, SessionStoreService, now_ms
 from ._tagged import TaggedUnion, TaggedUnionError
 from ._tools import (
+    VALIDATOR_CACHE_SIZE,
     ToolDefinition,
     ToolError,
     ToolExecutionInput,
@@ -151,6 +152,7 @@ from ._tools import (
     ToolRegistry,
     ToolRestriction,
     ToolRunContext,
+    compile_schema,
 )
 
 __all__ = [
@@ -158,6 +160,7 @@ __all__ = [
     "ENTRY_POINT_GROUP",
     "PERSONA_SECTION",
     "SESSION_FORMAT_VERSION",
+    "VALIDATOR_CACHE_SIZE",
     "AbortController",
     "AbortSignal",
     "AbortedError",
@@ -302,6 +305,7 @@ __all__ = [
     "blocks_text",
     "boot_host",
     "check_balanced",
+    "compile_schema",
     "converter",
     "current_initiator",
     "default_sessions_dir",

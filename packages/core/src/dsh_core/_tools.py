@@ -10,6 +10,7 @@ failures.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -40,6 +41,7 @@ __all__ = [
     "ToolRegistryService",
     "ToolRestriction",
     "ToolRunContext",
+    "VALIDATOR_CACHE_SIZE",
     "compile_schema",
 ]
 
@@ -197,16 +199,23 @@ class ToolRunContext:
         self._concludes = True
 
 
-_VALIDATORS: dict[str, Callable[[Any], Any]] = {}
+#: How many compiled validators :func:`compile_schema` keeps (least recently used dropped).
+VALIDATOR_CACHE_SIZE = 256
+
+
+@functools.lru_cache(maxsize=VALIDATOR_CACHE_SIZE)
+def _compiled(key: str) -> Callable[[Any], Any]:
+    return fastjsonschema.compile(json.loads(key))
 
 
 def compile_schema(schema: Mapping[str, JsonValue]) -> Callable[[Any], Any]:
-    """A fastjsonschema validator for ``schema``, compiled once per distinct schema."""
-    key = dumps(schema)
-    validator = _VALIDATORS.get(key)
-    if validator is None:
-        validator = _VALIDATORS[key] = fastjsonschema.compile(thaw_json(schema))
-    return validator
+    """A fastjsonschema validator for ``schema``, compiled once per distinct schema.
+
+    Keyed by the schema's JSON text and bounded (an LRU of ``VALIDATOR_CACHE_SIZE``), so a
+    long-running host that sees a new schema per call stays flat (hardening 11.9); a schema
+    that fell out is simply compiled again.
+    """
+    return _compiled(dumps(schema))
 
 
 @attrs.define(eq=False)

@@ -106,3 +106,12 @@ def test_assert_max_depth_rejects(bad: object) -> None:
 def test_assert_max_depth_accepts(good: int) -> None:
     """SVC-6: 0 through 2**53-1 pass unchanged."""
     assert assert_subagent_max_depth(good) == good
+
+
+def test_max_depth_errors_name_the_python_argument() -> None:
+    """SVC-6, DEP-2, hardening 11.10: an invalid max_depth is a TypeError naming max_depth (and
+    "non-negative safe integer"); the model-visible refusal keeps "exceeds maxDepth"."""
+    with pytest.raises(TypeError) as caught:
+        assert_subagent_max_depth(-1)
+    assert str(caught.value) == "max_depth must be a non-negative safe integer, got -1"
+    assert str(SubagentDepthError(3, 2)) == "subagent depth 3 exceeds maxDepth 2"

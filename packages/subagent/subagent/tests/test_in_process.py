@@ -27,6 +27,7 @@ from dsh_core import (
     LlmFailure,
     PreStep,
     PreStepDecision,
+    PromptContext,
     PromptSection,
     SessionMeta,
     TextBlock,
@@ -869,8 +870,9 @@ async def test_no_flush_during_a_one_shot_run() -> None:
 
 
 async def test_provider_unload_does_not_revoke_published_runs() -> None:
-    """DRV-9, SVC-12: unloading the provider blocks new starts, but published runs keep going
-    (one completes, one can still be aborted) and keep their structured tool until disposed."""
+    """DRV-9, SVC-12, STR-1, hardening 11.10: unloading the provider blocks new starts, but
+    published runs keep going (one completes, one can still be aborted); the structured tool
+    stays while its run runs and is removed when the run settles, not only at dispose."""
     gate, entered = asyncio.Event(), asyncio.Event()
 
     def model(request: ScriptedRequest) -> ScriptedReply | str:
@@ -906,9 +908,9 @@ async def test_provider_unload_does_not_revoke_published_runs() -> None:
             "completed",
             {"answer": "late"},
         )
+        assert child.ctx.tools.get("structured_output") is None
         controller.abort("stop")
         assert (await abortable.result).stop_reason == "aborted"
-        assert child.ctx.tools.get("structured_output") is not None
         await capturing.dispose()
         await abortable.dispose()
         assert b.host.ctx.tools.get("structured_output", scope=child.ctx.scope) is None
@@ -1219,3 +1221,212 @@ async def test_handle_disposal_failure_rejects_dispose_only(
         assert result.stop_reason == "completed"
         assert await run.result is result
         assert b.host.ctx.agents.get(run.id) is None
+
+
+# -- hardening 11.6, 11.8, 11.10: orphans, shared results, composition pins -----------------------
+
+
+@pytest.mark.parametrize(
+    ("field", "bad"),
+    [
+        ("prompt", None),
+        ("prompt", 5),
+        ("prompt", "a bare string"),
+        ("prompt", ["hi"]),
+        ("prompt", (TextBlock(text="ok"), 5)),
+        ("parent", None),
+        ("signal", None),
+        ("persona", 3),
+        ("agent_options", {"model": "m"}),
+        ("tool_filter", ("x",)),
+    ],
+)
+async def test_invalid_request_fails_before_any_child(field: str, bad: object) -> None:
+    """DRV-3, hardening 11.6: a request field of the wrong type is a TypeError naming the field,
+    raised before anything exists: no agent, session, creation or subagent event, no request."""
+    async with boot() as b:
+        before = b.counts()
+        request = attrs.evolve(b.request(), **{field: bad})
+        with pytest.raises(TypeError, match=f"SubagentStartRequest.{field} ") as caught:
+            await b.svc.start("local", request)
+        assert getattr(caught.value, "code", None) == "INVALID_START_REQUEST"
+        assert b.counts() == before
+        assert b.events == []
+        assert b.host.model.requests == []
+
+
+async def test_failure_after_publication_disposes_the_child(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """DRV-3, hardening 11.6: a failure after the child was published (here: building its
+    first message) disposes the child before the error propagates: no agent or session is
+    left and no subagent/start is announced."""
+    import dsh_subagent.in_process as driver
+
+    def broken(content: object) -> None:
+        raise RuntimeError("prompt unusable")
+
+    monkeypatch.setattr(driver, "user_message", broken)
+    async with boot() as b:
+        before = b.counts()
+        with pytest.raises(RuntimeError, match="prompt unusable"):
+            await b.start()
+        assert b.counts() == before
+        assert b.named("subagent/start", "subagent/end") == []
+        assert b.host.model.requests == []
+
+
+async def test_a_consumer_that_stops_waiting_never_wedges_dispose() -> None:
+    """DRV-5, hardening 11.8: asyncio.wait_for(run.result, ...) timing out leaves the run live;
+    dispose() still cancels the child (cause parent), returns, and the result settles aborted
+    for every awaiter."""
+    gate, entered = asyncio.Event(), asyncio.Event()
+    async with boot(held(gate, entered)) as b:
+        run = await b.start("hold me")
+        await asyncio.wait_for(entered.wait(), 5)
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(run.result, 0.01)
+        assert not run.result.done()
+        waiting = asyncio.ensure_future(asyncio.wait_for(run.result, 5))
+        await asyncio.wait_for(run.dispose(), 5)
+        assert (await waiting).stop_reason == "aborted"
+        assert (await run.result).stop_reason == "aborted"
+        assert turn_ends(child_of(run))[0].cause.kind == "parent"
+        assert b.host.ctx.agents.get(run.id) is None
+
+
+async def test_dispose_stops_the_child_whatever_the_result_state(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """DRV-5, hardening 11.8: dispose() stops a child that is still running even when the
+    run's result was already settled (here, by the provider's future being cancelled)."""
+    import dsh_subagent.in_process as driver
+
+    made: list[asyncio.Future[SubagentResult]] = []
+    real_run = driver.SubagentRun
+
+    def capturing(**kwargs: Any) -> SubagentRun:
+        made.append(kwargs["result"])
+        return real_run(**kwargs)
+
+    monkeypatch.setattr(driver, "SubagentRun", capturing)
+    gate, entered = asyncio.Event(), asyncio.Event()
+    async with boot(held(gate, entered)) as b:
+        run = await b.start("hold me")
+        await asyncio.wait_for(entered.wait(), 5)
+        made[0].cancel()
+        await asyncio.wait_for(run.dispose(), 5)
+        assert turn_ends(child_of(run))[0].cause.kind == "parent"
+        assert b.host.ctx.agents.get(run.id) is None
+
+
+async def test_dispose_cancels_the_child_exactly_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """DRV-5, hardening 11.8: concurrent dispose() calls and a later one share one disposal:
+    the child is cancelled (cause parent) exactly once and every caller sees it done."""
+    causes: list[tuple[str, str]] = []
+    real = Agent.cancel
+
+    def counting(self: Agent, cause: Any, *, keep_inbox: bool = False) -> None:
+        causes.append((self.id, cause.kind))
+        real(self, cause, keep_inbox=keep_inbox)
+
+    monkeypatch.setattr(Agent, "cancel", counting)
+    gate, entered = asyncio.Event(), asyncio.Event()
+    async with boot(held(gate, entered)) as b:
+        run = await b.start("hold me")
+        await asyncio.wait_for(entered.wait(), 5)
+        outcomes = await asyncio.wait_for(
+            asyncio.gather(run.dispose(), run.dispose(), return_exceptions=True), 5
+        )
+        assert outcomes == [None, None]
+        await asyncio.wait_for(run.dispose(), 5)
+        assert [c for c in causes if c == (run.id, "parent")] == [(run.id, "parent")]
+        assert (await run.result).stop_reason == "aborted"
+
+
+async def test_structured_tool_removed_when_the_run_settles() -> None:
+    """DRV-9, STR-1, hardening 11.10: once the run settles, the child's structured_output tool
+    and its guidance are gone before dispose: a later turn of the still-live child is offered
+    neither, and the run keeps its captured value."""
+    async with boot(capture_model(capture_call({"answer": "x"}), "plain again")) as b:
+        run = await b.start("child: answer", output_schema=SCHEMA)
+        result = await run.result
+        assert (result.stop_reason, thaw_json(result.structured)) == ("completed", {"answer": "x"})
+        child = child_of(run)
+        assert b.host.ctx.tools.get("structured_output", scope=child.ctx.scope) is None
+        child.followup(user_message("child: again"))
+        await asyncio.wait_for(child.when_idle(), 5)
+        first, last = b.requests_of(run.id)
+        assert "structured_output" in [t.name for t in first.tools or ()]
+        assert "structured_output" not in [t.name for t in last.tools or ()]
+        assert GUIDANCE not in (last.system or "")
+        assert await run.result is result
+        await run.dispose()
+
+
+async def test_reused_call_id_never_promotes_a_failed_stage() -> None:
+    """STR-2, hardening 11.10: a capture whose final result was blocked stays uncommitted even
+    when a later, successful call reuses its call id; the clean turn then ends error."""
+    ran: list[str] = []
+    blocked_capture = ScriptedReply(
+        tool_calls=(
+            ScriptedToolCall(name="structured_output", arguments={"answer": "no"}, id="dup"),
+        )
+    )
+    reused = ScriptedReply(tool_calls=(ScriptedToolCall(name="look", id="dup"),))
+    async with boot(capture_model(blocked_capture, reused, "done")) as b:
+        b.host.ctx.tools.register(look_tool(ran))
+
+        async def post(
+            call: ToolExecutionInput,
+            outcome: ToolExecutionResult,
+            next_: Callable[..., Awaitable[ToolExecutionResult]],
+        ) -> ToolExecutionResult:
+            if call.name == "structured_output":
+                return ToolExecutionResult(
+                    error=ToolFailure(message="blocked by policy", code="POLICY"),
+                    content=(TextBlock(text="Error: blocked by policy"),),
+                )
+            return await next_()
+
+        b.host.ctx.on("tools/post-execute", post)
+        run = await b.start("child: answer", output_schema=SCHEMA)
+        result = await run.result
+        assert ran == [run.id]
+        child = child_of(run)
+        calls = [e.data.call_id for e in child.session.events if e.type == "tool/call"]
+        assert calls == ["dup", "dup"]
+        assert (result.stop_reason, result.structured) == ("error", None)
+        assert result.diagnostic is not None and "structured_output" in result.diagnostic
+        await run.dispose()
+
+
+async def test_persona_sits_at_order_zero() -> None:
+    """DEP-5, hardening 11.10: the persona section is at order 0: after a section at order -1
+    and before one at order 1 in the child's system text."""
+    async with boot(persona="DEPLOYMENT PERSONA") as b:
+        prompt = b.host.ctx.system_prompt
+        prompt.section(PromptSection(name="a:minus", order=-1, text="ORDER-MINUS-ONE"))
+        prompt.section(PromptSection(name="a:plus", order=1, text="ORDER-PLUS-ONE"))
+        run = await b.start(persona="CHILD PERSONA")
+        await run.result
+        system = b.requests_of(run.id)[0].system
+        order = [system.index(t) for t in ("ORDER-MINUS-ONE", "CHILD PERSONA", "ORDER-PLUS-ONE")]
+        assert order == sorted(order)
+        await run.dispose()
+
+
+async def test_delegation_statement_sits_at_order_120() -> None:
+    """DEP-5, hardening 11.10: the subagent:delegation statement is a runtime context at order
+    120: after a context at order 119 and before one at order 121 in the child's request."""
+    async with boot() as b:
+        prompt = b.host.ctx.system_prompt
+        prompt.context(PromptContext(name="a:119", order=119, text="CONTEXT-119"))
+        prompt.context(PromptContext(name="a:121", order=121, text="CONTEXT-121"))
+        run = await b.start()
+        await run.result
+        (request,) = b.requests_of(run.id)
+        text = "\n".join(m.text for m in request.messages)
+        order = [text.index(t) for t in ("CONTEXT-119", "You are a subagent", "CONTEXT-121")]
+        assert order == sorted(order)
+        await run.dispose()

@@ -338,3 +338,19 @@ async def test_settle_run_result_never_raises() -> None:
     settled = await settle_run_result(run, cancelled=cancelled, on_error=seen.append)
     assert settled.stop_reason == "aborted"
     assert seen == []
+
+
+async def test_settle_run_disposes_when_cancelled() -> None:
+    """OUT-2, hardening 11.8: a settle_run whose wait is cancelled (here by a timeout) still
+    disposes the run before the cancellation propagates, and leaves the result uncancelled."""
+    calls: list[str] = []
+    future: asyncio.Future[SubagentResult] = asyncio.get_running_loop().create_future()
+
+    async def dispose() -> None:
+        calls.append("dispose")
+
+    run = SubagentRun(id="c", local_agent=None, result=future, dispose=dispose)
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(settle_run(run), 0.01)
+    assert calls == ["dispose"]
+    assert not future.cancelled()

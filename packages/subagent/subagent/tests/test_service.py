@@ -13,22 +13,28 @@ import attrs
 import pytest
 
 import dsh_subagent.plugin
-from dsh_core import AbortController, Agent, ContextError, TextBlock, text_blocks
+from dsh_core import AbortController, AbortSignal, Agent, ContextError, TextBlock, text_blocks
 from dsh_core.testing import TestHost, scripted_host
 from dsh_subagent import (
     NO_START_CAPABILITIES,
     SUBAGENTS,
+    ContinuableCreateRequest,
+    ContinuableStartSpec,
     OneShotDescriptor,
     ResolvedSubagentStartRequest,
     SubagentCapabilities,
     SubagentError,
+    SubagentFollowupOptions,
+    SubagentReportOptions,
     SubagentResult,
     SubagentRun,
     SubagentRunEndInfo,
     SubagentRunInfo,
     SubagentService,
     SubagentStartRequest,
+    UnsupportedSchemaError,
     descriptor_payload,
+    snapshot_continuable_descriptor,
 )
 
 ALL = SubagentCapabilities(output_schema=True, depth_limit=True, tool_filter=True, persona=True)
@@ -335,12 +341,12 @@ async def test_empty_persona_still_needs_the_capability() -> None:
 
 @pytest.mark.parametrize("bad", [True, False, -1, 2**53, 2**60, 1.0, -0.0, "1", float("nan")])
 async def test_invalid_max_depth_is_a_type_error(bad: object) -> None:
-    """SVC-6: max_depth must be a non-negative safe integer (bools, negatives, > 2**53-1 and
-    non-integers raise TypeError) before provider.start."""
+    """SVC-6, hardening 11.10: max_depth must be a non-negative safe integer (bools, negatives,
+    > 2**53-1 and non-integers raise a TypeError naming max_depth) before provider.start."""
     async with boot() as b:
         provider = FakeProvider("alpha", ALL)
         b.svc.register_provider(provider)
-        with pytest.raises(TypeError, match="non-negative safe integer"):
+        with pytest.raises(TypeError, match="max_depth must be a non-negative safe integer"):
             await b.svc.start("alpha", b.request(max_depth=bad))
         assert provider.requests == []
         assert b.lifecycle() == []
@@ -733,3 +739,150 @@ async def test_register_on_disposed_context_fails() -> None:
         with pytest.raises(ContextError):
             service.register_provider(FakeProvider("alpha"))
         assert b.svc.get_provider("alpha") is None
+
+
+# -- hardening 11.7, 11.10 and dx 12.4, 12.6 ------------------------------------------------------
+
+
+def _recursive_schema() -> dict[str, Any]:
+    schema: dict[str, Any] = {"type": "object"}
+    schema["properties"] = {"self": schema}
+    return schema
+
+
+def _nested(depth: int, key: str = "items") -> dict[str, Any]:
+    schema: dict[str, Any] = {"type": "string"}
+    for _ in range(depth):
+        schema = {"type": "array", key: schema}
+    return {"type": "object", "properties": {"a": schema}}
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        pytest.param({"type": "object", "pattern": 123}, id="pattern-not-a-string"),
+        pytest.param({"type": "object", "minimum": "x"}, id="minimum-not-a-number"),
+        pytest.param({"type": "object", "maximum": True}, id="maximum-bool"),
+        pytest.param({"type": "object", "multipleOf": 0}, id="multipleOf-zero"),
+        pytest.param({"type": "object", "minProperties": -1}, id="negative-count"),
+        pytest.param({"type": "object", "maxProperties": 1.5}, id="fractional-count"),
+        pytest.param({"type": "object", "uniqueItems": "yes"}, id="uniqueItems-not-bool"),
+        pytest.param({"type": "object", "format": 5}, id="format-not-a-string"),
+        pytest.param({"type": "object", "properties": {"a": {"maxLength": "9"}}}, id="nested"),
+        pytest.param({"type": "object", "properties": {"a": {"type": {}}}}, id="type-object"),
+        pytest.param({"type": "object", "enum": [{"a": float("nan")}]}, id="nan"),
+        pytest.param(_recursive_schema(), id="recursive"),
+        pytest.param(_nested(30), id="too-deep-to-compile"),
+        pytest.param(_nested(5_000), id="deeper-than-the-stack"),
+    ],
+)
+async def test_malformed_schema_is_unsupported_before_any_child(schema: object) -> None:
+    """SVC-6, hardening 11.7: schema values the validator cannot use (a non-string pattern, a
+    non-numeric bound, a recursive or too deeply nested schema, NaN) are UnsupportedSchemaError,
+    "unsupported JSON schema", before provider.start: no child, no event."""
+    async with boot() as b:
+        provider = FakeProvider("alpha", ALL)
+        b.svc.register_provider(provider)
+        before = len(b.host.ctx.agents.list()), len(b.host.ctx.sessions.list())
+        with pytest.raises(UnsupportedSchemaError, match="unsupported JSON schema"):
+            await b.svc.start("alpha", b.request(output_schema=schema))
+        assert provider.requests == []
+        assert (len(b.host.ctx.agents.list()), len(b.host.ctx.sessions.list())) == before
+        assert b.lifecycle() == []
+
+
+async def test_unusable_schema_needs_the_capability_first() -> None:
+    """SVC-5, hardening 11.7: a schema that is not even JSON (recursive) still meets the
+    capability check first: UNSUPPORTED_CAPABILITY from a provider without output_schema."""
+    async with boot() as b:
+        b.svc.register_provider(FakeProvider("alpha"))
+        with pytest.raises(SubagentError) as caught:
+            await b.svc.start("alpha", b.request(output_schema=_recursive_schema()))
+        assert caught.value.code == "UNSUPPORTED_CAPABILITY"
+
+
+async def test_descriptor_exposes_version_like_mode() -> None:
+    """SVC-7, hardening 11.10: the resolved request's descriptor exposes version (2) next to
+    mode, as its payload does; so does a continuable descriptor."""
+    async with boot() as b:
+        provider = FakeProvider("alpha")
+        b.svc.register_provider(provider)
+        await b.svc.start("alpha", b.request())
+        descriptor = provider.requests[0].descriptor
+        assert (descriptor.version, descriptor.mode) == (2, "one-shot")
+        payload = descriptor_payload(descriptor)
+        assert (payload["version"], payload["mode"]) == (descriptor.version, descriptor.mode)
+    continuable = snapshot_continuable_descriptor(provider="alpha", label="kept")
+    assert (continuable.version, continuable.mode) == (2, "continuable")
+    assert descriptor_payload(continuable)["version"] == continuable.version
+
+
+async def test_signal_defaults_to_a_fresh_never_aborted_signal() -> None:
+    """dx 12.4: a request without a signal gets its own fresh, never-aborted AbortSignal; the
+    start goes through and the provider sees that signal."""
+    async with boot() as b:
+        provider = FakeProvider("alpha")
+        b.svc.register_provider(provider)
+        first = SubagentStartRequest(prompt=text_blocks("do it"), parent=b.parent)
+        second = SubagentStartRequest(prompt=text_blocks("do it"), parent=b.parent)
+        assert isinstance(first.signal, AbortSignal) and not first.signal.aborted
+        assert first.signal is not second.signal
+        run = await b.svc.start("alpha", first)
+        assert provider.requests[0].signal is first.signal
+        await run.dispose()
+
+
+def test_continuable_request_types_default_their_signal() -> None:
+    """dx 12.4: the continuable request types follow the same rule: signal defaults to a fresh,
+    never-aborted AbortSignal per value."""
+    from dsh_core import UserSource
+
+    parent: Any = object()
+    values = [
+        lambda: ContinuableCreateRequest(session_id="s", parent=parent),
+        lambda: ContinuableStartSpec(
+            provider="p", label="l", prompt=text_blocks("x"), parent=parent
+        ),
+        lambda: SubagentFollowupOptions(source=UserSource()),
+        lambda: SubagentReportOptions(delivery="quiet"),
+    ]
+    for make in values:
+        one, two = make(), make()
+        assert isinstance(one.signal, AbortSignal) and not one.signal.aborted
+        assert one.signal is not two.signal
+
+
+async def test_no_provider_lists_the_registered_ones() -> None:
+    """SVC-4, dx 12.6: NO_PROVIDER names the registered providers (or says there are none)."""
+    async with boot() as b:
+        with pytest.raises(SubagentError, match=r"registered providers: none") as caught:
+            await b.svc.start("nobody", b.request())
+        assert caught.value.code == "NO_PROVIDER"
+        b.svc.register_provider(FakeProvider("alpha"))
+        b.svc.register_provider(FakeProvider("beta"))
+        with pytest.raises(SubagentError) as caught:
+            await b.svc.start("nobody", b.request())
+        message = str(caught.value)
+        assert message.startswith("no subagent provider is registered as 'nobody'")
+        assert "registered providers: 'alpha', 'beta'" in message
+        assert "dsh-subagent" not in message
+
+
+@pytest.mark.parametrize(
+    ("name", "distribution"),
+    [
+        ("spawn", "dsh-subagent-spawn"),
+        ("fork", "dsh-subagent-fork"),
+        ("acp", "dsh-subagent-acp"),
+    ],
+)
+async def test_no_provider_names_the_distribution_of_a_known_name(
+    name: str, distribution: str
+) -> None:
+    """SVC-4, dx 12.6: NO_PROVIDER for a well-known provider name says which distribution
+    provides it."""
+    async with boot() as b:
+        with pytest.raises(SubagentError) as caught:
+            await b.svc.start(name, b.request())
+        assert caught.value.code == "NO_PROVIDER"
+        assert f"'{name}' is provided by {distribution}" in str(caught.value)

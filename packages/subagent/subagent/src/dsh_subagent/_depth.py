@@ -36,7 +36,7 @@ def _is_safe_nonnegative(value: object) -> bool:
 def assert_subagent_max_depth(value: object) -> int:
     """Return ``value`` if it is a non-negative safe integer, else raise ``TypeError``."""
     if not _is_safe_nonnegative(value):
-        raise InvalidMaxDepthError(f"maxDepth must be a non-negative safe integer, got {value!r}")
+        raise InvalidMaxDepthError(f"max_depth must be a non-negative safe integer, got {value!r}")
     return value  # type: ignore[return-value]
 
 

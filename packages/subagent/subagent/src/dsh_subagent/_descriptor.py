@@ -33,7 +33,7 @@ __all__ = [
     "snapshot_one_shot_descriptor",
 ]
 
-SUBAGENT_DESCRIPTOR_VERSION = 2
+SUBAGENT_DESCRIPTOR_VERSION: Literal[2] = 2
 DESCRIPTOR_EVENT = "subagent/descriptor"
 #: The session event type the seam registers (free-form JSON payload, skippable by readers
 #: that do not know it, so a child log stays loadable without this package).
@@ -52,6 +52,11 @@ class OneShotDescriptor:
         """``one-shot``."""
         return "one-shot"
 
+    @property
+    def version(self) -> Literal[2]:
+        """The descriptor format version (``SUBAGENT_DESCRIPTOR_VERSION``, SVC-7)."""
+        return SUBAGENT_DESCRIPTOR_VERSION
+
 
 @attrs.frozen(kw_only=True)
 class ContinuableDescriptor:
@@ -68,6 +73,11 @@ class ContinuableDescriptor:
     def mode(self) -> Literal["continuable"]:
         """``continuable``."""
         return "continuable"
+
+    @property
+    def version(self) -> Literal[2]:
+        """The descriptor format version (``SUBAGENT_DESCRIPTOR_VERSION``, SVC-7)."""
+        return SUBAGENT_DESCRIPTOR_VERSION
 
 
 SubagentDescriptorData: TypeAlias = OneShotDescriptor | ContinuableDescriptor
@@ -115,7 +125,7 @@ def snapshot_continuable_descriptor(
 def descriptor_payload(descriptor: SubagentDescriptorData) -> dict[str, Any]:
     """The JSON payload of a ``subagent/descriptor`` event (absent fields omitted)."""
     out: dict[str, Any] = {
-        "version": SUBAGENT_DESCRIPTOR_VERSION,
+        "version": descriptor.version,
         "mode": descriptor.mode,
         "provider": descriptor.provider,
     }

@@ -1,8 +1,9 @@
 """Errors of the subagent seam. ``SubagentError.code`` is stable (see the table in the README).
 
 ``SubagentDepthError`` is deliberately *not* a ``SubagentError`` (DEP-2): a depth refusal is a
-policy outcome of the request, not a fault of the seam. Invalid ``max_depth`` values raise a
-``TypeError`` and depths outside the safe-integer range an ``OverflowError`` (DEP-1/2, SVC-6).
+policy outcome of the request, not a fault of the seam. Invalid ``max_depth`` values and
+mistyped request fields raise a ``TypeError``, and depths outside the safe-integer range an
+``OverflowError`` (DEP-1/2, SVC-6).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ __all__ = [
     "DepthOverflowError",
     "DescriptorError",
     "InvalidMaxDepthError",
+    "InvalidStartRequestError",
     "SubagentDepthError",
     "SubagentError",
     "UnsupportedSchemaError",
@@ -40,6 +42,13 @@ class InvalidMaxDepthError(DshError, TypeError):
     """``max_depth`` (or a runtime depth) is not a non-negative safe integer."""
 
     code = "INVALID_MAX_DEPTH"
+
+
+class InvalidStartRequestError(DshError, TypeError):
+    """A start request field has the wrong type (hardening 11.6): refused before anything
+    exists, so a bad request can never leave a half-made child behind (DRV-3)."""
+
+    code = "INVALID_START_REQUEST"
 
 
 class DepthOverflowError(DshError, OverflowError):

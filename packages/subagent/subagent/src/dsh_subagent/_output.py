@@ -130,11 +130,16 @@ async def settle_run(run: SubagentRun) -> JobSettlement:
 
     completed -> ``completed`` with the text output; aborted -> ``killed``; any other reason
     -> ``failed`` with the reason (and diagnostic) as detail; a rejected result -> ``failed``
-    with the error. A disposal failure is appended to the detail, keeping both.
+    with the error. A disposal failure is appended to the detail, keeping both. Cancelled
+    while waiting, it still disposes the run before the cancellation propagates.
     """
     try:
         result = await run.result
     except asyncio.CancelledError:
+        try:
+            await run.dispose()
+        except Exception:
+            _log.exception("disposing a subagent run whose settlement was cancelled failed")
         raise
     except Exception as exc:
         settled = JobSettlement(status="failed", detail=str(exc) or type(exc).__name__)

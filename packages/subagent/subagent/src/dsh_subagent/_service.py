@@ -8,22 +8,29 @@ Lifecycle events are observation only: a listener failure is logged and containe
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from dsh_core import Context, ServiceKey
+from dsh_core import (
+    AbortSignal,
+    Agent,
+    AgentOptions,
+    ContentBlock,
+    Context,
+    ServiceKey,
+    ToolRestriction,
+)
 
 from ._depth import assert_subagent_max_depth
 from ._descriptor import OneShotDescriptor, snapshot_one_shot_descriptor
-from ._errors import SubagentError
+from ._errors import InvalidStartRequestError, SubagentError
 from ._schema import assert_object_json_schema
 from ._types import (
     ResolvedSubagentStartRequest,
+    SharedResult,
     SubagentProvider,
-    SubagentResult,
     SubagentRun,
     SubagentRunEndInfo,
     SubagentRunInfo,
@@ -52,6 +59,12 @@ class SubagentState:
 #: Typed access to the service: ``ctx[SUBAGENTS]`` (``ctx.subagents`` is untyped).
 SUBAGENTS: ServiceKey[SubagentService] = ServiceKey("subagents")
 
+#: Provider names the project's own distributions register, for NO_PROVIDER's hint.
+_KNOWN_PROVIDERS = {
+    "spawn": "dsh-subagent-spawn",
+    "fork": "dsh-subagent-fork",
+    "acp": "dsh-subagent-acp",
+}
 #: The caller fields a resolved request copies (SVC-7).
 _REQUEST_FIELDS = tuple(a.name for a in attrs.fields(SubagentStartRequest))
 _CAPABILITY_ORDER = (
@@ -125,15 +138,14 @@ class SubagentService:
 
         Order: provider exists (``NO_PROVIDER``); capabilities in the order output_schema,
         max_depth, tool_filter, persona (``UNSUPPORTED_CAPABILITY``); then ``max_depth`` is a
-        non-negative safe integer (``TypeError``) and ``output_schema`` is in the supported
-        subset. Only then is the provider called, with a fresh resolved request carrying the
-        one-shot descriptor. A provider failure passes through unchanged and emits nothing.
+        non-negative safe integer (``TypeError``), ``output_schema`` is in the supported
+        subset, and the other fields have their declared types (``InvalidStartRequestError``).
+        Only then is the provider called, with a fresh resolved request carrying the one-shot
+        descriptor. A provider failure passes through unchanged and emits nothing.
         """
         provider = self._state.providers.get(name)
         if provider is None:
-            raise SubagentError(
-                f"no subagent provider is registered as {name!r}", code="NO_PROVIDER"
-            )
+            raise SubagentError(self._no_provider(name), code="NO_PROVIDER")
         caps = provider.capabilities
         for field, flag in _CAPABILITY_ORDER:
             if getattr(request, field) is not None and not getattr(caps, flag):
@@ -145,6 +157,7 @@ class SubagentService:
             assert_subagent_max_depth(request.max_depth)
         if request.output_schema is not None:
             assert_object_json_schema(request.output_schema)
+        _check_fields(request)
         resolved = ResolvedSubagentStartRequest(
             **{field: getattr(request, field) for field in _REQUEST_FIELDS},
             descriptor=self._descriptor(name, request.label),
@@ -157,6 +170,19 @@ class SubagentService:
             emitter.emit("subagent/start", lifecycle.info())
         return run
 
+    def _no_provider(self, name: str) -> str:
+        """NO_PROVIDER's text: what is registered, and where a well-known name comes from."""
+        registered = ", ".join(map(repr, self._state.providers)) or "none"
+        message = f"no subagent provider is registered as {name!r}; registered providers: "
+        message += registered
+        distribution = _KNOWN_PROVIDERS.get(name)
+        if distribution is not None:
+            message += (
+                f". {name!r} is provided by {distribution}: install it and mount its plugin "
+                f"{distribution.removeprefix('dsh-')}"
+            )
+        return message
+
     def _descriptor(self, name: str, label: str | None) -> OneShotDescriptor:
         """SVC-7's descriptor; the label-less one is an immutable value kept per name."""
         if label is not None:
@@ -166,6 +192,39 @@ class SubagentService:
         if descriptor is None:
             descriptor = cache[name] = snapshot_one_shot_descriptor(name)
         return descriptor
+
+
+def _check_fields(request: SubagentStartRequest) -> None:
+    """Refuse mistyped request fields before anything exists (DRV-3, hardening 11.6).
+
+    ``label`` is left to the descriptor snapshot (DSC-1), ``max_depth`` and ``output_schema``
+    to SVC-6; the rest is checked here, so a provider never publishes a child it then cannot
+    prompt.
+    """
+    prompt = request.prompt
+    if not isinstance(prompt, tuple | list):
+        raise _mistyped("prompt", "a sequence of content blocks (see text_blocks)", prompt)
+    for i, block in enumerate(prompt):
+        if not isinstance(block, ContentBlock):
+            raise _mistyped("prompt", f"a sequence of content blocks; item {i}", block)
+    if not isinstance(request.parent, Agent):
+        raise _mistyped("parent", "an Agent", request.parent)
+    if not isinstance(request.signal, AbortSignal):
+        raise _mistyped("signal", "an AbortSignal", request.signal)
+    if request.persona is not None and not isinstance(request.persona, str):
+        raise _mistyped("persona", "a str or None", request.persona)
+    options = request.agent_options
+    if options is not None and not isinstance(options, AgentOptions):
+        raise _mistyped("agent_options", "an AgentOptions or None", options)
+    tool_filter = request.tool_filter
+    if tool_filter is not None and not isinstance(tool_filter, ToolRestriction):
+        raise _mistyped("tool_filter", "a ToolRestriction or None", tool_filter)
+
+
+def _mistyped(field: str, what: str, value: object) -> InvalidStartRequestError:
+    return InvalidStartRequestError(
+        f"SubagentStartRequest.{field} must be {what}, got {type(value).__name__}"
+    )
 
 
 class _RunLifecycle:
@@ -193,7 +252,7 @@ class _RunLifecycle:
             )
         return info
 
-    def observe_end(self, future: asyncio.Future[SubagentResult]) -> None:
+    def observe_end(self, future: SharedResult) -> None:
         """``run.result`` settled: emit ``subagent/end`` (its payload only when observed)."""
         last: Any = None
         if future.cancelled() or future.exception() is not None:

@@ -41,18 +41,19 @@ _MISSING: Any = object()
 class StructuredCapture:
     """The capture state of one child (one schema, at most one committed value)."""
 
-    __slots__ = ("_staged", "captured", "schema", "value")
+    __slots__ = ("_removers", "_staged", "captured", "schema", "value")
 
     def __init__(self, schema: JsonValue) -> None:
         self.schema = schema
         self._staged: dict[int, tuple[ToolExecutionInput, JsonValue]] = {}
+        self._removers: list[Callable[[], object]] = []
         self.captured = False
         self.value: JsonValue = None
 
     def install(self, ctx: Context) -> list[Callable[[], object]]:
         """Register the tool, its guidance section, the guard and the commit listener on the
-        child's own scope; returns their removers."""
-        return [
+        child's own scope; returns their removers (:meth:`remove` calls them too)."""
+        self._removers = removers = [
             ctx.tools.register(
                 ToolDefinition(
                     name=STRUCTURED_OUTPUT_TOOL,
@@ -76,6 +77,15 @@ class StructuredCapture:
             ctx.tools.guard(self._guard),
             ctx.on("tools/result", self._on_result),
         ]
+        return list(removers)
+
+    def remove(self) -> None:
+        """Unregister everything :meth:`install` added (idempotent): the run settled, so its
+        capture is over (DRV-9, STR-1). The captured value stays."""
+        removers, self._removers = self._removers, []
+        for remover in removers:
+            remover()
+        self._staged.clear()
 
     async def _execute(self, arguments: JsonValue, run: ToolRunContext) -> dict[str, bool]:
         if run.call is not None:

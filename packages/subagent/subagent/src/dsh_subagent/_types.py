@@ -7,8 +7,8 @@ awaits ``result`` and always calls ``dispose()``.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Literal, Protocol, TypeAlias, runtime_checkable
+from collections.abc import Awaitable, Callable, Generator
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeAlias, runtime_checkable
 
 import attrs
 
@@ -17,6 +17,7 @@ from dsh_core import (
     ContentBlock,
     JsonValue,
     MessageSource,
+    NotJsonError,
     SessionEvent,
     freeze_json,
 )
@@ -50,6 +51,7 @@ __all__ = [
     "SubagentRun",
     "SubagentRunEndInfo",
     "SubagentRunInfo",
+    "SharedResult",
     "SubagentSettledMessageSource",
     "SubagentStartRequest",
     "SubagentStopReason",
@@ -79,21 +81,31 @@ class SubagentCapabilities:
 NO_START_CAPABILITIES = SubagentCapabilities()
 
 
+def _freeze_schema(value: object) -> Any:
+    """Freeze an ``output_schema`` that is lossless JSON; keep any other value as given, for
+    ``start`` to refuse in its documented order (SVC-5 capability first, then SVC-6)."""
+    try:
+        return freeze_json(value)
+    except (NotJsonError, RecursionError):
+        return value
+
+
 @attrs.frozen(kw_only=True)
 class SubagentStartRequest:
     """What a caller asks for when starting a ONE-SHOT subagent.
 
     ``parent`` gives the child its workspace, lineage and delegation depth; ``signal`` is the
-    one cancellation channel before and after start-up. The optional fields each need the
-    matching provider capability, or the start is refused (SVC-5).
+    one cancellation channel before and after start-up (default: a fresh signal nothing
+    aborts, so the child runs until it ends or the run is disposed). The optional fields each
+    need the matching provider capability, or the start is refused (SVC-5).
     """
 
     prompt: tuple[ContentBlock, ...]
     parent: Agent = attrs.field(eq=False)
-    signal: AbortSignal = attrs.field(eq=False)
+    signal: AbortSignal = attrs.field(eq=False, factory=AbortSignal)
     label: str | None = None
     agent_options: AgentOptions | None = None
-    output_schema: JsonValue = attrs.field(default=None, converter=freeze_json)
+    output_schema: JsonValue = attrs.field(default=None, converter=_freeze_schema)
     max_depth: int | None = None
     tool_filter: ToolRestriction | None = None
     persona: str | None = None
@@ -122,13 +134,56 @@ class SubagentResult:
     diagnostic: str | None = None
 
 
+class SharedResult:
+    """``run.result``: the one outcome of a run, awaited by any number of consumers.
+
+    Each ``await`` waits on its own: a consumer that stops waiting (``asyncio.wait_for``
+    timing out, its task cancelled) cancels only its wait, never the outcome the others and
+    ``dispose()`` rely on. Read-only otherwise: ``done()``, ``result()``, ``exception()``,
+    ``cancelled()`` and ``add_done_callback()`` behave like :class:`asyncio.Future`'s.
+    """
+
+    __slots__ = ("_future",)
+
+    def __init__(self, future: asyncio.Future[SubagentResult]) -> None:
+        self._future = future
+
+    def __await__(self) -> Generator[Any, None, SubagentResult]:
+        # shield: a fresh outer future per wait (or the settled future itself).
+        return asyncio.shield(self._future).__await__()
+
+    def done(self) -> bool:
+        """Whether the run's outcome is settled."""
+        return self._future.done()
+
+    def cancelled(self) -> bool:
+        """Whether the provider settled the outcome by cancelling it."""
+        return self._future.cancelled()
+
+    def result(self) -> SubagentResult:
+        """The settled result (raises like :meth:`asyncio.Future.result`)."""
+        return self._future.result()
+
+    def exception(self) -> BaseException | None:
+        """The settled fault, if any (raises like :meth:`asyncio.Future.exception`)."""
+        return self._future.exception()
+
+    def add_done_callback(self, callback: Callable[[SharedResult], object]) -> None:
+        """Call ``callback(self)`` once the outcome is settled."""
+        self._future.add_done_callback(lambda _: callback(self))
+
+    def __repr__(self) -> str:
+        return f"SharedResult({self._future!r})"
+
+
 class SubagentRun:
     """A published ONE-SHOT child: await ``result``, and always ``dispose()`` (idempotent).
 
     ``id`` is the child session id for a local run (``local_agent`` is that agent), or a fresh
-    parent-scoped id for a remote one (``local_agent`` is ``None``). ``result`` resolves with
-    a non-``completed`` stop reason on child failure and raises only on an infrastructure fault
-    the seam cannot express as a stop reason.
+    parent-scoped id for a remote one (``local_agent`` is ``None``). ``result`` (a
+    :class:`SharedResult` over the provider's future) resolves with a non-``completed`` stop
+    reason on child failure and raises only on an infrastructure fault the seam cannot express
+    as a stop reason; any number of consumers may await it and each may stop waiting alone.
     """
 
     __slots__ = ("_dispose", "_disposing", "id", "local_agent", "result")
@@ -143,24 +198,21 @@ class SubagentRun:
     ) -> None:
         self.id = id
         self.local_agent = local_agent
-        self.result = result
+        self.result = SharedResult(result)
         self._dispose = dispose
         self._disposing: asyncio.Future[None] | None = None
 
     async def dispose(self) -> None:
-        """Cancel remaining work, reach quiescence, release resources. Idempotent: every
-        caller awaits the same disposal (the first one runs it)."""
-        if self._disposing is not None:
-            await asyncio.shield(self._disposing)
-            return
-        done = self._disposing = asyncio.get_running_loop().create_future()
-        try:
-            await self._dispose()
-        except BaseException as exc:
-            done.set_exception(exc)
-            done.exception()  # retrieved: later callers re-raise it themselves
-            raise
-        done.set_result(None)
+        """Cancel remaining work, reach quiescence, release resources.
+
+        Memoised: the first call starts the provider's disposal as a task of its own and
+        every call (concurrent or later) awaits that same task and sees its outcome. A caller
+        that stops waiting never stops the disposal (hardening 11.8).
+        """
+        disposing = self._disposing
+        if disposing is None:
+            disposing = self._disposing = asyncio.ensure_future(self._dispose())
+        await asyncio.shield(disposing)
 
     def __repr__(self) -> str:
         return f"SubagentRun({self.id!r}, local={self.local_agent is not None})"
@@ -196,7 +248,7 @@ class ContinuableCreateRequest:
 
     session_id: str
     parent: Agent = attrs.field(eq=False)
-    signal: AbortSignal = attrs.field(eq=False)
+    signal: AbortSignal = attrs.field(eq=False, factory=AbortSignal)
 
 
 @attrs.frozen(kw_only=True)
@@ -218,7 +270,7 @@ class ContinuableStartSpec:
     label: str
     prompt: tuple[ContentBlock, ...]
     parent: Agent = attrs.field(eq=False)
-    signal: AbortSignal = attrs.field(eq=False)
+    signal: AbortSignal = attrs.field(eq=False, factory=AbortSignal)
     agent_options: AgentOptions | None = None
     max_depth: int | None = None
     tool_filter: ToolRestriction | None = None
@@ -273,7 +325,7 @@ class SubagentFollowupOptions:
     """Options for following up with one continuable child."""
 
     source: MessageSource
-    signal: AbortSignal = attrs.field(eq=False)
+    signal: AbortSignal = attrs.field(eq=False, factory=AbortSignal)
 
 
 @attrs.frozen(kw_only=True)
@@ -281,7 +333,7 @@ class SubagentReportOptions:
     """Options for one continuable child's report to its direct parent."""
 
     delivery: SubagentReportDelivery
-    signal: AbortSignal = attrs.field(eq=False)
+    signal: AbortSignal = attrs.field(eq=False, factory=AbortSignal)
 
 
 @attrs.frozen(kw_only=True)

@@ -12,6 +12,7 @@ output by OUT-1.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
@@ -21,6 +22,7 @@ from dsh_core import (
     AbortSignal,
     Agent,
     AgentCancelCause,
+    AgentHandle,
     AgentOptions,
     AgentRegistry,
     Context,
@@ -69,6 +71,7 @@ DELEGATION_STATEMENT = (
     "answer. Your tools and permissions are fixed for this task. If you cannot do something "
     "with what you have, say so in your answer instead of retrying."
 )
+_log = logging.getLogger("dsh.subagent")
 # Keyed lookups of the host services the driver uses on fresh contexts (no attribute fallback).
 _AGENTS: ServiceKey[AgentRegistry] = ServiceKey("agents")
 _SYSTEM_PROMPT: ServiceKey[SystemPromptRegistry] = ServiceKey("system_prompt")
@@ -188,7 +191,23 @@ async def start_in_process_run(
         )
     except AbortedError as exc:
         raise AbortedError(exc.reason, ABORTED_BEFORE_PUBLICATION) from exc
+    try:
+        return _publish(request, handle, capture)
+    except BaseException:
+        # Published but not handed out: nobody else can dispose it (DRV-3, hardening 11.6).
+        try:
+            await handle.dispose()
+        except Exception:
+            _log.exception("disposing a child whose start failed also failed")
+        raise
+
+
+def _publish(
+    request: ResolvedSubagentStartRequest, handle: AgentHandle, capture: StructuredCapture | None
+) -> SubagentRun:
+    """Wire a published child's result, cancellation and disposal, then prompt it."""
     child = handle.agent
+    signal = request.signal
     result: asyncio.Future[SubagentResult] = asyncio.get_running_loop().create_future()
     cancelled = False
 
@@ -199,13 +218,16 @@ async def start_in_process_run(
             child.cancel(AgentCancelCause(kind="parent"))
 
     def settle() -> None:
-        if not result.done():
-            try:
-                outcome = _result_of(child, capture, cancelled)
-            except Exception as exc:  # an infrastructure fault no stop reason can express
-                result.set_exception(exc)
-            else:
-                result.set_result(outcome)
+        if result.done():
+            return
+        if capture is not None:
+            capture.remove()  # the run is over: so is its capture tool (DRV-9, STR-1)
+        try:
+            outcome = _result_of(child, capture, cancelled)
+        except Exception as exc:  # an infrastructure fault no stop reason can express
+            result.set_exception(exc)
+        else:
+            result.set_result(outcome)
 
     def on_status(agent: Agent, status: str) -> None:
         if status == "idle":
@@ -213,16 +235,27 @@ async def start_in_process_run(
 
     if signal.aborted:  # DRV-4: aborted between publication and listener installation
         cancelled = True
+        if capture is not None:
+            capture.remove()
         result.set_result(SubagentResult(output=(), stop_reason="aborted"))
         remove: Callable[[], None] = _nothing
     else:
+        message = user_message(request.prompt)
         remove = signal.add_listener(cancel)
-        child.ctx.on("agent/status", on_status)
-        child.followup(user_message(request.prompt))
+        try:
+            child.ctx.on("agent/status", on_status)
+            child.followup(message)
+        except BaseException:
+            remove()
+            raise
 
     async def dispose() -> None:
+        # Whatever state ``result`` is in, a running child is stopped (hardening 11.8).
+        nonlocal cancelled
         remove()
-        cancel()
+        if not result.done():
+            cancelled = True
+        child.cancel(AgentCancelCause(kind="parent"))
         await child.when_idle()
         settle()
         await handle.dispose()

@@ -155,6 +155,20 @@ class ProviderContract:
             result = await run.result
             assert result.stop_reason == "aborted"
 
+    async def test_abandoned_wait_never_wedges_dispose(self) -> None:
+        """DRV-5, hardening 11.8: a consumer whose wait on result times out cancels only its
+        wait; dispose() still stops the child and the result settles aborted."""
+        async with self.contract_host() as h:
+            run = await h.subagents.start(h.provider_name, self._request(h, h.hold_prompt))
+            try:
+                with pytest.raises(TimeoutError):
+                    await asyncio.wait_for(run.result, 0.01)
+                assert not run.result.done()
+            finally:
+                await asyncio.wait_for(run.dispose(), 10)
+            result = await asyncio.wait_for(run.result, 10)
+            assert result.stop_reason == "aborted"
+
     async def test_pre_aborted_signal_leaves_nothing(self) -> None:
         """DRV-2: a signal aborted before start rejects; no agent or session is left behind."""
         async with self.contract_host() as h:

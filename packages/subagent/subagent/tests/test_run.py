@@ -1,0 +1,113 @@
+"""The run handle: one result shared by independent awaiters, one memoised disposal (DRV-5,
+hardening 11.8)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from dsh_subagent import SubagentResult, SubagentRun
+
+DONE = SubagentResult(output=(), stop_reason="completed")
+
+
+async def _noop() -> None:
+    return None
+
+
+def _pending_run() -> tuple[SubagentRun, asyncio.Future[SubagentResult]]:
+    future: asyncio.Future[SubagentResult] = asyncio.get_running_loop().create_future()
+    return SubagentRun(id="c", local_agent=None, result=future, dispose=_noop), future
+
+
+async def test_a_timed_out_wait_never_cancels_the_result() -> None:
+    """DRV-5, hardening 11.8: asyncio.wait_for(run.result, ...) timing out cancels only that
+    consumer's wait; the result stays pending and settles for every other awaiter."""
+    run, future = _pending_run()
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(run.result, 0.01)
+    assert not future.cancelled()
+    assert not run.result.done()
+    other = asyncio.ensure_future(asyncio.wait_for(run.result, 5))
+    future.set_result(DONE)
+    assert await other is DONE
+    assert await run.result is DONE
+    assert run.result.done() and run.result.result() is DONE and run.result.exception() is None
+
+
+async def test_a_cancelled_awaiter_leaves_the_others_waiting() -> None:
+    """DRV-5, hardening 11.8: cancelling one task that awaits run.result cancels neither the
+    result nor another task awaiting it; a fault reaches every awaiter."""
+    run, future = _pending_run()
+    entered = [asyncio.Event(), asyncio.Event()]
+
+    async def consume(i: int) -> SubagentResult:
+        entered[i].set()
+        return await run.result
+
+    first = asyncio.ensure_future(consume(0))
+    second = asyncio.ensure_future(consume(1))
+    await asyncio.wait_for(asyncio.gather(*(e.wait() for e in entered)), 5)
+    first.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await first
+    assert not future.cancelled()
+    fault = RuntimeError("log unreadable")
+    future.set_exception(fault)
+    with pytest.raises(RuntimeError) as caught:
+        await asyncio.wait_for(second, 5)
+    assert caught.value is fault
+    assert run.result.exception() is fault
+
+
+async def test_dispose_is_memoised() -> None:
+    """DRV-5, hardening 11.8: concurrent and later dispose() calls share one disposal: the
+    provider's dispose runs once and every caller sees the same outcome (the same error)."""
+    calls: list[str] = []
+    started, gate = asyncio.Event(), asyncio.Event()
+    fault = RuntimeError("handle disposal failed")
+
+    async def dispose() -> None:
+        calls.append("dispose")
+        started.set()
+        await gate.wait()
+        raise fault
+
+    future: asyncio.Future[SubagentResult] = asyncio.get_running_loop().create_future()
+    run = SubagentRun(id="c", local_agent=None, result=future, dispose=dispose)
+    first = asyncio.ensure_future(run.dispose())
+    await asyncio.wait_for(started.wait(), 5)
+    second = asyncio.ensure_future(run.dispose())
+    gate.set()
+    outcomes = await asyncio.wait_for(asyncio.gather(first, second, return_exceptions=True), 5)
+    assert outcomes == [fault, fault] and outcomes[0] is outcomes[1] is fault
+    with pytest.raises(RuntimeError) as again:
+        await asyncio.wait_for(run.dispose(), 5)
+    assert again.value is fault
+    assert calls == ["dispose"]
+
+
+async def test_a_cancelled_dispose_caller_never_cancels_the_disposal() -> None:
+    """DRV-5, hardening 11.8: a caller that stops waiting for dispose() (cancelled) leaves the
+    disposal running; a later caller waits for that same disposal to finish."""
+    calls: list[str] = []
+    started, gate = asyncio.Event(), asyncio.Event()
+
+    async def dispose() -> None:
+        calls.append("start")
+        started.set()
+        await gate.wait()
+        calls.append("end")
+
+    future: asyncio.Future[SubagentResult] = asyncio.get_running_loop().create_future()
+    run = SubagentRun(id="c", local_agent=None, result=future, dispose=dispose)
+    first = asyncio.ensure_future(run.dispose())
+    await asyncio.wait_for(started.wait(), 5)
+    first.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await first
+    later = asyncio.ensure_future(run.dispose())
+    gate.set()
+    await asyncio.wait_for(later, 5)
+    assert calls == ["start", "end"]
