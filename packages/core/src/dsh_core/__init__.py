@@ -60,6 +60,7 @@ from ._content import (
 )
 from ._context import Context, ContextError, Fiber, Host, Registration, Scope, ServiceKey
 from ._converter import converter, register_tagged_union, structure, unstructure
+from ._disposal import SharedDisposal
 from ._errors import DshError
 from ._events import (
     CORE_EVENT_TYPES,
@@ -267,6 +268,7 @@ __all__ = [
     "SessionRecord",
     "SessionStore",
     "SessionStoreService",
+    "SharedDisposal",
     "StepData",
     "StreamChunk",
     "SystemPromptRegistry",

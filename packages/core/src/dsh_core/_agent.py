@@ -37,6 +37,7 @@ from ._content import (
     user_message,
 )
 from ._context import Context, Fiber, Registration, Scope
+from ._disposal import SharedDisposal
 from ._errors import DshError
 from ._events import (
     AgentCancelCause,
@@ -838,7 +839,7 @@ class AgentHandle:
     (``agent/disposed``) -> detach the session (``session/disposed``; stored data untouched)
     -> wait until persistence has stored the rest and released the session's lock."""
 
-    __slots__ = ("_detach_owner", "_detach_session", "_done", "_service", "agent")
+    __slots__ = ("_detach_owner", "_detach_session", "_disposal", "_service", "agent")
 
     def __init__(
         self,
@@ -850,19 +851,19 @@ class AgentHandle:
         self._service = service
         self._detach_session = detach_session
         self._detach_owner: Registration | None = None
-        self._done: asyncio.Future[None] | None = None
+        self._disposal = SharedDisposal()
 
     @property
     def disposed(self) -> bool:
         """Whether disposal has started."""
-        return self._done is not None
+        return self._disposal.started
 
     async def dispose(self) -> None:
-        """Release the agent (see the class docstring for the order)."""
-        if self._done is not None:
-            await asyncio.shield(self._done)
-            return
-        self._done = asyncio.get_running_loop().create_future()
+        """Release the agent (see the class docstring for the order). A caller that stops
+        waiting never stops the release (hardening 11.8)."""
+        await self._disposal.run(self._release)
+
+    async def _release(self) -> None:
         try:
             await _teardown(self.agent, self._service, self._detach_session, announced=True)
         finally:
@@ -870,7 +871,6 @@ class AgentHandle:
             self._detach_owner = None
             if detach is not None:
                 detach.forget()
-            self._done.set_result(None)
 
 
 async def _teardown(

@@ -16,6 +16,7 @@ import weakref
 from collections.abc import Awaitable, Callable, Container, Generator
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, cast, overload
 
+from ._disposal import SharedDisposal
 from ._errors import DshError
 from ._events import EventTypeRegistry
 
@@ -206,7 +207,7 @@ class Fiber:
     Registering on a fiber that is no longer active raises ``INACTIVE_EFFECT``.
     """
 
-    __slots__ = ("_done", "_effects", "name", "parent", "state")
+    __slots__ = ("_disposal", "_effects", "name", "parent", "state")
 
     def __init__(self, name: str, parent: Fiber | None = None) -> None:
         self.name = name
@@ -215,7 +216,7 @@ class Fiber:
         # Insertion-ordered: disposal pops the newest first, and an owner of many short-lived
         # children (each one an effect until it goes) forgets any of them in constant time.
         self._effects: dict[_Effect, None] = {}
-        self._done: asyncio.Future[None] | None = None
+        self._disposal = SharedDisposal()
 
     def add(self, disposer: Disposer) -> Registration:
         """Push ``disposer``; the returned :class:`Registration` runs it early (once) when
@@ -229,13 +230,12 @@ class Fiber:
         return Registration(self, effect)
 
     async def dispose(self) -> None:
-        """Unwind every effect in reverse order; log failures and go on; idempotent."""
-        if self._done is not None:
-            await asyncio.shield(self._done)
-            return
-        self._done = asyncio.get_running_loop().create_future()
+        """Unwind every effect in reverse order; log failures and go on; idempotent. A caller
+        that stops waiting never stops the unwinding (hardening 11.8)."""
+        await self._disposal.run(self._unwind)
+
+    async def _unwind(self) -> None:
         self.state = "disposing"
-        failures: list[BaseException] = []
         while self._effects:
             effect, _ = self._effects.popitem()
             if effect.done:
@@ -245,11 +245,9 @@ class Fiber:
                 result = effect.disposer()
                 if result is not None and inspect.isawaitable(result):
                     await result
-            except Exception as exc:  # an owner's teardown must reach every effect
-                failures.append(exc)
+            except Exception:  # an owner's teardown must reach every effect
                 _log.exception("disposer of %r failed", self.name)
         self.state = "disposed"
-        self._done.set_result(None)
 
 
 class _Listener:

@@ -89,8 +89,9 @@ async def test_dispose_is_memoised() -> None:
 
 
 async def test_a_cancelled_dispose_caller_never_cancels_the_disposal() -> None:
-    """DRV-5, hardening 11.8: a caller that stops waiting for dispose() (cancelled) leaves the
-    disposal running; a later caller waits for that same disposal to finish."""
+    """DRV-5, hardening 11.8: a caller that stops waiting for dispose() (cancelled) never stops
+    the disposal: the provider's idempotent dispose runs again to its end in a task of its own,
+    and a later caller waits for that same disposal to finish."""
     calls: list[str] = []
     started, gate = asyncio.Event(), asyncio.Event()
 
@@ -110,4 +111,5 @@ async def test_a_cancelled_dispose_caller_never_cancels_the_disposal() -> None:
     later = asyncio.ensure_future(run.dispose())
     gate.set()
     await asyncio.wait_for(later, 5)
-    assert calls == ["start", "end"]
+    assert calls == ["start", "start", "end"]
+    assert run._disposal._task is not None and run._disposal._task.done()

@@ -19,6 +19,7 @@ from dsh_core import (
     MessageSource,
     NotJsonError,
     SessionEvent,
+    SharedDisposal,
     freeze_json,
 )
 
@@ -186,7 +187,7 @@ class SubagentRun:
     as a stop reason; any number of consumers may await it and each may stop waiting alone.
     """
 
-    __slots__ = ("_dispose", "_disposing", "id", "local_agent", "result")
+    __slots__ = ("_disposal", "_dispose", "id", "local_agent", "result")
 
     def __init__(
         self,
@@ -200,19 +201,17 @@ class SubagentRun:
         self.local_agent = local_agent
         self.result = SharedResult(result)
         self._dispose = dispose
-        self._disposing: asyncio.Future[None] | None = None
+        self._disposal = SharedDisposal()
 
     async def dispose(self) -> None:
         """Cancel remaining work, reach quiescence, release resources.
 
-        Memoised: the first call starts the provider's disposal as a task of its own and
-        every call (concurrent or later) awaits that same task and sees its outcome. A caller
-        that stops waiting never stops the disposal (hardening 11.8).
+        Memoised: the first call runs the provider's disposal and every call (concurrent or
+        later) waits for that same disposal and sees its outcome. A caller that stops waiting
+        never stops the disposal: it goes on in a task of its own, calling the provider's
+        (idempotent) dispose again (hardening 11.8).
         """
-        disposing = self._disposing
-        if disposing is None:
-            disposing = self._disposing = asyncio.ensure_future(self._dispose())
-        await asyncio.shield(disposing)
+        await self._disposal.run(self._dispose)
 
     def __repr__(self) -> str:
         return f"SubagentRun({self.id!r}, local={self.local_agent is not None})"
