@@ -5,8 +5,8 @@ How a document's fenced blocks are read:
 - A block whose first line is a comment naming a path (``# host.toml``,
   ``# src/pkg/plugin.py``) is a **file**: it is written to that path in a fresh folder for the
   document, before anything runs (a block that is only that line is an empty file). Python
-  files named ``test_*.py`` are then run with pytest in that folder (``src/`` is put on the
-  import path when there is one).
+  files are then imported (``src/`` is a root too, when there is one), except tests: files
+  named ``test_*.py`` are run with pytest in that folder.
 - Every other ``python`` block is a **script**: it runs in its own interpreter, in that folder,
   with a time limit, and must exit 0.
 - A block preceded by ``<!-- not-run: reason -->`` is skipped. Such blocks must give a reason,
@@ -144,6 +144,18 @@ def _run(args: list[str], folder: Path, env: dict[str, str]) -> subprocess.Compl
     )
 
 
+def _module_name(path: Path, folder: Path) -> str | None:
+    """The import name of a written Python file (``src/`` is a root too); None for tests."""
+    if path.name.startswith("test_") or path.name == "conftest.py":
+        return None
+    parts = list(path.relative_to(folder).with_suffix("").parts)
+    if parts[0] == "src":
+        parts = parts[1:]
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
 RUNNABLE = [d for d in documents() if any(b.lang == "python" for b in blocks(d))]
 
 
@@ -176,9 +188,12 @@ def test_python_blocks_run(doc: Path, tmp_path: Path) -> None:
     written = write_files(doc_blocks, tmp_path)
     env = _env(tmp_path)
     ran = 0
-    for path in written:
-        if path.suffix == ".py":
-            compile(path.read_text(encoding="utf-8"), str(path), "exec")
+    modules = [m for p in written if p.suffix == ".py" if (m := _module_name(p, tmp_path))]
+    if modules:  # every Python file that is not a test imports cleanly
+        load = "import importlib, sys\nfor name in sys.argv[1:]: importlib.import_module(name)"
+        done = _run([sys.executable, "-c", load, *modules], tmp_path, env)
+        assert done.returncode == 0, f"{doc.name}: importing {modules} failed:\n{done.stderr}"
+        ran += 1
     last_output: str | None = None
     for block in doc_blocks:
         if block.expected_output:
@@ -237,8 +252,8 @@ def test_readme_table_matches_dsh_plugins() -> None:
 # -- the provider guide builds into a distribution that passes the contract suite ---------------
 
 
-def _venv_python(venv: Path) -> Path:
-    return venv / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
+def _venv_bin(venv: Path, name: str) -> Path:
+    return venv / ("Scripts" if os.name == "nt" else "bin") / name
 
 
 @pytest.mark.slow
@@ -282,14 +297,14 @@ def test_provider_guide_builds_installs_and_passes_the_contract(tmp_path: Path) 
 
     venv = tmp_path / "venv"
     run(sys.executable, "-m", "venv", venv)
-    python = _venv_python(venv)
+    python = _venv_bin(venv, "python")
     wheels = tmp_path / "wheels"
     run(python, "-m", "pip", "wheel", "-q", "--no-deps", "-w", wheels, guide,
         ROOT / "packages/core", ROOT / "packages/subagent/subagent")  # fmt: skip
     run(python, "-m", "pip", "install", "-q", "--find-links", wheels, "dsh-subagent-terse[test]")
     where = run(python, "-c", "import dsh_subagent_terse; print(dsh_subagent_terse.__file__)")
     assert Path(where.strip()).is_relative_to(venv), where
-    plugins = run(python.with_name("dsh"), "plugins")
+    plugins = run(_venv_bin(venv, "dsh"), "plugins")
     assert any(
         line.split()[:2] == ["subagent-terse", "dsh-subagent-terse"]
         for line in plugins.splitlines()

@@ -11,8 +11,10 @@ import pytest
 import dsh_core.plugin
 from dsh_core import (
     AgentOptions,
+    Context,
     CreateAgentOptions,
     DshError,
+    PluginRow,
     ScriptedAdapter,
     SessionMeta,
     ToolDefinition,
@@ -50,17 +52,17 @@ async def test_the_example_runs_through_the_llm_scripted_plugin() -> None:
     answers from the example: a greeting, a tool call and its follow-up, max-tokens, an error,
     the default."""
     pm = make_plugin_manager(autoload=False, plugins={"core": dsh_core.plugin})
-    rows = [
+    rows: list[str | PluginRow] = [
         "sessions",
         "llm",
-        {"plugin": "llm-scripted", "config": {"script": str(EXAMPLE)}},
+        PluginRow(plugin="llm-scripted", config={"script": str(EXAMPLE)}),
         "tools",
         "system-prompt",
         "agents",
     ]
 
-    def setup(agent_ctx: object) -> None:
-        agent_ctx.tools.register(CLOCK)  # type: ignore[attr-defined]
+    def setup(agent_ctx: Context) -> None:
+        agent_ctx.tools.register(CLOCK)
 
     async with await boot_host(rows, pm=pm) as host:
         handle = await host.ctx.agents.create(
