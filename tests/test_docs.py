@@ -32,7 +32,7 @@ from dsh_subagent.testing import ProviderContract
 ROOT = Path(__file__).resolve().parents[1]
 TIMEOUT = 120  # seconds per process; a hung example fails instead of hanging the suite
 MAX_NOT_RUN = 2
-_SKIP_DIRS = frozenset({"dist", "build", "node_modules", "__pycache__"})
+_SKIP_DIRS = frozenset({"dist", "build", "node_modules", "__pycache__", "venv", "site-packages"})
 _FENCE = re.compile(r"^(`{3,})([\w+-]*)\s*$")
 _PATH = re.compile(r"^#\s+([\w./-]+\.[\w]+)\s*$")
 _NOT_RUN = re.compile(r"^<!--\s*not-run:(.*?)-->\s*$")
@@ -74,11 +74,12 @@ class Block:
 def documents() -> list[Path]:
     """docs/*.md and every README.md of the repository."""
     found = sorted((ROOT / "docs").glob("*.md"))
-    for readme in sorted(ROOT.rglob("README.md")):
-        parts = readme.relative_to(ROOT).parts[:-1]
-        if not any(p.startswith(".") or p in _SKIP_DIRS for p in parts):
-            found.append(readme)
-    return found
+    readmes = []
+    for folder, dirs, files in os.walk(ROOT):
+        dirs[:] = [d for d in dirs if not (d.startswith(".") or d in _SKIP_DIRS)]
+        if "README.md" in files:
+            readmes.append(Path(folder) / "README.md")
+    return found + sorted(readmes)
 
 
 def blocks(doc: Path) -> Iterator[Block]:
