@@ -15,11 +15,13 @@ How a document's fenced blocks are read:
 
 from __future__ import annotations
 
+import importlib.metadata as md
 import io
 import os
 import re
 import subprocess
 import sys
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -313,3 +315,22 @@ def test_provider_guide_builds_installs_and_passes_the_contract(tmp_path: Path) 
     out = run(python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests", cwd=guide)
     checks = [name for name in dir(ProviderContract) if name.startswith("test_")]
     assert f"{len(checks)} passed" in out and "skipped" not in out, out
+
+
+def test_placeholder_readmes_say_so() -> None:
+    """dx 12.1, host-core §1: a distribution whose entry point mounts nothing says in its README
+    that it is a placeholder; one that mounts something does not."""
+    mounting = {}
+    for entry_point in md.entry_points(group="dsh"):
+        if entry_point.dist is not None and entry_point.dist.name.startswith("dsh-"):
+            specs = entry_point.load().dsh_plugins()
+            mounting[entry_point.dist.name] = bool(specs)
+    folders = {}
+    for pyproject in ROOT.glob("packages/**/pyproject.toml"):
+        if "fixtures" not in pyproject.parts:
+            name = tomllib.loads(pyproject.read_text(encoding="utf-8"))["project"]["name"]
+            folders[name] = pyproject.parent
+    assert set(folders) <= set(mounting)
+    for name, folder in folders.items():
+        readme = (folder / "README.md").read_text(encoding="utf-8")
+        assert ("**Placeholder.**" in readme) == (not mounting[name]), name
