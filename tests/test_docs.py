@@ -1,0 +1,336 @@
+"""Every Python block in docs/ and the READMEs runs as written (dx 12.2).
+
+How a document's fenced blocks are read:
+
+- A block whose first line is a comment naming a path (``# host.toml``,
+  ``# src/pkg/plugin.py``) is a **file**: it is written to that path in a fresh folder for the
+  document, before anything runs (a block that is only that line is an empty file). Python
+  files are then imported (``src/`` is a root too, when there is one), except tests: files
+  named ``test_*.py`` are run with pytest in that folder.
+- Every other ``python`` block is a **script**: it runs in its own interpreter, in that folder,
+  with a time limit, and must exit 0.
+- A block preceded by ``<!-- not-run: reason -->`` is skipped. Such blocks must give a reason,
+  and only a few may exist (``MAX_NOT_RUN``).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import io
+import os
+import re
+import subprocess
+import sys
+import tomllib
+from collections.abc import Iterator
+from pathlib import Path
+
+import attrs
+import pytest
+
+from dsh_core.cli import main as dsh_main
+from dsh_subagent.testing import ProviderContract
+
+ROOT = Path(__file__).resolve().parents[1]
+TIMEOUT = 120  # seconds per process; a hung example fails instead of hanging the suite
+MAX_NOT_RUN = 2
+_SKIP_DIRS = frozenset({"dist", "build", "node_modules", "__pycache__", "venv", "site-packages"})
+_FENCE = re.compile(r"^(`{3,})([\w+-]*)\s*$")
+_PATH = re.compile(r"^#\s+([\w./-]+\.[\w]+)\s*$")
+_NOT_RUN = re.compile(r"^<!--\s*not-run:(.*?)-->\s*$")
+
+
+@attrs.frozen(kw_only=True)
+class Block:
+    """One fenced block of a document."""
+
+    doc: Path
+    line: int  # of the opening fence, 1-based
+    lang: str
+    text: str
+    before: str  # the last non-blank line before the block
+
+    @property
+    def not_run(self) -> str | None:
+        """The reason given by a ``<!-- not-run: reason -->`` line right before the block."""
+        marked = _NOT_RUN.match(self.before)
+        return marked.group(1).strip() if marked else None
+
+    @property
+    def expected_output(self) -> bool:
+        """A ``text`` block after a line ending "prints:" is the previous script's output."""
+        return self.lang == "text" and self.before.endswith("prints:")
+
+    @property
+    def where(self) -> str:
+        return f"{self.doc.relative_to(ROOT).as_posix()}:{self.line}"
+
+    @property
+    def path(self) -> str | None:
+        """The file this block is, when its first line names one."""
+        first = self.text.split("\n", 1)[0]
+        found = _PATH.match(first)
+        return found.group(1) if found else None
+
+
+def documents() -> list[Path]:
+    """docs/*.md and every README.md of the repository."""
+    found = sorted((ROOT / "docs").glob("*.md"))
+    readmes = []
+    for folder, dirs, files in os.walk(ROOT):
+        dirs[:] = [d for d in dirs if not (d.startswith(".") or d in _SKIP_DIRS)]
+        if "README.md" in files:
+            readmes.append(Path(folder) / "README.md")
+    return found + sorted(readmes)
+
+
+def blocks(doc: Path) -> Iterator[Block]:
+    """The fenced blocks of ``doc``, in order."""
+    lines = doc.read_text(encoding="utf-8").split("\n")
+    previous = ""
+    i = 0
+    while i < len(lines):
+        opening = _FENCE.match(lines[i])
+        if opening is None:
+            if lines[i].strip():
+                previous = lines[i].strip()
+            i += 1
+            continue
+        fence, lang = opening.groups()
+        end = i + 1
+        while end < len(lines) and lines[end].rstrip() != fence:
+            end += 1
+        yield Block(
+            doc=doc,
+            line=i + 1,
+            lang=lang,
+            text="\n".join(lines[i + 1 : end]) + "\n",
+            before=previous,
+        )
+        previous = ""
+        i = end + 1
+
+
+def write_files(doc_blocks: list[Block], folder: Path) -> list[Path]:
+    """Write every file block under ``folder``; returns the paths written."""
+    written = []
+    for block in doc_blocks:
+        if block.path is None or block.not_run is not None:
+            continue
+        target = (folder / block.path).resolve()
+        assert target.is_relative_to(folder.resolve()), f"{block.where}: path leaves the folder"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        only_header = block.text.strip().count("\n") == 0
+        target.write_text("" if only_header else block.text, encoding="utf-8")
+        written.append(target)
+    return written
+
+
+def _env(folder: Path) -> dict[str, str]:
+    """The caller's environment, without plugin selection, with a private DSH_HOME."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("DSH_DISABLE_PLUGIN_AUTOLOAD", "DSH_PLUGINS")
+    }
+    env["DSH_HOME"] = str(folder / ".dsh-home")
+    if (folder / "src").is_dir():
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (str(folder / "src"), env.get("PYTHONPATH")) if p
+        )
+    return env
+
+
+def _run(args: list[str], folder: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        args, cwd=folder, env=env, capture_output=True, text=True, timeout=TIMEOUT, check=False
+    )
+
+
+def _module_name(path: Path, folder: Path) -> str | None:
+    """The import name of a written Python file (``src/`` is a root too); None for tests."""
+    if path.name.startswith("test_") or path.name == "conftest.py":
+        return None
+    parts = list(path.relative_to(folder).with_suffix("").parts)
+    if parts[0] == "src":
+        parts = parts[1:]
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+RUNNABLE = [d for d in documents() if any(b.lang == "python" for b in blocks(d))]
+
+
+def test_the_documents_are_found() -> None:
+    """dx 12.2: the extractor sees the quickstart, the provider guide and the package READMEs."""
+    names = {d.relative_to(ROOT).as_posix() for d in RUNNABLE}
+    assert {
+        "docs/quickstart.md",
+        "docs/writing-a-provider.md",
+        "docs/scripted-model.md",
+        "packages/core/README.md",
+    } <= names
+    quickstart = [b for b in blocks(ROOT / "docs/quickstart.md") if b.lang == "python"]
+    assert any("asyncio.run(main())" in b.text for b in quickstart)
+
+
+def test_not_run_blocks_are_few_and_explained() -> None:
+    """dx 12.2: a block may be skipped only with a reason, and only a few are."""
+    skipped = [b for d in documents() for b in blocks(d) if b.not_run is not None]
+    assert all(b.not_run for b in skipped), [b.where for b in skipped if not b.not_run]
+    assert len(skipped) <= MAX_NOT_RUN, [f"{b.where}: {b.not_run}" for b in skipped]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("doc", RUNNABLE, ids=lambda d: d.relative_to(ROOT).as_posix())
+def test_python_blocks_run(doc: Path, tmp_path: Path) -> None:
+    """dx 12.2: each Python block of the document runs as written (scripts exit 0, the
+    document's test files pass under pytest)."""
+    doc_blocks = list(blocks(doc))
+    written = write_files(doc_blocks, tmp_path)
+    env = _env(tmp_path)
+    ran = 0
+    modules = [m for p in written if p.suffix == ".py" if (m := _module_name(p, tmp_path))]
+    if modules:  # every Python file that is not a test imports cleanly
+        load = "import importlib, sys\nfor name in sys.argv[1:]: importlib.import_module(name)"
+        done = _run([sys.executable, "-c", load, *modules], tmp_path, env)
+        assert done.returncode == 0, f"{doc.name}: importing {modules} failed:\n{done.stderr}"
+        ran += 1
+    last_output: str | None = None
+    for block in doc_blocks:
+        if block.expected_output:
+            assert last_output == block.text, f"{block.where}: the script printed {last_output!r}"
+        if block.lang != "python" or block.path is not None or block.not_run is not None:
+            continue
+        script = tmp_path / f"_doc_block_{block.line}.py"
+        script.write_text(block.text, encoding="utf-8")
+        done = _run([sys.executable, str(script)], tmp_path, env)
+        assert done.returncode == 0, f"{block.where} failed:\n{done.stdout}\n{done.stderr}"
+        last_output = done.stdout
+        ran += 1
+    tests = [p for p in written if p.suffix == ".py" and p.name.startswith("test_")]
+    if tests:
+        done = _run(
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", ".",
+             *(str(p.relative_to(tmp_path)) for p in tests)],
+            tmp_path,
+            env,
+        )  # fmt: skip
+        assert done.returncode == 0, f"{doc.name}'s tests failed:\n{done.stdout}\n{done.stderr}"
+        assert " passed" in done.stdout and " skipped" not in done.stdout, done.stdout
+        ran += 1
+    assert ran, f"{doc.name} has Python blocks but none of them runs"
+
+
+# -- the README's distribution table is what `dsh plugins` lists ---------------------------------
+
+_ROW = re.compile(
+    r"^\|\s*\[?`(dsh-[\w-]+)`\]?(?:\([^)]*\))?\s*\|\s*`([\w-]+)`\s*\|([^|]*)\|([^|]*)\|"
+)
+
+
+def test_readme_table_matches_dsh_plugins() -> None:
+    """dx 12.1, host-core §1: the README's table has one row per plugin `dsh plugins` lists,
+    with the same distribution and mounts, and "placeholder" exactly where nothing is mounted."""
+    out = io.StringIO()
+    assert dsh_main(["plugins"], out=out) == 0, out.getvalue()
+    listed = {}
+    for line in out.getvalue().splitlines()[1:]:
+        if line.strip():
+            name, dist, _version, mounts = line.split(None, 3)
+            listed[name] = (dist, mounts.strip())
+    table = {}
+    for line in (ROOT / "README.md").read_text(encoding="utf-8").splitlines():
+        row = _ROW.match(line)
+        if row:
+            dist, entry_point, mounts, status = (g.strip() for g in row.groups())
+            table[entry_point] = (dist, mounts.replace("`", "").strip() or "-", status)
+    assert set(table) == set(listed)
+    for name, (dist, mounts) in listed.items():
+        assert table[name][:2] == (dist, mounts), name
+        assert table[name][2].startswith("placeholder") == (mounts == "-"), name
+
+
+# -- the provider guide builds into a distribution that passes the contract suite ---------------
+
+
+def _venv_bin(venv: Path, name: str) -> Path:
+    return venv / ("Scripts" if os.name == "nt" else "bin") / name
+
+
+@pytest.mark.slow
+def test_provider_guide_builds_installs_and_passes_the_contract(tmp_path: Path) -> None:
+    """dx 12.2 (the provider contract, SVC-1 and DRV-1 on): the files of
+    docs/writing-a-provider.md build a wheel (hatchling) that installs into a fresh venv next to
+    dsh-core and dsh-subagent wheels built from this checkout; `dsh plugins` lists its entry
+    point there, and its contract test passes."""
+    guide = tmp_path / "guide"
+    written = write_files(list(blocks(ROOT / "docs" / "writing-a-provider.md")), guide)
+    assert {p.relative_to(guide).as_posix() for p in written} >= {
+        "pyproject.toml",
+        "src/dsh_subagent_terse/__init__.py",
+        "src/dsh_subagent_terse/__about__.py",
+        "src/dsh_subagent_terse/_provider.py",
+        "src/dsh_subagent_terse/plugin.py",
+        "src/dsh_subagent_terse/py.typed",
+        "tests/conftest.py",
+        "tests/test_contract.py",
+    }
+    # Nothing of this checkout may leak in: only what the venv installs is importable there.
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("PYTHONPATH", "VIRTUAL_ENV", "DSH_DISABLE_PLUGIN_AUTOLOAD", "DSH_PLUGINS")
+    }
+    env["DSH_HOME"] = str(tmp_path / "home")
+
+    def run(*args: str | Path, cwd: Path = tmp_path) -> str:
+        done = subprocess.run(
+            [str(a) for a in args],
+            cwd=cwd,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+        assert done.returncode == 0, f"{args} failed:\n{done.stdout}\n{done.stderr}"
+        return done.stdout
+
+    venv = tmp_path / "venv"
+    run(sys.executable, "-m", "venv", venv)
+    python = _venv_bin(venv, "python")
+    wheels = tmp_path / "wheels"
+    run(python, "-m", "pip", "wheel", "-q", "--no-deps", "-w", wheels, guide,
+        ROOT / "packages/core", ROOT / "packages/subagent/subagent")  # fmt: skip
+    run(python, "-m", "pip", "install", "-q", "--find-links", wheels, "dsh-subagent-terse[test]")
+    where = run(python, "-c", "import dsh_subagent_terse; print(dsh_subagent_terse.__file__)")
+    assert Path(where.strip()).is_relative_to(venv), where
+    plugins = run(_venv_bin(venv, "dsh"), "plugins")
+    assert any(
+        line.split()[:2] == ["subagent-terse", "dsh-subagent-terse"]
+        for line in plugins.splitlines()
+    ), plugins
+    out = run(python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests", cwd=guide)
+    checks = [name for name in dir(ProviderContract) if name.startswith("test_")]
+    assert f"{len(checks)} passed" in out and "skipped" not in out, out
+
+
+def test_placeholder_readmes_say_so() -> None:
+    """dx 12.1, host-core §1: a distribution whose entry point mounts nothing says in its README
+    that it is a placeholder; one that mounts something does not."""
+    mounting = {}
+    for entry_point in md.entry_points(group="dsh"):
+        if entry_point.dist is not None and entry_point.dist.name.startswith("dsh-"):
+            specs = entry_point.load().dsh_plugins()
+            mounting[entry_point.dist.name] = bool(specs)
+    folders = {}
+    for pyproject in ROOT.glob("packages/**/pyproject.toml"):
+        if "fixtures" not in pyproject.parts:
+            name = tomllib.loads(pyproject.read_text(encoding="utf-8"))["project"]["name"]
+            folders[name] = pyproject.parent
+    assert set(folders) <= set(mounting)
+    for name, folder in folders.items():
+        readme = (folder / "README.md").read_text(encoding="utf-8")
+        assert ("**Placeholder.**" in readme) == (not mounting[name]), name
