@@ -119,3 +119,15 @@ def test_a_malformed_script_is_refused_when_loaded(tmp_path: Path) -> None:
         ScriptedAdapter.from_file(bad)
     assert caught.value.code == "SCRIPT_INVALID" and isinstance(caught.value, ValueError)
     assert "rule 0" in str(caught.value)
+
+
+def test_the_demo_runs_on_the_example(monkeypatch: pytest.MonkeyPatch) -> None:
+    """dx 12.3: `dsh demo --model scripted:docs/examples/scripted-model.toml` answers from it."""
+    import io
+
+    from dsh_core.cli import main
+
+    monkeypatch.setenv("DSH_PLUGINS", "core")
+    out = io.StringIO()
+    assert main(["demo", "--model", f"scripted:{EXAMPLE}", "--prompt", "hello"], out=out) == 0
+    assert "assistant > Hello! I am a scripted model." in out.getvalue()

@@ -270,3 +270,26 @@ def test_cli_demo_runs_one_offline_turn(monkeypatch: pytest.MonkeyPatch) -> None
     assert "mounts 'agents'" in text
     assert "assistant > hello from the demo" in text
     assert "turn/start" in text and "turn/end" in text
+
+
+def test_cli_demo_runs_on_a_script_file(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """dx 12.3: `dsh demo --model scripted:FILE --prompt TEXT` answers from the script; a
+    script that cannot be read is a one-line error (exit 2), an unknown model a usage error."""
+    monkeypatch.setenv("DSH_PLUGINS", "core")
+    script = tmp_path / "script.toml"
+    script.write_text('default = "echo: {{last_user}}"\n[[rules]]\nwhen = { last_user = "hi" }\n'
+                      'reply = "scripted hello"\n')  # fmt: skip
+    out = io.StringIO()
+    assert main(["demo", "--model", f"scripted:{script}", "--prompt", "hi there"], out=out) == 0
+    assert "assistant > scripted hello" in out.getvalue()
+    out = io.StringIO()
+    assert main(["demo", "--model", "scripted", "--prompt", "plain"], out=out) == 0
+    assert "assistant > plain" in out.getvalue()
+    assert main(["demo", "--model", f"scripted:{tmp_path / 'missing.toml'}"], out=out) == 2
+    assert "[SCRIPT_INVALID]" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        main(["demo", "--model", "openai:gpt"], out=out)
+    assert exc.value.code == 2
+    assert "unknown model 'openai:gpt'" in capsys.readouterr().err

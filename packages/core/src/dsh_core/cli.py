@@ -1,7 +1,8 @@
 """The ``dsh`` command line.
 
 ``dsh plugins`` lists every discovered plugin with its distribution and version, and every one
-that failed to load (exit status 1 then). ``dsh demo`` runs the offline demo.
+that failed to load (exit status 1 then). ``dsh demo`` runs the offline demo, on the embedded
+echo model or, with ``--model scripted:FILE``, on a script file (docs/scripted-model.md).
 """
 
 from __future__ import annotations
@@ -14,9 +15,12 @@ from collections.abc import Sequence
 from typing import TextIO
 
 from .__about__ import __version__
+from ._errors import DshError
 from ._plugins import DshPluginManager, PluginError, make_plugin_manager
 
 __all__ = ["main"]
+
+_PROMPT = "hello from the demo"
 
 
 def _discover() -> tuple[DshPluginManager, str | None]:
@@ -80,20 +84,37 @@ def cmd_demo(args: argparse.Namespace, out: TextIO) -> int:
     if fatal:
         print(f"\ndiscovery failed: {fatal}", file=out)
         return 1
-    status = asyncio.run(_demo_turn(out))
+    try:
+        status = asyncio.run(_demo_turn(out, script=args.script, prompt=args.prompt))
+    except DshError as exc:  # a script that cannot be read or is malformed, say
+        print(f"dsh demo: error: {exc} [{exc.code}]", file=sys.stderr)
+        return 2
     return 1 if pm.failures or status else 0
 
 
-async def _demo_turn(out: TextIO) -> int:
-    """Boot the core plugins on the scripted model and run one turn; 1 if anything broke."""
+def _model(value: str) -> str | None:
+    """``--model``: ``scripted`` (the echo model) or ``scripted:FILE``; the script's path."""
+    kind, sep, path = value.partition(":")
+    if kind != "scripted" or (sep and not path):
+        raise argparse.ArgumentTypeError(
+            f"unknown model {value!r}: the demo runs on 'scripted' (echo) or 'scripted:FILE' "
+            "(a script file, see docs/scripted-model.md)"
+        )
+    return path or None
+
+
+async def _demo_turn(out: TextIO, *, script: str | None = None, prompt: str = _PROMPT) -> int:
+    """Boot the core plugins on the scripted model (echo, or ``script``) and run one turn;
+    1 if anything broke."""
     from . import plugin as core_plugin
     from ._agent import AgentOptions, CreateAgentOptions
     from ._content import user_message
     from ._events import SessionMeta
-    from ._host import boot_host
+    from ._host import PluginRow, boot_host
 
     pm = make_plugin_manager(autoload=False, plugins={"core": core_plugin})
-    rows = ["sessions", "session-persistence-memory", "llm", "llm-scripted", "tools",
+    model = PluginRow(plugin="llm-scripted", config={"script": script} if script else {})
+    rows = ["sessions", "session-persistence-memory", "llm", model, "tools",
             "system-prompt", "agents", "jobs", "invariants"]  # fmt: skip
     async with await boot_host(rows, pm=pm) as host:
         handle = await host.ctx.agents.create(
@@ -103,9 +124,10 @@ async def _demo_turn(out: TextIO) -> int:
             )
         )
         agent = handle.agent
-        print("\none offline turn (the embedded scripted model echoes):", file=out)
-        print("  user      > hello from the demo", file=out)
-        agent.followup(user_message("hello from the demo"))
+        what = f"the script {script}" if script else "the embedded scripted model echoes"
+        print(f"\none offline turn ({what}):", file=out)
+        print(f"  user      > {prompt}", file=out)
+        agent.followup(user_message(prompt))
         await agent.when_idle()
         print(f"  assistant > {agent.session.derive_messages()[-1].text}", file=out)
         print(f"  session {agent.id}: {agent.session.seq} durable events", file=out)
@@ -124,7 +146,18 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("plugins", help="list discovered plugins and load failures").set_defaults(
         run=cmd_plugins
     )
-    sub.add_parser("demo", help="run the offline demo").set_defaults(run=cmd_demo)
+    demo = sub.add_parser("demo", help="run the offline demo")
+    demo.add_argument(
+        "--model",
+        dest="script",
+        type=_model,
+        default=None,
+        metavar="scripted[:FILE]",
+        help="the offline model: 'scripted' echoes (the default); 'scripted:FILE' answers "
+        "from a TOML or JSON script (docs/scripted-model.md)",
+    )
+    demo.add_argument("--prompt", default=_PROMPT, help="the user message of the demo turn")
+    demo.set_defaults(run=cmd_demo)
     return parser
 
 
