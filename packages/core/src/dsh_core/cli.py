@@ -114,7 +114,7 @@ async def _demo_turn(out: TextIO, *, script: str | None = None, prompt: str = _P
 
     pm = make_plugin_manager(autoload=False, plugins={"core": core_plugin})
     model = PluginRow(plugin="llm-scripted", config={"script": script} if script else {})
-    rows = ["sessions", "session-persistence-memory", "llm", model, "tools",
+    rows: list[PluginRow | str] = ["sessions", "session-persistence-memory", "llm", model, "tools",
             "system-prompt", "agents", "jobs", "invariants"]  # fmt: skip
     async with await boot_host(rows, pm=pm) as host:
         handle = await host.ctx.agents.create(
