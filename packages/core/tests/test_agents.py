@@ -871,6 +871,23 @@ async def test_setup_commit_runs_before_publication() -> None:
         assert handle.agent.ctx.agent is handle.agent
 
 
+@pytest.mark.parametrize("returns", ["registration", "not-callable"])
+async def test_setup_returning_no_commit_is_refused(returns: str) -> None:
+    """host-core §9, dx 12: a setup that returns a Registration (``lambda c:
+    c.tools.register(t)``) or any other non-commit fails AGENT_SETUP_INVALID and rolls the
+    creation back, instead of silently undoing its own registration."""
+    async with scripted_host() as h:
+
+        def setup(ctx: Context) -> Any:
+            registration = ctx.tools.register(tool("scoped", _ok))
+            return registration if returns == "registration" else 42
+
+        with pytest.raises(AgentError) as caught:
+            await h.create_agent(setup=setup)
+        assert caught.value.code == "AGENT_SETUP_INVALID"
+        assert h.ctx.agents.list() == [] and h.ctx.sessions.list() == []
+
+
 # -- disposal and ownership -------------------------------------------------------------------
 
 

@@ -830,6 +830,19 @@ def _last_snapshot(session: Session) -> str | None:
     return None
 
 
+def _check_commit(produced: object) -> None:
+    """A setup's return value must be a commit: a ``Registration`` is the *undo* of what the
+    setup registered (``lambda c: c.tools.register(t)`` returns one), and calling it would
+    remove the tool again before the agent starts."""
+    if isinstance(produced, Registration) or not callable(produced):
+        raise AgentError(
+            f"setup returned {type(produced).__name__}, not a commit callable: return None "
+            "(write `def setup(ctx): ctx.tools.register(...)`), or a function to run right "
+            "before publication",
+            code="AGENT_SETUP_INVALID",
+        )
+
+
 # -- handles and the registry ---------------------------------------------------------------------
 
 
@@ -1058,6 +1071,7 @@ class AgentRegistry:
                     produced = await race_abort(produced, creation)
                 creation.throw_if_aborted()
                 if produced is not None:
+                    _check_commit(produced)
                     produced()
             creation.throw_if_aborted()
             detach_session = agent.ctx.sessions.enter(session)
