@@ -1,7 +1,8 @@
 """The append-only session log (:class:`Session`) and the live store (``ctx.sessions``).
 
-A session validates every event *before* it commits (lossless JSON, surface metadata,
-pre-commit validators such as the invariant checker), so a refused append writes nothing.
+A session validates every event *before* it commits (a payload the log can write and read
+back, surface metadata, pre-commit validators such as the invariant checker), so a refused
+append writes nothing.
 Publication (``session/event``) happens after the commit, to listeners captured before it;
 appending to a session from inside its own publication is refused (host-core §3).
 """
@@ -15,6 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from ._codec import Unfit
+from ._codec import checkers as _checkers
 from ._content import Message, new_id
 from ._events import (
     SESSION_FORMAT_VERSION,
@@ -28,6 +31,7 @@ from ._events import (
     SessionMeta,
 )
 from ._frozen import open_twin
+from ._json import MAX_NESTING
 from ._log_checker import LogInvariantError, check_balanced
 
 if TYPE_CHECKING:
@@ -214,9 +218,10 @@ class Session:
         spec = self._specs.get(type)
         events = self._events
         seq = len(events)
-        # The trusted fast path (a core payload of the declared class, seqs iff surface) goes
-        # straight on; anything else is checked and snapshotted first. Cited seqs are checked
-        # below, on both paths.
+        # The trusted fast path (a core payload of the declared class, seqs iff surface) only
+        # runs the class's compiled check (what the log can write and read back, see
+        # EventTypeRegistry.snapshot); anything else, and a payload that check does not pass,
+        # is checked and snapshotted by the registry. Cited seqs are checked below, on both.
         seqs: tuple[int, ...] | None = None
         if (
             spec is None
@@ -225,8 +230,16 @@ class Session:
             or (source_event_seqs is None) is not (not spec.surface)  # seqs iff surface
         ):
             data, seqs = self._checked(spec, type, data, source_event_seqs, ignorable)
-        elif source_event_seqs is not None:
-            seqs = tuple(source_event_seqs)
+        else:
+            check = _checkers.get(data.__class__)
+            try:
+                if check is None:
+                    raise Unfit  # not compiled yet (or the class has no checker)
+                check(data, MAX_NESTING)
+            except Unfit:
+                data = self._types.snapshot(spec, type, data)  # the verdict, or the error
+            if source_event_seqs is not None:
+                seqs = tuple(source_event_seqs)
         if seqs and (min(seqs) < 0 or max(seqs) >= seq):
             raise SessionError(f"{type} cites events that do not exist", code="SESSION_SURFACE")
         # The event is built inline (as make_event does): this is the hottest path of a turn.
