@@ -29,6 +29,7 @@ from dsh_core import (
     PluginSource,
     SessionError,
     SessionEvent,
+    SessionHeader,
     SessionStoreService,
     TextBlock,
     ToolCallBlock,
@@ -38,6 +39,7 @@ from dsh_core import (
     UserSource,
     user_message,
 )
+from dsh_core._events import make_event
 from dsh_core._json import MAX_INT_DIGITS, MAX_NESTING
 from dsh_core._persistence import install_jsonl_persistence, install_memory_persistence
 
@@ -185,6 +187,21 @@ async def test_an_event_the_writer_cannot_encode_is_reported_and_does_not_block_
     assert stored[1:] == session.events[1:]
     assert stored[0].type == "session/unwritable" and stored[0].ignorable
     assert stored[0].data["type"] == "x/n" and stored[0].seq == 0
+    await env.close()
+
+
+async def test_seeds_and_cold_appends_are_held_to_the_same_rule(env: Env) -> None:
+    """hardening 11.1, host-core §4/§5: a seed or a cold persistence.append carrying a typed
+    payload the log cannot read back is refused like a live append."""
+    bad = make_event("user/message", 0, 1, user_message(["hi"]), (), "append")  # type: ignore[list-item]
+    with pytest.raises(SessionError) as info:
+        env.ctx.sessions.create("seeded", seed=[bad])
+    assert info.value.code == "SESSION_EVENT_INVALID"
+    await env.persistence.create(SessionHeader(id="cold", created_at=1))
+    with pytest.raises(SessionError) as info:
+        await env.persistence.append("cold", [bad])
+    assert info.value.code == "SESSION_APPEND_INVALID"
+    assert await env.reloaded("cold") == ()
     await env.close()
 
 
