@@ -39,7 +39,7 @@ import attrs
 
 from ._converter import converter, tagged_unions
 from ._frozen import filled_fields, open_twin, slot_setter
-from ._json import _INT_HI, _INT_LO, dumps, freeze_json
+from ._json import _INT_HI, dumps, freeze_json
 from ._tagged import TaggedUnion
 
 __all__ = ["Unfit", "checkers", "class_checker", "class_decoder", "class_encoder"]
@@ -581,7 +581,7 @@ def _check_json(v: Any, d: int) -> None:
     if c is str or v is None or c is bool:
         return
     if c is int:
-        if not _INT_LO < v < _INT_HI:
+        if abs(v) >= _INT_HI:
             raise Unfit
         return
     if c is float:
@@ -630,7 +630,7 @@ def _checker(shape: Shape) -> Checker:
     if kind == "float":
         return _check_float
     if kind in ("int", "str", "bool", "lit"):
-        env: dict[str, Any] = {"Unfit": Unfit, "lo": _INT_LO, "hi": _INT_HI}
+        env: dict[str, Any] = {"Unfit": Unfit, "hi": _INT_HI}
         if kind == "lit":
             env["v_values"] = shape[1]
         if kind == "lit":
@@ -672,10 +672,15 @@ def _checker(shape: Shape) -> Checker:
     return check_later
 
 
+def _scalar(shape: Shape) -> str:
+    """The kind of a scalar or optional scalar shape, for :func:`_inline_test`."""
+    return str(shape[1][0] if shape[0] == "opt" else shape[0])
+
+
 def _inline_test(kind: str, v: str) -> str | None:
     """An expression true unless ``v`` is a plain scalar of ``kind`` the log can hold."""
     if kind == "int":
-        return f"{v}.__class__ is not int or not lo < {v} < hi"
+        return f"{v}.__class__ is not int or abs({v}) >= hi"
     if kind == "str":
         return f"{v}.__class__ is not str"
     if kind == "lit":
@@ -719,7 +724,21 @@ def class_checker(cls: type) -> Checker | None:
         return fn
 
 
-def _compile_checker(cls: type) -> Checker | None:
+#: What a checker reads of a class: its fields and shapes, and its (tag key, tag value).
+_CheckPlan = tuple[tuple[tuple[str, Shape], ...], tuple[str, str] | None]
+_check_plans: dict[type, _CheckPlan | None] = {}
+
+
+def _check_plan(cls: type) -> _CheckPlan | None:
+    if cls not in _check_plans:
+        try:
+            _check_plans[cls] = _make_check_plan(cls)
+        except Exception:  # e.g. an annotation that does not resolve: the slow route decides
+            _check_plans[cls] = None
+    return _check_plans[cls]
+
+
+def _make_check_plan(cls: type) -> _CheckPlan | None:
     if not attrs.has(cls) or any(cls is u.unknown_type for u in tagged_unions().values()):
         return None
     attrs.resolve_types(cls)
@@ -727,10 +746,9 @@ def _compile_checker(cls: type) -> Checker | None:
         (u for u in tagged_unions().values() if cls is not u.base and issubclass(cls, u.base)),
         None,
     )
-    env: dict[str, Any] = {"Unfit": Unfit, "cls": cls, "lo": _INT_LO, "hi": _INT_HI}
-    body = ["if o.__class__ is not cls or d < 1: raise Unfit", "d -= 1"]
+    fields: list[tuple[str, Shape]] = []
     tag: tuple[str, str] | None = None
-    for i, f in enumerate(attrs.fields(cls)):
+    for f in attrs.fields(cls):
         if f.alias != f.name:
             return None
         if not f.init:
@@ -741,23 +759,51 @@ def _compile_checker(cls: type) -> Checker | None:
         shape = _check_shape(f)
         if shape is None:
             return None
-        v = f"v{i}"
-        body.append(f"{v} = o.{f.name}")
-        body += _check_lines(shape, v, env)
-    if union is not None:
-        if tag is None or union.variants.get(tag[1]) is not cls:
-            return None  # not the registered variant of its tag: read back as another class
-        env["tag_value"] = tag[1]
-        body.append(f"if o.{tag[0]}.__class__ is not str or o.{tag[0]} != tag_value: raise Unfit")
-    filename = f"<dsh codec check {cls.__module__}.{cls.__qualname__}>"
-    return _exec_checker(body, env, filename)
+        fields.append((f.name, shape))
+    if union is not None and (tag is None or union.variants.get(tag[1]) is not cls):
+        return None  # not the registered variant of its tag: read back as another class
+    return tuple(fields), tag
 
 
-def _check_lines(shape: Shape, v: str, env: dict[str, Any], d: str = "d") -> list[str]:
+def _compile_checker(cls: type) -> Checker | None:
+    plan = _check_plan(cls)
+    if plan is None:
+        return None
+    env: dict[str, Any] = {"Unfit": Unfit, "hi": _INT_HI}
+    body = _class_lines(cls, plan, "o", env, "d", frozenset())
+    return _exec_checker(body, env, f"<dsh codec check {cls.__module__}.{cls.__qualname__}>")
+
+
+def _class_lines(
+    cls: type, plan: _CheckPlan, v: str, env: dict[str, Any], d: str, inlined: frozenset[type]
+) -> list[str]:
+    """Statements checking that ``v`` is a ``cls`` (one level, ``d`` left) the log can hold."""
+    fields, tag = plan
+    env[f"{v}_cls"] = cls
+    lines = [f"if {v}.__class__ is not {v}_cls or {d} < 1: raise Unfit"]
+    inner = f"({d} - 1)"
+    for i, (name, shape) in enumerate(fields):
+        fv = f"{v}_{i}"
+        lines.append(f"{fv} = {v}.{name}")
+        lines += _check_lines(shape, fv, env, inner, inlined | {cls})
+    if tag is not None:
+        key, value = tag
+        env[f"{v}_tag"] = value
+        lines.append(f"if {v}.{key}.__class__ is not str or {v}.{key} != {v}_tag: raise Unfit")
+    return lines
+
+
+def _check_lines(
+    shape: Shape, v: str, env: dict[str, Any], d: str, inlined: frozenset[type]
+) -> list[str]:
     """Statements checking ``v`` (with ``d`` levels left) in a class checker: scalars,
-    optional scalars, tuples of scalars or union members and union members inline, anything
-    else by a call."""
+    optional scalars, tuples of scalars or union members, union members and nested classes
+    (a few levels, never a class inside itself) inline, anything else by a call."""
     kind = shape[0]
+    if kind == "class" and shape[1] not in inlined and len(inlined) < 4:
+        plan = _check_plan(shape[1])
+        if plan is not None:
+            return _class_lines(shape[1], plan, v, env, d, inlined)
     if kind == "lit" or (kind == "opt" and shape[1][0] == "lit"):
         env[f"{v}_values"] = shape[-1] if kind == "lit" else shape[1][1]
     test = _inline_test(kind, v)
@@ -767,15 +813,33 @@ def _check_lines(shape: Shape, v: str, env: dict[str, Any], d: str = "d") -> lis
         test = _inline_test(shape[1][0], v)
         if test is not None:
             return [f"if {v} is not None and ({test}): raise Unfit"]
-        return [f"if {v} is not None:", *(f"    {line}" for line in _check_lines(shape[1], v, env))]
+        lines = _check_lines(shape[1], v, env, d, inlined)
+        return [f"if {v} is not None:", *(f"    {line}" for line in lines)]
     if kind == "union":
         dispatch = _dispatch_of(shape[1])
         env[f"{v}_by_class"] = dispatch.checkers
         env[f"{v}_resolve"] = dispatch.checker
-        return [f"({v}_by_class.get({v}.__class__) or {v}_resolve({v}))({v}, {d})"]
+        call = f"({v}_by_class.get({v}_c) or {v}_resolve({v}))({v}, {d})"
+        lines = [f"{v}_c = {v}.__class__"]
+        if len(inlined) < 3:
+            # The variants registered by now whose fields are all scalars are checked inline
+            # (an identity test each); any other class takes the union's dispatch.
+            for j, cls in enumerate(shape[1].variants.values()):
+                plan = _check_plan(cls)
+                if plan is None or any(_inline_test(_scalar(f), "") is None for _, f in plan[0]):
+                    continue
+                w = f"{v}_v{j}"  # the value under a name of its own: names its fields' too
+                env[f"{v}_c{j}"] = cls
+                body = _class_lines(cls, plan, w, env, d, inlined)[1:]  # its class is known
+                lines.append(f"{'elif' if len(lines) > 1 else 'if'} {v}_c is {v}_c{j}:")
+                lines += [f"    if {d} < 1: raise Unfit", f"    {w} = {v}"]
+                lines += [f"    {line}" for line in body]
+        if len(lines) == 1:
+            return [lines[0], call]
+        return [*lines, "else:", f"    {call}"]
     if kind == "tuple" and (shape[1][0] == "union" or _inline_test(shape[1][0], "") is not None):
         e = f"{v}_e"
-        item = _check_lines(shape[1], e, env, f"{d} - 1")
+        item = _check_lines(shape[1], e, env, f"({d} - 1)", inlined)
         return [f"if {v}.__class__ is not tuple or {d} < 1: raise Unfit", f"for {e} in {v}:"] + [
             f"    {line}" for line in item
         ]

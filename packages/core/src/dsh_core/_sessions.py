@@ -231,12 +231,9 @@ class Session:
         ):
             data, seqs = self._checked(spec, type, data, source_event_seqs, ignorable)
         else:
-            check = _checkers.get(data.__class__)
             try:
-                if check is None:
-                    raise Unfit  # not compiled yet (or the class has no checker)
-                check(data, MAX_NESTING)
-            except Unfit:
+                _checkers[data.__class__](data, MAX_NESTING)
+            except (KeyError, Unfit):  # no checker (yet), or one that cannot vouch for data
                 data = self._types.snapshot(spec, type, data)  # the verdict, or the error
             if source_event_seqs is not None:
                 seqs = tuple(source_event_seqs)
