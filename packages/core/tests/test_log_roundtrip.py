@@ -7,6 +7,7 @@ deeper than the payload limit allows is ``SESSION_CORRUPT`` on load, never a ``R
 
 from __future__ import annotations
 
+import logging
 import math
 import sys
 import tempfile
@@ -187,6 +188,29 @@ async def test_an_event_the_writer_cannot_encode_is_reported_and_does_not_block_
     assert stored[1:] == session.events[1:]
     assert stored[0].type == "session/unwritable" and stored[0].ignorable
     assert stored[0].data["type"] == "x/n" and stored[0].seq == 0
+    await env.close()
+
+
+async def test_an_unencodable_event_at_disposal_is_logged_and_stood_in_for(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """hardening 11.1, host-core §5: the last drain at disposal stores the stand-in too and
+    logs what it could not encode (nothing left pending, nothing retried)."""
+    env = Env("jsonl", tmp_path)
+    session = env.owner.sessions.create("s")
+    session.append("x/n", {"n": 10**700}, ignorable=True)
+    session.append("x/n", {"n": 1}, ignorable=True)
+    limit = sys.get_int_max_str_digits()
+    sys.set_int_max_str_digits(640)
+    try:
+        with caplog.at_level(logging.ERROR, logger="dsh.sessions"):
+            await env.owner.dispose()
+            _, stored = await env.persistence.load("s")  # waits for the last drain
+    finally:
+        sys.set_int_max_str_digits(limit)
+    assert [e.type for e in stored] == ["session/unwritable", "x/n"]
+    assert stored[1] == session.events[1]
+    assert "could not encode x/n at seq 0" in caplog.text
     await env.close()
 
 

@@ -24,6 +24,7 @@ import logging
 import os
 import sys
 from collections.abc import Awaitable, Callable, Iterable, Sequence
+from itertools import compress
 from json.encoder import encode_basestring
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, cast
@@ -527,6 +528,8 @@ class SessionPersistence:
             step = self._drain(rec)
             if step is not None:
                 await step
+        except _Unwritten as exc:  # stored, some events as stand-ins
+            _log.error("%s", exc)
         except Exception:
             _log.exception(
                 "could not store the last %d event(s) of session %r",
@@ -1120,17 +1123,15 @@ def _nests_deeper(value: Any, levels: int) -> bool:
 def _first_too_deep(lines: builtins.list[bytes], values: builtins.list[Any]) -> int | None:
     """The index of the first line nesting deeper than :data:`_LINE_NESTING`, if any.
 
-    A line that deep holds more brackets than that; most lines hold far fewer, and only the
-    others are walked.
+    A line that deep is longer than twice that and holds more brackets; most lines are
+    shorter or hold far fewer (both counted at C speed), and only the others are walked.
     """
     limit = _LINE_NESTING
-    # A torn last line has no value: zip stops before it.
-    for i, (line, value) in enumerate(zip(lines, values, strict=False)):
-        if (
-            len(line) > 2 * limit
-            and line.count(b"{") + line.count(b"[") > limit
-            and _nests_deeper(value, limit)
-        ):
+    longer = (2 * limit).__lt__
+    # A torn last line has no value: the range stops before it.
+    for i in compress(range(len(values)), map(longer, map(len, lines))):
+        line = lines[i]
+        if line.count(b"{") + line.count(b"[") > limit and _nests_deeper(values[i], limit):
             return i
     return None
 

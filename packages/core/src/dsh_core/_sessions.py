@@ -120,9 +120,16 @@ class Session:
                     f"seed event {i} has unknown required type {event.type!r}",
                     code="SESSION_FORMAT_UNSUPPORTED",
                 )
-            stored = self._types.snapshot(spec, event.type, event.data)
-            if stored is not event.data:  # free-form data is kept as a frozen copy
-                seed[i] = event = attrs.evolve(event, data=stored)
+            data = event.data
+            if spec is not None and data.__class__ is spec.payload:
+                try:  # the append fast path's check (a restored log is mostly typed events)
+                    _checkers[data.__class__](data, MAX_NESTING)
+                except (KeyError, Unfit):
+                    self._types.snapshot(spec, event.type, data)  # the verdict, or the error
+            else:
+                stored = self._types.snapshot(spec, event.type, data)
+                if stored is not data:  # free-form data is kept as a frozen copy
+                    seed[i] = event = attrs.evolve(event, data=stored)
             surface = spec.surface if spec is not None else event.source_event_seqs is not None
             if surface != (event.surface_op == "append" and event.source_event_seqs is not None):
                 raise SessionError(
