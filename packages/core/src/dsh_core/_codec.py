@@ -844,6 +844,8 @@ def _check_lines(
             f"    {line}" for line in item
         ]
     env[f"{v}_check"] = _checker(shape)
+    if kind == "json":  # usually absent (None): no call for that
+        return [f"if {v} is not None: {v}_check({v}, {d})"]
     return [f"{v}_check({v}, {d})"]
 
 
