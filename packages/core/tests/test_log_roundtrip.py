@@ -7,13 +7,14 @@ deeper than the payload limit allows is ``SESSION_CORRUPT`` on load, never a ``R
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 from hypothesis import HealthCheck, event, given, settings
@@ -43,6 +44,7 @@ from dsh_core import (
 from dsh_core._events import make_event
 from dsh_core._json import MAX_INT_DIGITS, MAX_NESTING
 from dsh_core._persistence import install_jsonl_persistence, install_memory_persistence
+from dsh_core.testing import scripted_host
 
 BACKENDS = ["memory", "jsonl"]
 #: The codes an append may refuse a payload with (docs/sessions.md, "Payload limits").
@@ -135,6 +137,28 @@ async def test_append_refuses_a_core_payload_the_log_cannot_read_back(
     await env.owner.sessions.flush(session)
     assert await env.reloaded("s") == session.events
     await env.close()
+
+
+@pytest.mark.parametrize("store", BACKENDS)
+async def test_a_followup_the_log_cannot_hold_is_refused_and_the_agent_goes_on(
+    tmp_path: Path, store: Literal["memory", "jsonl"]
+) -> None:
+    """hardening 11.1, host-core §3/§9: agent.followup(user_message([{...}])) is refused at
+    once (SESSION_EVENT_INVALID); the agent's next turn runs and its whole log is stored."""
+    async with scripted_host(model=lambda _: "ok", store=store, store_root=tmp_path) as host:
+        handle = await host.create_agent()
+        agent = handle.agent
+        with pytest.raises(SessionError) as info:
+            agent.followup(user_message([{"type": "text", "text": "hi"}]))  # type: ignore[list-item]
+        assert info.value.code == "SESSION_EVENT_INVALID"
+        agent.followup(user_message("fine"))
+        async with asyncio.timeout(10):
+            await agent.when_idle()
+        assert agent.session.events[-1].type == "turn/end"
+        await host.ctx.sessions.flush(agent.session)
+        _, stored = await host.ctx.session_persistence.inspect(agent.session.id)
+        assert stored == agent.session.events
+        await handle.dispose()
 
 
 async def test_append_refuses_a_wrong_field_type_in_a_nested_core_payload(env: Env) -> None:

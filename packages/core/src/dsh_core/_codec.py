@@ -630,11 +630,7 @@ def _checker(shape: Shape) -> Checker:
     if kind == "float":
         return _check_float
     if kind in ("int", "str", "bool", "lit"):
-        env: dict[str, Any] = {"Unfit": Unfit, "hi": _INT_HI}
-        if kind == "lit":
-            env["v_values"] = shape[1]
-        if kind == "lit":
-            env["o_values"] = env.pop("v_values")
+        env: dict[str, Any] = {"Unfit": Unfit, "hi": _INT_HI, "o_values": shape[-1]}
         test = _inline_test(kind, "o")
         return _exec_checker([f"if {test}: raise Unfit"], env, f"<dsh codec check {kind}>")
     if kind == "opt":
