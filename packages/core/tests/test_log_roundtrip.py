@@ -402,11 +402,9 @@ def _appends() -> st.SearchStrategy[tuple[str, Any, dict[str, Any]]]:
     )
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(
-    kind=st.sampled_from(BACKENDS),
-    appends=st.lists(_appends(), max_size=6),
-)
+@pytest.mark.parametrize("kind", BACKENDS)
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(appends=st.lists(_appends(), max_size=6))
 async def test_every_append_is_refused_with_a_documented_code_or_read_back_equal(
     kind: str, appends: list[tuple[str, Any, dict[str, Any]]]
 ) -> None:
