@@ -87,7 +87,8 @@ class _Unfit(Exception):
 
 def _freeze(value: object, depth: int) -> JsonValue:
     """:func:`freeze_json` without the path bookkeeping (the common, valid case); ``depth`` is
-    how many levels ``value`` may still open."""
+    how many levels ``value`` may still open. Strings, ints, ``None`` and booleans inside a
+    container are taken without a call."""
     t = type(value)
     if t is str or value is None or t is bool:
         return value
@@ -102,13 +103,25 @@ def _freeze(value: object, depth: int) -> JsonValue:
         raise _Unfit
     depth -= 1
     if t is list or t is tuple:
-        return tuple([_freeze(v, depth) for v in value])  # type: ignore[attr-defined]
-    if isinstance(value, dict | Mapping):
+        items: list[JsonValue] = []
+        append = items.append
+        for v in value:  # type: ignore[attr-defined]
+            c = v.__class__
+            if c is str or (c is int and _INT_LO < v < _INT_HI) or v is None or c is bool:
+                append(v)
+            else:
+                append(_freeze(v, depth))
+        return tuple(items)
+    if t is dict or isinstance(value, Mapping):
         out: dict[str, JsonValue] = {}
-        for k, v in value.items():
-            if type(k) is not str:
+        for k, v in value.items():  # type: ignore[attr-defined]
+            if k.__class__ is not str:
                 raise _Unfit
-            out[k] = _freeze(v, depth)
+            c = v.__class__
+            if c is str or (c is int and _INT_LO < v < _INT_HI) or v is None or c is bool:
+                out[k] = v
+            else:
+                out[k] = _freeze(v, depth)
         return MappingProxyType(out)
     raise _Unfit
 
