@@ -61,7 +61,9 @@ class Session:
 
     Construct through ``ctx.sessions.prepare``/``create`` (or persistence, for a restored one).
     ``seed`` events must be contiguous from seq 0, lossless and balanced; the constructor then
-    writes ``session/end-seed`` unless the seed already ends with one.
+    writes ``session/end-seed`` unless the seed already ends with one. A ``stored`` seed is a
+    log a persistence backend read back: its typed payloads were checked when appended or
+    read, and are not checked again.
     """
 
     __slots__ = (
@@ -86,6 +88,7 @@ class Session:
         *,
         types: EventTypeRegistry,
         seed: Sequence[SessionEvent] | None = None,
+        stored: bool = False,
     ) -> None:
         self.header = header
         self._types = types
@@ -104,9 +107,9 @@ class Session:
         self._announced = False
         self.first_live_seq = 0
         if seed is not None:
-            self._load_seed(seed)
+            self._load_seed(seed, from_store=stored)
 
-    def _load_seed(self, given: Sequence[SessionEvent]) -> None:
+    def _load_seed(self, given: Sequence[SessionEvent], *, from_store: bool) -> None:
         seed = list(given)
         for i, event in enumerate(seed):
             if event.seq != i:
@@ -122,10 +125,11 @@ class Session:
                 )
             data = event.data
             if spec is not None and data.__class__ is spec.payload:
-                try:  # the append fast path's check (a restored log is mostly typed events)
-                    _checkers[data.__class__](data, MAX_NESTING)
-                except (KeyError, Unfit):
-                    self._types.snapshot(spec, event.type, data)  # the verdict, or the error
+                if not from_store:  # a stored log's payloads passed this check, or the reader's
+                    try:  # the append fast path's check
+                        _checkers[data.__class__](data, MAX_NESTING)
+                    except (KeyError, Unfit):
+                        self._types.snapshot(spec, event.type, data)  # the verdict, or the error
             else:
                 stored = self._types.snapshot(spec, event.type, data)
                 if stored is not data:  # free-form data is kept as a frozen copy
@@ -364,7 +368,8 @@ class SessionStore:
         """Build an unpublished session (nothing is announced or stored yet).
 
         ``restored`` rebuilds a persisted session under its stored header (``seed`` is then the
-        stored log). A live duplicate id or a relative ``cwd`` fails.
+        stored log as a backend read it: its typed payloads are not checked again). A live
+        duplicate id or a relative ``cwd`` fails.
         """
         if restored is not None:
             header = restored
@@ -386,7 +391,7 @@ class SessionStore:
             )
         if header.id in self._svc._live:
             raise SessionError(f"session {header.id!r} is already live", code="DUPLICATE_SESSION")
-        return Session(header, types=self._svc.types, seed=seed)
+        return Session(header, types=self._svc.types, seed=seed, stored=restored is not None)
 
     def enter(self, session: Session) -> Callable[[], None]:
         """Publish ``session`` into the store, owned by this context; returns ``detach``.
