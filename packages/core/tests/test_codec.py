@@ -35,11 +35,11 @@ from dsh_core import (
     UnknownChunk,
     dumps,
 )
-from dsh_core._codec import class_decoder, class_encoder
+from dsh_core._codec import class_checker, class_decoder, class_encoder
 from dsh_core._content import CHUNKS
 from dsh_core._converter import converter
 from dsh_core._events import CORE_EVENT_TYPES, make_event
-from dsh_core._json import freeze_json
+from dsh_core._json import MAX_NESTING, freeze_json
 from dsh_core._persistence import JsonlSessionPersistence, install_jsonl_persistence
 from dsh_core.testing.strategies import session_logs
 
@@ -400,3 +400,58 @@ async def test_flushed_session_reloads_through_the_fast_paths(tmp_path: Path) ->
     _, stored = await install_jsonl_persistence(reader, tmp_path).inspect("s")
     assert stored[: len(live)] == live
     await reader.dispose()
+
+
+# -- the append checkers: what they pass, the log writes and reads back ---------------------------
+
+
+@given(session_logs(open_end=True))
+def test_every_valid_core_payload_passes_its_compiled_checker(
+    events: tuple[SessionEvent, ...],
+) -> None:
+    """hardening 11.1, host-core §3: valid core payloads (tool/result included) pass the
+    compiled checker, so the append fast path never falls back to the round trip for them."""
+    for event in events:
+        spec = TYPES.get(event.type)
+        if spec is None or spec.payload is None:
+            continue
+        check = class_checker(spec.payload)
+        assert check is not None
+        check(event.data, MAX_NESTING)
+
+
+@given(odd_payloads())
+def test_a_checker_passes_only_payloads_that_read_back_equal(case: tuple[type, Any]) -> None:
+    """hardening 11.1, host-core §3/§5: for any field value, a payload the compiled checker
+    passes is written and read back the same, and snapshot agrees with the round trip."""
+    cls, value = case
+    check = class_checker(cls)
+    assert check is not None
+    passed, _ = outcome(check, value, MAX_NESTING)
+    type_ = TYPES_BY_CLASS[cls]
+    spec = TYPES.get(type_)
+    assert spec is not None
+    surface: Any = ((), "append") if spec.surface else (None, None)
+    event = make_event(type_, 0, 0, value, *surface)
+    line_ok, line = outcome(jsonl()._lines, [event])
+    read_ok, read = outcome(lambda: TYPES.decode(json.loads(line)).data) if line_ok else (False, 0)
+    equal = read_ok and read == value
+    if passed:
+        assert read_ok and exact(read, value)
+    # snapshot takes what reads back equal, and refuses only what does not read back exactly
+    # (an IntEnum turn reads back as an equal int: refused, the log holds exact JSON types)
+    snapshot_ok, _ = outcome(TYPES.snapshot, spec, type_, value)
+    assert equal if snapshot_ok else not (read_ok and exact(read, value))
+
+
+def exact(a: Any, b: Any) -> bool:
+    """Equal with the same types throughout, attrs fields and containers included."""
+    if type(a) is not type(b):
+        return False
+    if attrs.has(type(a)):
+        return all(exact(getattr(a, f.name), getattr(b, f.name)) for f in attrs.fields(type(a)))
+    if type(a) is tuple:
+        return len(a) == len(b) and all(exact(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, Mapping):
+        return a.keys() == b.keys() and all(exact(a[k], b[k]) for k in a)
+    return same(a, b)

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dsh_core._json import NotJsonError, dumps, freeze_json, thaw_json
+from dsh_core._json import MAX_INT_DIGITS, MAX_NESTING, NotJsonError, dumps, freeze_json, thaw_json
 
 
 def _values() -> st.SearchStrategy[Any]:
@@ -86,3 +86,35 @@ def test_dumps_writes_what_json_dumps_writes(value: object) -> None:
     expected = json.dumps(thaw_json(frozen), separators=(",", ":"), ensure_ascii=False)
     assert dumps(frozen) == expected
     assert dumps(thaw_json(frozen)) == expected
+
+
+def _nested(depth: int) -> object:
+    value: object = 0
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+def test_freezing_enforces_the_nesting_limit_at_any_depth() -> None:
+    """hardening 11.2, host-core §3: MAX_NESTING levels freeze; one more, or 100k more, is
+    NOT_JSON naming where (never a RecursionError)."""
+    assert thaw_json(freeze_json(_nested(MAX_NESTING))) == _nested(MAX_NESTING)
+    assert freeze_json({"a": _nested(MAX_NESTING - 1)})["a"] is not None
+    for depth in (MAX_NESTING + 1, 100_000):
+        with pytest.raises(NotJsonError) as caught:
+            freeze_json({"a": _nested(depth)})
+        assert caught.value.path.startswith("$.a[0]")
+        assert "deeper than" in str(caught.value)
+
+
+def test_freezing_enforces_the_integer_digit_limit() -> None:
+    """hardening 11.1, host-core §3: integers of up to MAX_INT_DIGITS digits freeze (what
+    str() and int() handle by default); longer ones are NOT_JSON, at the top or nested."""
+    most = 10**MAX_INT_DIGITS - 1
+    assert freeze_json(-most) == -most
+    assert freeze_json([most]) == (most,)
+    for too_long in (10**MAX_INT_DIGITS, -(10**MAX_INT_DIGITS), 10**5000):
+        for value, path in ((too_long, "$"), ({"n": [too_long]}, "$.n[0]")):
+            with pytest.raises(NotJsonError) as caught:
+                freeze_json(value)
+            assert caught.value.path == path

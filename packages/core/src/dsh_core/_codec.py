@@ -27,6 +27,7 @@ helpers is what keeps the two in step.
 from __future__ import annotations
 
 import linecache
+import math
 import threading
 import types
 import typing
@@ -38,15 +39,17 @@ import attrs
 
 from ._converter import converter, tagged_unions
 from ._frozen import filled_fields, open_twin, slot_setter
-from ._json import dumps
+from ._json import _INT_HI, dumps, freeze_json
 from ._tagged import TaggedUnion
 
-__all__ = ["Unfit", "class_decoder", "class_encoder"]
+__all__ = ["Unfit", "checkers", "class_checker", "class_decoder", "class_encoder"]
 
 Encoder = Callable[[Any], str]
 #: Called with the parsed value; compiled decoders also accept (and ignore) the target class,
 #: the calling convention of the converter's structure hooks.
 Decoder = Callable[..., Any]
+#: ``check(value, levels)``: returns, or raises ``Unfit`` (see "checkers" below).
+Checker = Callable[[Any, int], None]
 
 
 class Unfit(Exception):
@@ -228,6 +231,10 @@ def _unfit(v: Any) -> Any:
     raise Unfit
 
 
+def _unfit_check(v: Any, d: int) -> None:
+    raise Unfit
+
+
 class _Dispatch:
     """A tagged union's compiled variants, by class for encoding and by tag for decoding.
 
@@ -236,12 +243,13 @@ class _Dispatch:
     Caching is safe because a tag never changes its class once registered.
     """
 
-    __slots__ = ("decoders", "encoders", "union")
+    __slots__ = ("checkers", "decoders", "encoders", "union")
 
     def __init__(self, union: TaggedUnion[Any]) -> None:
         self.union = union
         self.encoders: dict[type, Encoder] = {}
         self.decoders: dict[Any, Decoder] = {}  # by tag, as parsed
+        self.checkers: dict[type, Checker] = {}
 
     def encoder(self, v: Any) -> Encoder:
         """The encoder of ``v``'s class (for a miss in ``encoders``)."""
@@ -261,6 +269,25 @@ class _Dispatch:
         fn = _variant(self.union, cls, class_decoder) if cls is not None else None
         fn = self.decoders[tag] = fn if fn is not None else _unfit
         return fn
+
+    def checker(self, v: Any) -> Checker:
+        """The checker of ``v``'s class (for a miss in ``checkers``): the registered variant's,
+        the unknown variant's, or one raising ``Unfit`` for any other class."""
+        cls = v.__class__
+        union = self.union
+        fn: Checker | None
+        if cls is union.unknown_type:
+
+            def fn(v: Any, d: int) -> None:
+                _check_unknown(union, v, d)
+
+        else:
+            fn = _variant(union, cls, class_checker)
+        fn = self.checkers[cls] = fn if fn is not None else _unfit_check
+        return fn
+
+    def check(self, v: Any, d: int) -> None:
+        (self.checkers.get(v.__class__) or self.checker(v))(v, d)
 
     def encode(self, v: Any) -> str:
         fn = self.encoders.get(v.__class__) or self.encoder(v)
@@ -531,3 +558,295 @@ def _exec(name: str, body: list[str], env: dict[str, Any], cls: type) -> Callabl
     exec(compile(source, filename, "exec"), env)
     linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)
     return cast("Callable[..., Any]", env[name])
+
+
+# -- checkers ----------------------------------------------------------------------------------
+# What ``Session.append`` commits, the JSONL log must write and read back equal. A compiled
+# checker answers that for an attrs value at the cost of a few class checks: ``check(value, d)``
+# returns if ``value`` surely round-trips and nests at most ``d`` levels, else raises
+# ``Unfit``, and the caller takes the slow, exact route (EventTypeRegistry.snapshot), which
+# gives the verdict and the error. Like the codecs, a checker never accepts what that route
+# refuses. Besides the codecs' shapes it models ``float`` (finite, not -0.0) and fields frozen
+# by :func:`~dsh_core._json.freeze_json` (walked for the nesting and the types again: a
+# value's depth in its payload is only known here).
+
+#: The compiled checkers by class (only classes that have one: the append fast path reads it).
+checkers: dict[type, Checker] = {}
+_unchecked: set[type] = set()  # classes without a checker, or being compiled
+
+
+def _check_json(v: Any, d: int) -> None:
+    """Raise ``Unfit`` unless ``v`` is frozen JSON within the limits, nesting at most ``d``."""
+    c = v.__class__
+    if c is str or v is None or c is bool:
+        return
+    if c is int:
+        if abs(v) >= _INT_HI:
+            raise Unfit
+        return
+    if c is float:
+        _check_float(v, 0)
+        return
+    if d < 1:
+        raise Unfit
+    if c is tuple:
+        for e in v:
+            _check_json(e, d - 1)
+        return
+    if c is not types.MappingProxyType:
+        raise Unfit
+    for k, e in v.items():
+        if k.__class__ is not str:
+            raise Unfit
+        _check_json(e, d - 1)
+
+
+def _check_float(v: Any, _: int) -> None:
+    if v.__class__ is not float or not math.isfinite(v) or (v == 0.0 and math.copysign(1.0, v) < 0):
+        raise Unfit
+
+
+def _check_shape(field: Any) -> Shape | None:
+    """The shape a checker gives ``field``: the codecs' shapes, ``float`` and frozen JSON."""
+    if field.converter is freeze_json:
+        return ("json",)
+    if field.converter is not None:
+        return None
+    tp = field.type
+    if tp is float:
+        return ("float",)
+    if typing.get_origin(tp) in (types.UnionType, typing.Union) and set(typing.get_args(tp)) == {
+        float,
+        type(None),
+    }:
+        return ("opt", ("float",))
+    return _shape(tp)
+
+
+def _checker(shape: Shape) -> Checker:
+    kind = shape[0]
+    if kind == "json":
+        return _check_json
+    if kind == "float":
+        return _check_float
+    if kind in ("int", "str", "bool", "lit"):
+        env: dict[str, Any] = {"Unfit": Unfit, "hi": _INT_HI, "o_values": shape[-1]}
+        test = _inline_test(kind, "o")
+        return _exec_checker([f"if {test}: raise Unfit"], env, f"<dsh codec check {kind}>")
+    if kind == "opt":
+        inner = _checker(shape[1])
+
+        def check_opt(v: Any, d: int) -> None:
+            if v is not None:
+                inner(v, d)
+
+        return check_opt
+    if kind == "tuple":
+        item = _checker(shape[1])
+
+        def check_tuple(v: Any, d: int) -> None:
+            if v.__class__ is not tuple or d < 1:
+                raise Unfit
+            d -= 1
+            for e in v:
+                item(e, d)
+
+        return check_tuple
+    if kind == "union":
+        return _dispatch_of(shape[1]).check
+    cls = shape[1]
+    fn = class_checker(cls)
+    if fn is not None:
+        return fn
+
+    def check_later(v: Any, d: int) -> None:  # a class being compiled (it contains itself)
+        found = checkers.get(cls)
+        if found is None:
+            raise Unfit
+        found(v, d)
+
+    return check_later
+
+
+def _scalar(shape: Shape) -> str:
+    """The kind of a scalar or optional scalar shape, for :func:`_inline_test`."""
+    return str(shape[1][0] if shape[0] == "opt" else shape[0])
+
+
+def _inline_test(kind: str, v: str) -> str | None:
+    """An expression true unless ``v`` is a plain scalar of ``kind`` the log can hold."""
+    if kind == "int":
+        return f"{v}.__class__ is not int or abs({v}) >= hi"
+    if kind == "str":
+        return f"{v}.__class__ is not str"
+    if kind == "lit":
+        return f"{v}.__class__ is not str or {v} not in {v}_values"
+    if kind == "bool":
+        return f"{v} is not True and {v} is not False"
+    return None
+
+
+def _check_unknown(union: TaggedUnion[Any], v: Any, d: int) -> None:
+    """The unknown variant of ``union``: an unclaimed string tag and frozen JSON fields, none
+    named like the tag (its line is the tag plus the fields, read back as the same value)."""
+    tag = getattr(v, union.tag)
+    fields = v.fields
+    if tag.__class__ is not str or tag in union.variants or d < 1:
+        raise Unfit
+    if fields.__class__ is not types.MappingProxyType or union.tag in fields:
+        raise Unfit
+    for k, e in fields.items():
+        if k.__class__ is not str:
+            raise Unfit
+        _check_json(e, d - 1)
+
+
+def class_checker(cls: type) -> Checker | None:
+    """The compiled checker of attrs class ``cls`` (see above); ``None`` if it has none."""
+    fn = checkers.get(cls)
+    if fn is not None or cls in _unchecked:
+        return fn
+    with _compiling:
+        if cls in checkers or cls in _unchecked:
+            return checkers.get(cls)
+        _unchecked.add(cls)  # while compiling: a class that contains itself checks later
+        try:
+            fn = _compile_checker(cls)
+        except Exception:  # e.g. an annotation that does not resolve: the slow route decides
+            fn = None
+        if fn is not None:
+            checkers[cls] = fn
+            _unchecked.discard(cls)
+        return fn
+
+
+#: What a checker reads of a class: its fields and shapes, and its (tag key, tag value).
+_CheckPlan = tuple[tuple[tuple[str, Shape], ...], tuple[str, str] | None]
+_check_plans: dict[type, _CheckPlan | None] = {}
+
+
+def _check_plan(cls: type) -> _CheckPlan | None:
+    if cls not in _check_plans:
+        try:
+            _check_plans[cls] = _make_check_plan(cls)
+        except Exception:  # e.g. an annotation that does not resolve: the slow route decides
+            _check_plans[cls] = None
+    return _check_plans[cls]
+
+
+def _make_check_plan(cls: type) -> _CheckPlan | None:
+    if not attrs.has(cls) or any(cls is u.unknown_type for u in tagged_unions().values()):
+        return None
+    attrs.resolve_types(cls)
+    union = next(
+        (u for u in tagged_unions().values() if cls is not u.base and issubclass(cls, u.base)),
+        None,
+    )
+    fields: list[tuple[str, Shape]] = []
+    tag: tuple[str, str] | None = None
+    for f in attrs.fields(cls):
+        if f.alias != f.name:
+            return None
+        if not f.init:
+            if union is None or f.name != union.tag or type(f.default) is not str:
+                return None
+            tag = (f.name, f.default)
+            continue
+        shape = _check_shape(f)
+        if shape is None:
+            return None
+        fields.append((f.name, shape))
+    if union is not None and (tag is None or union.variants.get(tag[1]) is not cls):
+        return None  # not the registered variant of its tag: read back as another class
+    return tuple(fields), tag
+
+
+def _compile_checker(cls: type) -> Checker | None:
+    plan = _check_plan(cls)
+    if plan is None:
+        return None
+    env: dict[str, Any] = {"Unfit": Unfit, "hi": _INT_HI}
+    body = _class_lines(cls, plan, "o", env, "d", frozenset())
+    return _exec_checker(body, env, f"<dsh codec check {cls.__module__}.{cls.__qualname__}>")
+
+
+def _class_lines(
+    cls: type, plan: _CheckPlan, v: str, env: dict[str, Any], d: str, inlined: frozenset[type]
+) -> list[str]:
+    """Statements checking that ``v`` is a ``cls`` (one level, ``d`` left) the log can hold."""
+    fields, tag = plan
+    env[f"{v}_cls"] = cls
+    lines = [f"if {v}.__class__ is not {v}_cls or {d} < 1: raise Unfit"]
+    inner = f"({d} - 1)"
+    for i, (name, shape) in enumerate(fields):
+        fv = f"{v}_{i}"
+        lines.append(f"{fv} = {v}.{name}")
+        lines += _check_lines(shape, fv, env, inner, inlined | {cls})
+    if tag is not None:
+        key, value = tag
+        env[f"{v}_tag"] = value
+        lines.append(f"if {v}.{key}.__class__ is not str or {v}.{key} != {v}_tag: raise Unfit")
+    return lines
+
+
+def _check_lines(
+    shape: Shape, v: str, env: dict[str, Any], d: str, inlined: frozenset[type]
+) -> list[str]:
+    """Statements checking ``v`` (with ``d`` levels left) in a class checker: scalars,
+    optional scalars, tuples of scalars or union members, union members and nested classes
+    (a few levels, never a class inside itself) inline, anything else by a call."""
+    kind = shape[0]
+    if kind == "class" and shape[1] not in inlined and len(inlined) < 4:
+        plan = _check_plan(shape[1])
+        if plan is not None:
+            return _class_lines(shape[1], plan, v, env, d, inlined)
+    if kind == "lit" or (kind == "opt" and shape[1][0] == "lit"):
+        env[f"{v}_values"] = shape[-1] if kind == "lit" else shape[1][1]
+    test = _inline_test(kind, v)
+    if test is not None:
+        return [f"if {test}: raise Unfit"]
+    if kind == "opt":
+        test = _inline_test(shape[1][0], v)
+        if test is not None:
+            return [f"if {v} is not None and ({test}): raise Unfit"]
+        lines = _check_lines(shape[1], v, env, d, inlined)
+        return [f"if {v} is not None:", *(f"    {line}" for line in lines)]
+    if kind == "union":
+        dispatch = _dispatch_of(shape[1])
+        env[f"{v}_by_class"] = dispatch.checkers
+        env[f"{v}_resolve"] = dispatch.checker
+        call = f"({v}_by_class.get({v}_c) or {v}_resolve({v}))({v}, {d})"
+        lines = [f"{v}_c = {v}.__class__"]
+        if len(inlined) < 3:
+            # The variants registered by now whose fields are all scalars are checked inline
+            # (an identity test each); any other class takes the union's dispatch.
+            for j, cls in enumerate(shape[1].variants.values()):
+                plan = _check_plan(cls)
+                if plan is None or any(_inline_test(_scalar(f), "") is None for _, f in plan[0]):
+                    continue
+                w = f"{v}_v{j}"  # the value under a name of its own: names its fields' too
+                env[f"{v}_c{j}"] = cls
+                body = _class_lines(cls, plan, w, env, d, inlined)[1:]  # its class is known
+                lines.append(f"{'elif' if len(lines) > 1 else 'if'} {v}_c is {v}_c{j}:")
+                lines += [f"    if {d} < 1: raise Unfit", f"    {w} = {v}"]
+                lines += [f"    {line}" for line in body]
+        if len(lines) == 1:
+            return [lines[0], call]
+        return [*lines, "else:", f"    {call}"]
+    if kind == "tuple" and (shape[1][0] == "union" or _inline_test(shape[1][0], "") is not None):
+        e = f"{v}_e"
+        item = _check_lines(shape[1], e, env, f"({d} - 1)", inlined)
+        return [f"if {v}.__class__ is not tuple or {d} < 1: raise Unfit", f"for {e} in {v}:"] + [
+            f"    {line}" for line in item
+        ]
+    env[f"{v}_check"] = _checker(shape)
+    if kind == "json":  # usually absent (None): no call for that
+        return [f"if {v} is not None: {v}_check({v}, {d})"]
+    return [f"{v}_check({v}, {d})"]
+
+
+def _exec_checker(body: list[str], env: dict[str, Any], filename: str) -> Checker:
+    source = "def check(o, d):\n" + "".join(f"    {line}\n" for line in body)
+    exec(compile(source, filename, "exec"), env)
+    linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)
+    return cast("Checker", env["check"])

@@ -8,6 +8,7 @@ the ``dsh_session_event_types`` hook before any log is loaded (host-core §3).
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
@@ -15,12 +16,12 @@ from typing import Any, Literal, cast
 
 import attrs
 
-from ._codec import class_decoder
+from ._codec import Unfit, class_checker, class_decoder
 from ._content import LlmFailure, Message, StreamChunk, TokenUsage
 from ._converter import converter
 from ._errors import DshError
 from ._frozen import open_twin, speed_up_inits
-from ._json import JsonValue, NotJsonError, freeze_json
+from ._json import MAX_NESTING, JsonValue, NotJsonError, dumps, freeze_json
 
 __all__ = [
     "AgentCancelCause",
@@ -303,8 +304,8 @@ class EventTypeSpec:
     :param payload: the attrs class of ``data``, or ``None`` for free-form lossless JSON.
     :param surface: model-visible (carries ``source_event_seqs`` and ``surface_op``).
     :param ignorable: a reader that does not know the type may skip its events.
-    :param trusted: the payload class is JSON-safe by construction (typed fields only), so
-        appends skip the deep lossless-JSON check.
+    :param trusted: appends of exactly the payload class take the session's fast path (its
+        compiled check, see ``EventTypeRegistry.snapshot``); others go through ``snapshot``.
     """
 
     name: str
@@ -368,25 +369,36 @@ class EventTypeRegistry:
     def snapshot(self, spec: EventTypeSpec | None, type_: str, data: object) -> object:
         """Validate ``data`` for appending and return the value to store.
 
-        Typed payloads must be instances of their class; untrusted ones are deep-checked.
-        Free-form payloads are deep-copied frozen. Raises ``SESSION_EVENT_NOT_JSON``.
+        What is stored, the JSONL log must write and read back equal (docs/sessions.md,
+        "Payload limits"). Free-form payloads are deep-copied frozen (``SESSION_EVENT_NOT_JSON``
+        past the JSON limits). Typed payloads must be instances of their class and pass its
+        compiled check (:func:`~dsh_core._codec.class_checker`); one that does not, or has
+        none, is written and read back here: ``SESSION_EVENT_NOT_JSON`` if its JSON breaks the
+        limits, ``SESSION_EVENT_INVALID`` if it does not read back as the same value.
         """
         try:
             if spec is None or spec.payload is None:
                 return freeze_json(data)
-            if not isinstance(data, spec.payload):
-                raise SessionError(
-                    f"{type_} data must be {spec.payload.__name__}, not {type(data).__name__}",
-                    code="SESSION_EVENT_INVALID",
-                )
-            if not spec.trusted:
-                freeze_json(converter.unstructure(data))
-            return data
         except NotJsonError as exc:
             raise SessionError(
                 f"{type_} data is not losslessly JSON-serializable: {exc}",
                 code="SESSION_EVENT_NOT_JSON",
             ) from exc
+        payload = spec.payload
+        if not isinstance(data, payload):
+            raise SessionError(
+                f"{type_} data must be {payload.__name__}, not {type(data).__name__}",
+                code="SESSION_EVENT_INVALID",
+            )
+        check = class_checker(data.__class__) if data.__class__ is payload else None
+        if check is not None:
+            try:
+                check(data, MAX_NESTING)
+                return data
+            except Unfit:
+                pass
+        _round_trip(payload, type_, data)
+        return data
 
     def encode(self, event: SessionEvent) -> dict[str, Any]:
         """The JSON-ready form of ``event`` (one JSONL line)."""
@@ -485,6 +497,51 @@ class EventTypeRegistry:
 _EVENT_KEYS = frozenset(
     {"type", "seq", "time", "data", "source_event_seqs", "surface_op", "ignorable"}
 )
+
+
+def _round_trip(cls: type, type_: str, data: object) -> None:
+    """Write ``data`` as the JSONL log writes a payload of ``cls``, read it back as the log
+    reads it, and raise unless that gives an equal value (the slow route of ``snapshot``)."""
+    try:
+        raw = converter.get_unstructure_hook(cls)(data)
+    except RecursionError:
+        raise _too_deep(type_) from None
+    except Exception as exc:
+        raise SessionError(
+            f"{type_} data cannot be written: {exc}", code="SESSION_EVENT_INVALID"
+        ) from exc
+    try:
+        text = dumps(freeze_json(raw))  # the JSON limits, then the text the writer would write
+    except NotJsonError as exc:
+        raise SessionError(
+            f"{type_} data is not losslessly JSON-serializable: {exc}",
+            code="SESSION_EVENT_NOT_JSON",
+        ) from exc
+    except Exception as exc:  # a value the converter wrote that is no JSON at all
+        raise SessionError(
+            f"{type_} data cannot be written: {exc}", code="SESSION_EVENT_NOT_JSON"
+        ) from exc
+    parsed = json.loads(text)
+    try:
+        try:
+            again = _structure_hook(cls)(parsed, cls)
+        except Exception:
+            again = converter.structure(parsed, cls)
+    except Exception as exc:
+        raise SessionError(
+            f"{type_} data would not read back: {exc}", code="SESSION_EVENT_INVALID"
+        ) from exc
+    if again != data:
+        raise SessionError(
+            f"{type_} data would read back as {again!r}, not as appended",
+            code="SESSION_EVENT_INVALID",
+        )
+
+
+def _too_deep(type_: str) -> SessionError:
+    return SessionError(
+        f"{type_} data nests deeper than {MAX_NESTING} levels", code="SESSION_EVENT_NOT_JSON"
+    )
 
 
 def _identity(value: Any) -> Any:

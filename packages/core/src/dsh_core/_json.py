@@ -1,9 +1,10 @@
 """Lossless JSON: the only shape durable payloads may take.
 
 A lossless JSON value survives ``json.dumps`` → ``json.loads`` unchanged: ``None``, ``bool``,
-``int``, finite ``float`` other than ``-0.0``, ``str``, and arrays and objects of those, with
-string keys. Stored values are *frozen*: arrays become tuples and objects become read-only
-mappings, so a caller that mutates what it appended cannot rewrite history.
+``int`` of at most :data:`MAX_INT_DIGITS` digits, finite ``float`` other than ``-0.0``, ``str``,
+and arrays and objects of those, with string keys, nested at most :data:`MAX_NESTING` levels.
+Stored values are *frozen*: arrays become tuples and objects become read-only mappings, so a
+caller that mutates what it appended cannot rewrite history.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from typing import Any, TypeAlias
 from ._errors import DshError
 
 __all__ = [
+    "MAX_INT_DIGITS",
+    "MAX_NESTING",
     "JsonValue",
     "NotJsonError",
     "dumps",
@@ -26,6 +29,14 @@ __all__ = [
     "is_lossless_json",
     "thaw_json",
 ]
+
+#: How deep a payload may nest: every array or object is one level, the payload's own included.
+#: A session line adds one (the event object). Far above any real payload, far below what the
+#: recursive JSON encoder, decoder and the converter reach before a ``RecursionError``.
+MAX_NESTING = 100
+#: The most decimal digits an integer may have: CPython's default ``int_max_str_digits``, the
+#: most ``str(int)`` (so the writer) and ``int(str)`` (so the reader) handle by default.
+MAX_INT_DIGITS = 4300
 
 JsonValue: TypeAlias = Any
 """A lossless JSON value (see the module docstring); ``Any`` because Python cannot spell it."""
@@ -52,57 +63,92 @@ def freeze_json(value: object, path: str = "$") -> JsonValue:
     """Return a frozen deep copy of ``value``, or raise :class:`NotJsonError`.
 
     Lists and tuples become tuples, dicts become read-only mappings; scalars pass through.
+    Besides the JSON types, the log's writer and reader set two limits: at most
+    :data:`MAX_NESTING` levels and integers of at most :data:`MAX_INT_DIGITS` digits.
     """
     t = type(value)
-    if t is str or t is int or value is None or t is bool:
+    if t is str or value is None or t is bool or (t is int and _INT_LO < value < _INT_HI):
         return value
     try:
-        return _freeze(value)
-    except (_Unfit, NotJsonError):
+        return _freeze(value, MAX_NESTING)
+    except (_Unfit, NotJsonError, RecursionError):
         pass
-    return _freeze_at(value, path)  # again, tracking where, to name it in the error
+    return _freeze_at(value, path, MAX_NESTING)  # again, tracking where, to name it in the error
+
+
+#: Exclusive bounds of the integers JSON text may carry (at most MAX_INT_DIGITS digits).
+_INT_HI = 10**MAX_INT_DIGITS
+_INT_LO = -_INT_HI
 
 
 class _Unfit(Exception):
     """Internal: :func:`_freeze` met something that is not lossless JSON."""
 
 
-def _freeze(value: object) -> JsonValue:
-    """:func:`freeze_json` without the path bookkeeping (the common, valid case)."""
+def _freeze(value: object, depth: int) -> JsonValue:
+    """:func:`freeze_json` without the path bookkeeping (the common, valid case); ``depth`` is
+    how many levels ``value`` may still open. Strings, ints, ``None`` and booleans inside a
+    container are taken without a call."""
     t = type(value)
-    if t is str or t is int or value is None or t is bool:
+    if t is str or value is None or t is bool:
         return value
+    if t is int:
+        if _INT_LO < value < _INT_HI:
+            return value
+        raise _Unfit
     if t is float:
         _check_float(value, "$")  # type: ignore[arg-type]  # the 2nd walk names the path
         return value
+    if depth < 1:
+        raise _Unfit
+    depth -= 1
     if t is list or t is tuple:
-        return tuple([_freeze(v) for v in value])  # type: ignore[attr-defined]
-    if isinstance(value, dict | Mapping):
+        items: list[JsonValue] = []
+        append = items.append
+        for v in value:  # type: ignore[attr-defined]
+            c = v.__class__
+            if c is str or (c is int and _INT_LO < v < _INT_HI) or v is None or c is bool:
+                append(v)
+            else:
+                append(_freeze(v, depth))
+        return tuple(items)
+    if t is dict or isinstance(value, Mapping):
         out: dict[str, JsonValue] = {}
-        for k, v in value.items():
-            if type(k) is not str:
+        for k, v in value.items():  # type: ignore[attr-defined]
+            if k.__class__ is not str:
                 raise _Unfit
-            out[k] = _freeze(v)
+            c = v.__class__
+            if c is str or (c is int and _INT_LO < v < _INT_HI) or v is None or c is bool:
+                out[k] = v
+            else:
+                out[k] = _freeze(v, depth)
         return MappingProxyType(out)
     raise _Unfit
 
 
-def _freeze_at(value: object, path: str) -> JsonValue:
+def _freeze_at(value: object, path: str, depth: int) -> JsonValue:
     t = type(value)
-    if t is str or t is int or value is None or t is bool:
+    if t is str or value is None or t is bool:
         return value
+    if t is int:
+        if _INT_LO < value < _INT_HI:
+            return value
+        raise NotJsonError(f"an integer of more than {MAX_INT_DIGITS} digits", path=path)
     if t is float:
         _check_float(value, path)  # type: ignore[arg-type]
         return value
+    if (t is list or t is tuple or isinstance(value, dict | Mapping)) and depth < 1:
+        raise NotJsonError(f"JSON nested deeper than {MAX_NESTING} levels", path=path)
+    depth -= 1
     if t is list or t is tuple:
         items: list[object] | tuple[object, ...] = value  # type: ignore[assignment]
-        return tuple(_freeze_at(v, f"{path}[{i}]") for i, v in enumerate(items))
+        return tuple(_freeze_at(v, f"{path}[{i}]", depth) for i, v in enumerate(items))
     if isinstance(value, dict | Mapping):  # dict first: the common case skips the ABC check
         out: dict[str, JsonValue] = {}
         for k, v in value.items():
             if type(k) is not str:
                 raise NotJsonError(f"object key {k!r} is not a string", path=path)
-            out[k] = _freeze_at(v, f"{path}.{k}")
+            out[k] = _freeze_at(v, f"{path}.{k}", depth)
         return MappingProxyType(out)
     raise NotJsonError(f"{type(value).__name__} is not JSON", path=path)
 

@@ -26,6 +26,7 @@ import stat
 import sys
 import threading
 from collections.abc import Awaitable, Callable, Iterable, Sequence
+from itertools import compress
 from json.encoder import encode_basestring
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, cast
@@ -49,7 +50,7 @@ from ._events import (
     encode_header,
     structure_header,
 )
-from ._json import NotJsonError, dumps
+from ._json import MAX_NESTING, NotJsonError, dumps
 from ._log_checker import LogInvariantError, SessionLogChecker
 from ._sessions import Session, now_ms
 
@@ -115,6 +116,11 @@ def _deliver(fut: asyncio.Future[Any], outcome: tuple[bool, Any]) -> None:
 
 def _succeeded(fut: asyncio.Future[Any]) -> bool:
     return fut.done() and not fut.cancelled() and fut.exception() is None
+
+
+def _stored_anyway(fut: asyncio.Future[Any]) -> bool:
+    """A write that failed only to encode some events: it stored stand-ins for them."""
+    return fut.done() and not fut.cancelled() and isinstance(fut.exception(), _Unwritten)
 
 
 # -- validation and crash repair --------------------------------------------------------------
@@ -556,6 +562,8 @@ class SessionPersistence:
             step = self._drain(rec)
             if step is not None:
                 await step
+        except _Unwritten as exc:  # stored, some events as stand-ins
+            _log.error("%s", exc)
         except Exception:
             _log.exception(
                 "could not store the last %d event(s) of session %r",
@@ -588,7 +596,11 @@ class SessionPersistence:
         try:
             batch = rec.pending()
             if batch or rec.unsynced:
-                self._write(rec.handle, batch)
+                try:
+                    self._write(rec.handle, batch)
+                except _Unwritten:
+                    rec.stored += len(batch)
+                    raise
                 rec.stored += len(batch)
         finally:
             self._release(rec.handle, discard=False)
@@ -615,11 +627,14 @@ class SessionPersistence:
 
         def count(job: asyncio.Future[None]) -> None:
             rec.writing = None
-            if _succeeded(job):
+            if _succeeded(job) or _stored_anyway(job):
                 rec.stored += len(batch)
                 rec.unsynced = False
                 if not reported.done():
-                    reported.set_result(None)
+                    if job.exception() is None:
+                        reported.set_result(None)
+                    else:  # stored, some events as stand-ins: report that (never retried)
+                        reported.set_exception(cast("BaseException", job.exception()))
             elif not reported.done():
                 if job.cancelled():
                     reported.cancel()
@@ -1166,8 +1181,72 @@ def _surface_text(event: SessionEvent) -> str:
     return out
 
 
+class _Unwritten(SessionError):
+    """A write that stored every event, some as ``session/unwritable`` stand-ins: the batch
+    counts as stored (never retried), and the flush reports the loss (``SESSION_IO``)."""
+
+
+def _unwritten(path: Path, failed: builtins.list[str]) -> _Unwritten:
+    return _Unwritten(
+        f"session file {path}: could not encode {'; '.join(failed)}; stored an ignorable "
+        "session/unwritable event in its place",
+        code="SESSION_IO",
+    )
+
+
+def _stand_in(event: SessionEvent, exc: Exception) -> str:
+    """The line stored for an event that could not be encoded (same seq and time)."""
+    data = {"type": event.type, "error": f"{type(exc).__name__}: {exc}"[:1000]}
+    line = {"type": "session/unwritable", "seq": event.seq, "time": event.time, "data": data}
+    return dumps({**line, "ignorable": True}) + "\n"
+
+
+#: A line nests at most this deep: a payload's MAX_NESTING levels inside the event object.
+_LINE_NESTING = MAX_NESTING + 1
+
+
+class _TooDeep(ValueError):
+    """A complete line nests deeper than :data:`_LINE_NESTING` (corrupt, never torn)."""
+
+    def __init__(self) -> None:
+        super().__init__(f"it nests deeper than {_LINE_NESTING} levels")
+
+
 def _loads(line: bytes) -> Any:
-    return json.loads(line.decode("utf-8", "surrogatepass"))
+    try:
+        return json.loads(line.decode("utf-8", "surrogatepass"))
+    except RecursionError:
+        raise _TooDeep from None
+
+
+def _nests_deeper(value: Any, levels: int) -> bool:
+    """Whether parsed JSON ``value`` opens more than ``levels`` levels (recursion bounded by
+    ``levels``: the value may be as deep as the parser allows)."""
+    if type(value) is dict:
+        items: Iterable[Any] = value.values()
+    elif type(value) is list:
+        items = value
+    else:
+        return False
+    if levels < 1:
+        return True
+    return any(_nests_deeper(v, levels - 1) for v in items)
+
+
+def _first_too_deep(lines: builtins.list[bytes], values: builtins.list[Any]) -> int | None:
+    """The index of the first line nesting deeper than :data:`_LINE_NESTING`, if any.
+
+    A line that deep is longer than twice that and holds more brackets; most lines are
+    shorter or hold far fewer (both counted at C speed), and only the others are walked.
+    """
+    limit = _LINE_NESTING
+    longer = (2 * limit).__lt__
+    # A torn last line has no value: the range stops before it.
+    for i in compress(range(len(values)), map(longer, map(len, lines))):
+        line = lines[i]
+        if line.count(b"{") + line.count(b"[") > limit and _nests_deeper(values[i], limit):
+            return i
+    return None
 
 
 _HEADER_CHUNK = 4096
@@ -1374,7 +1453,7 @@ class JsonlSessionPersistence(SessionPersistence):
                 try:
                     values.append(_loads(line))
                 except ValueError as exc:
-                    if number == len(lines) and not torn:
+                    if number == len(lines) and not torn and not isinstance(exc, _TooDeep):
                         break  # an unparsable last line is torn too (e.g. zero-filled)
                     raise SessionError(
                         f"session file {path} line {number} is not JSON: {exc}",
@@ -1383,6 +1462,12 @@ class JsonlSessionPersistence(SessionPersistence):
         if len(values) < len(lines):
             torn += len(lines[-1]) + 1
             end -= len(lines[-1]) + 1
+        deep = _first_too_deep(lines, values)
+        if deep is not None:
+            raise SessionError(
+                f"session file {path} line {deep + 1} is not JSON: {_TooDeep()}",
+                code="SESSION_CORRUPT",
+            )
         if torn:
             _log.warning(
                 "session file %s: dropped a torn last line (%d bytes of an unfinished write)",
@@ -1421,7 +1506,7 @@ class JsonlSessionPersistence(SessionPersistence):
         try:
             text = b",".join(lines).decode("utf-8", "surrogatepass")
             values = json.loads(f"[{text}]")
-        except ValueError:
+        except (ValueError, RecursionError):  # line by line names the line
             return None
         if len(values) != len(lines) or not all(type(v) is dict for v in values):
             return None
@@ -1557,9 +1642,18 @@ class JsonlSessionPersistence(SessionPersistence):
 
     # -- writing ---------------------------------------------------------------------------------
 
-    def _lines(self, events: Sequence[SessionEvent]) -> bytes:
+    def _lines(
+        self, events: Sequence[SessionEvent], failed: builtins.list[str] | None = None
+    ) -> bytes:
         """The JSONL lines of ``events``: ``dumps(types.encode(event))`` each, by the fast
-        per-type encoders where they apply."""
+        per-type encoders where they apply.
+
+        ``Session.append`` refuses what the log cannot write, so an event fails here only if
+        the process changed under the log (a lowered ``sys.set_int_max_str_digits``, say).
+        Given ``failed``, such an event is named there and its line is an ignorable
+        ``session/unwritable`` stand-in (the seqs stay contiguous and later events are stored
+        as usual; the write then reports it, see :func:`_unwritten`); without, it raises.
+        """
         encoders = self._line_encoders
         lines: list[str] = []
         append = lines.append
@@ -1567,12 +1661,19 @@ class JsonlSessionPersistence(SessionPersistence):
             encode = encoders.get(event.type)
             if encode is None:
                 encode = encoders[event.type] = _line_encoder(self.types, event.type)
-            append(encode(event))
+            try:
+                append(encode(event))
+            except Exception as exc:
+                if failed is None:
+                    raise
+                failed.append(f"{event.type} at seq {event.seq} ({type(exc).__name__}: {exc})")
+                append(_stand_in(event, exc))
         return "".join(lines).encode("utf-8", "surrogatepass")
 
     def _write(self, handle: _Handle, events: Sequence[SessionEvent]) -> None:
         assert isinstance(handle, _FileHandle)
-        data = self._lines(events)
+        failed: list[str] = []
+        data = self._lines(events, failed)
         fd = handle.fd
         try:
             if handle.truncate:
@@ -1590,6 +1691,8 @@ class JsonlSessionPersistence(SessionPersistence):
                 f"cannot write session file {handle.path}: {exc}", code="SESSION_IO"
             ) from exc
         handle.size += len(data)
+        if failed:
+            raise _unwritten(handle.path, failed)
 
 
 # -- installation ---------------------------------------------------------------------------------

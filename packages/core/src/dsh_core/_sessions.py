@@ -1,7 +1,8 @@
 """The append-only session log (:class:`Session`) and the live store (``ctx.sessions``).
 
-A session validates every event *before* it commits (lossless JSON, surface metadata,
-pre-commit validators such as the invariant checker), so a refused append writes nothing.
+A session validates every event *before* it commits (a payload the log can write and read
+back, surface metadata, pre-commit validators such as the invariant checker), so a refused
+append writes nothing.
 Publication (``session/event``) happens after the commit, to listeners captured before it;
 appending to a session from inside its own publication is refused (host-core §3).
 """
@@ -15,6 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from ._codec import Unfit
+from ._codec import checkers as _checkers
 from ._content import Message, new_id
 from ._events import (
     SESSION_FORMAT_VERSION,
@@ -28,6 +31,7 @@ from ._events import (
     SessionMeta,
 )
 from ._frozen import open_twin
+from ._json import MAX_NESTING
 from ._log_checker import LogInvariantError, check_balanced
 
 if TYPE_CHECKING:
@@ -57,7 +61,9 @@ class Session:
 
     Construct through ``ctx.sessions.prepare``/``create`` (or persistence, for a restored one).
     ``seed`` events must be contiguous from seq 0, lossless and balanced; the constructor then
-    writes ``session/end-seed`` unless the seed already ends with one.
+    writes ``session/end-seed`` unless the seed already ends with one. A ``stored`` seed is a
+    log a persistence backend read back: its typed payloads were checked when appended or
+    read, and are not checked again.
     """
 
     __slots__ = (
@@ -82,6 +88,7 @@ class Session:
         *,
         types: EventTypeRegistry,
         seed: Sequence[SessionEvent] | None = None,
+        stored: bool = False,
     ) -> None:
         self.header = header
         self._types = types
@@ -100,9 +107,9 @@ class Session:
         self._announced = False
         self.first_live_seq = 0
         if seed is not None:
-            self._load_seed(seed)
+            self._load_seed(seed, from_store=stored)
 
-    def _load_seed(self, given: Sequence[SessionEvent]) -> None:
+    def _load_seed(self, given: Sequence[SessionEvent], *, from_store: bool) -> None:
         seed = list(given)
         for i, event in enumerate(seed):
             if event.seq != i:
@@ -116,9 +123,17 @@ class Session:
                     f"seed event {i} has unknown required type {event.type!r}",
                     code="SESSION_FORMAT_UNSUPPORTED",
                 )
-            stored = self._types.snapshot(spec, event.type, event.data)
-            if stored is not event.data:  # free-form data is kept as a frozen copy
-                seed[i] = event = attrs.evolve(event, data=stored)
+            data = event.data
+            if spec is not None and data.__class__ is spec.payload:
+                if not from_store:  # a stored log's payloads passed this check, or the reader's
+                    try:  # the append fast path's check
+                        _checkers[data.__class__](data, MAX_NESTING)
+                    except (KeyError, Unfit):
+                        self._types.snapshot(spec, event.type, data)  # the verdict, or the error
+            else:
+                stored = self._types.snapshot(spec, event.type, data)
+                if stored is not data:  # free-form data is kept as a frozen copy
+                    seed[i] = event = attrs.evolve(event, data=stored)
             surface = spec.surface if spec is not None else event.source_event_seqs is not None
             if surface != (event.surface_op == "append" and event.source_event_seqs is not None):
                 raise SessionError(
@@ -214,9 +229,10 @@ class Session:
         spec = self._specs.get(type)
         events = self._events
         seq = len(events)
-        # The trusted fast path (a core payload of the declared class, seqs iff surface) goes
-        # straight on; anything else is checked and snapshotted first. Cited seqs are checked
-        # below, on both paths.
+        # The trusted fast path (a core payload of the declared class, seqs iff surface) only
+        # runs the class's compiled check (what the log can write and read back, see
+        # EventTypeRegistry.snapshot); anything else, and a payload that check does not pass,
+        # is checked and snapshotted by the registry. Cited seqs are checked below, on both.
         seqs: tuple[int, ...] | None = None
         if (
             spec is None
@@ -225,8 +241,13 @@ class Session:
             or (source_event_seqs is None) is not (not spec.surface)  # seqs iff surface
         ):
             data, seqs = self._checked(spec, type, data, source_event_seqs, ignorable)
-        elif source_event_seqs is not None:
-            seqs = tuple(source_event_seqs)
+        else:
+            try:
+                _checkers[data.__class__](data, MAX_NESTING)
+            except (KeyError, Unfit):  # no checker (yet), or one that cannot vouch for data
+                data = self._types.snapshot(spec, type, data)  # the verdict, or the error
+            if source_event_seqs is not None:
+                seqs = tuple(source_event_seqs)
         if seqs and (min(seqs) < 0 or max(seqs) >= seq):
             raise SessionError(f"{type} cites events that do not exist", code="SESSION_SURFACE")
         # The event is built inline (as make_event does): this is the hottest path of a turn.
@@ -347,8 +368,9 @@ class SessionStore:
         """Build an unpublished session (nothing is announced or stored yet).
 
         ``restored`` rebuilds a persisted session under its stored header (``seed`` is then the
-        stored log). A live duplicate id, an empty id (``SESSION_INVALID_ID``) or a relative
-        ``cwd`` fails; ``id=None`` mints a new id.
+        stored log as a backend read it: its typed payloads are not checked again). A live
+        duplicate id, an empty id (``SESSION_INVALID_ID``) or a relative ``cwd`` fails;
+        ``id=None`` mints a new id.
         """
         if restored is not None:
             header = restored
@@ -373,7 +395,7 @@ class SessionStore:
             )
         if header.id in self._svc._live:
             raise SessionError(f"session {header.id!r} is already live", code="DUPLICATE_SESSION")
-        return Session(header, types=self._svc.types, seed=seed)
+        return Session(header, types=self._svc.types, seed=seed, stored=restored is not None)
 
     def enter(self, session: Session) -> Callable[[], None]:
         """Publish ``session`` into the store, owned by this context; returns ``detach``.
