@@ -32,6 +32,7 @@ from dsh_core import (
     SessionError,
     SessionEvent,
     SessionHeader,
+    SessionMeta,
     SessionStoreService,
     TextBlock,
     ToolCallBlock,
@@ -432,3 +433,63 @@ def test_constructors_of_json_fields_refuse_what_the_log_cannot_hold() -> None:
     for bad in ({"n": 10**5000}, {"deep": nested(MAX_NESTING + 1)}):
         with pytest.raises(NotJsonError):
             UnknownBlock(type="x", fields=bad)
+
+
+# -- the header: ids and SessionMeta, the same in every store -----------------------------------
+
+
+@pytest.mark.parametrize("bad", ["a/b", "a\\b", ".", "..", "x\0y", 5, ""])
+async def test_every_store_refuses_the_same_ids(env: Env, bad: Any) -> None:
+    """hardening 11.5, host-core §4: an id that cannot name a session file is refused
+    (SESSION_INVALID_ID) by the live store itself, whichever backend is mounted."""
+    with pytest.raises(SessionError) as info:
+        env.owner.sessions.create(bad)
+    assert info.value.code == "SESSION_INVALID_ID"
+    assert env.owner.sessions.list() == []
+    await env.close()
+
+
+META_VALUES = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**60), max_value=2**60),
+    st.floats(allow_nan=True),
+    st.text(max_size=8),
+    st.just("subagent"),
+    st.just("/abs/path"),
+    st.lists(st.integers(), max_size=2),
+)
+
+
+@settings(suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    fields=st.fixed_dictionaries(
+        {},
+        optional=dict.fromkeys(
+            ("cwd", "parent_session", "seed_length", "origin", "delegation_depth"), META_VALUES
+        ),
+    )
+)
+async def test_a_header_is_refused_or_read_back_equal(fields: dict[str, Any]) -> None:
+    """hardening 11.1, host-core §4: SessionMeta fields the header line could not hold (a
+    wrong type, a negative depth, an unknown origin) are refused at creation
+    (SESSION_META_INVALID, or SESSION_INVALID_CWD for a relative cwd); whatever is accepted is
+    listed back equal from the JSONL store."""
+    with tempfile.TemporaryDirectory() as tmp:
+        env = Env("jsonl", Path(tmp) / "sessions")
+        try:
+            meta = SessionMeta(**fields)
+            refused: SessionError | None = None
+            try:
+                session = env.owner.sessions.create("s", meta=meta)
+            except SessionError as exc:
+                refused = exc
+            if refused is not None:
+                assert refused.code in {"SESSION_META_INVALID", "SESSION_INVALID_CWD"}
+                assert env.owner.sessions.list() == []
+                return
+            await env.owner.sessions.flush(session)
+            listed = await env.persistence.list()
+            assert listed == [session.header]
+        finally:
+            await env.close()

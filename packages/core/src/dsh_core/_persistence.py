@@ -52,7 +52,7 @@ from ._events import (
 )
 from ._json import MAX_NESTING, NotJsonError, dumps
 from ._log_checker import LogInvariantError, SessionLogChecker
-from ._sessions import Session, now_ms
+from ._sessions import Session, check_session_id, now_ms
 
 if sys.platform != "win32":
     import fcntl
@@ -1048,14 +1048,6 @@ def _open_file(path: Path, flags: int) -> int:
     return fd
 
 
-def _check_id(id: str) -> None:
-    if not id or id in (".", "..") or "/" in id or "\\" in id or "\0" in id:
-        raise SessionError(
-            f"session id {id!r} cannot name a file (no '/', '\\\\', NUL, '.' or '..')",
-            code="SESSION_INVALID_ID",
-        )
-
-
 class _FileHandle(_Handle):
     __slots__ = ("dir_synced", "fd", "path", "size")
 
@@ -1284,7 +1276,7 @@ class JsonlSessionPersistence(SessionPersistence):
 
     def path_of(self, id: str) -> Path:
         """The file of session ``id`` (``SESSION_INVALID_ID`` if it cannot name one)."""
-        _check_id(id)
+        check_session_id(id)
         return self.root / f"{id}.jsonl"
 
     # -- holding ---------------------------------------------------------------------------------
@@ -1606,7 +1598,7 @@ class JsonlSessionPersistence(SessionPersistence):
     def _entry_at(self, id: str, path: Path, mode: int) -> SessionHeader | DamagedSession | None:
         """The header stored at ``path`` (``None``: torn inside it), or what is wrong there."""
         try:
-            _check_id(id)
+            check_session_id(id)
             if not stat.S_ISREG(mode):
                 raise _unsafe(path)
             header = self._header_at(path)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import attrs
 
@@ -374,11 +374,15 @@ class SessionStore:
         """
         if restored is not None:
             header = restored
-        elif id == "":
-            # An empty id names nothing (hardening 11.5): refused, never replaced by a new one.
-            raise SessionError("session id '' is empty", code="SESSION_INVALID_ID")
         else:
-            meta = meta or SessionMeta()
+            if id is not None:
+                # An empty id names nothing (hardening 11.5): refused, never replaced by a new
+                # one. Every store takes the same ids, so a host that works in memory works on
+                # files too.
+                check_session_id(id)
+            meta = meta or _NO_META
+            if meta is not _NO_META:
+                _check_meta(meta)
             if meta.cwd is not None and not os.path.isabs(meta.cwd):
                 raise SessionError(
                     f"session cwd must be absolute, got {meta.cwd!r}", code="SESSION_INVALID_CWD"
@@ -483,6 +487,49 @@ class SessionStore:
         owner = session._ctx or self._ctx
         taken: int = await owner.parallel("session/flush", session, scope=owner.scope)
         return taken > 0
+
+
+def check_session_id(id: object) -> None:
+    """Refuse an id that cannot name a session in every store (``SESSION_INVALID_ID``): not a
+    string, empty, ``.``, ``..``, or holding ``/``, ``\\`` or NUL (it names a file)."""
+    if type(id) is not str or not id or id in (".", "..") or "/" in id or "\\" in id or "\0" in id:
+        raise SessionError(
+            f"session id {id!r} cannot name a session (a non-empty string without '/', "
+            "'\\\\', NUL, and not '.' or '..')",
+            code="SESSION_INVALID_ID",
+        )
+
+
+_NO_META = SessionMeta()
+_MAX_SAFE = 2**53 - 1
+
+
+def _check_meta(meta: SessionMeta) -> None:
+    """Refuse header fields the log could not write and read back (``SESSION_META_INVALID``,
+    hardening 11.1): the header is the first line of the file, and a wrong type there made the
+    whole session unreadable."""
+    for name in ("cwd", "parent_session"):
+        value = getattr(meta, name)
+        if value is not None and type(value) is not str:
+            _bad_meta(name, "a string", value)
+    for name in ("seed_length", "delegation_depth"):
+        value = getattr(meta, name)
+        if value is not None and (type(value) is not int or not 0 <= value <= _MAX_SAFE):
+            _bad_meta(name, "a non-negative safe integer", value)
+    if meta.origin is not None and meta.origin != "subagent":
+        _bad_meta("origin", "'subagent'", meta.origin)
+    if meta.parent_session is not None:
+        try:
+            check_session_id(meta.parent_session)
+        except SessionError:
+            _bad_meta("parent_session", "a session id", meta.parent_session)
+
+
+def _bad_meta(name: str, expected: str, value: object) -> NoReturn:
+    raise SessionError(
+        f"SessionMeta.{name} must be {expected} or None, got {value!r}",
+        code="SESSION_META_INVALID",
+    )
 
 
 def _now() -> int:
