@@ -35,10 +35,6 @@ PYTHONS = ["3.11", "3.12", "3.13"]
 GROUPS = tomllib.loads((ROOT / "pyproject.toml").read_text())
 TEST_REQUIREMENTS = nox.project.dependency_groups(GROUPS, "test")
 
-# Pytest markers of the slow tiers: deselected by pyproject.toml's addopts, so a plain run (and
-# every default session) skips them; `thorough` and `interop` select them.
-SLOW_TIERS = ("thorough", "interop")
-
 
 def _load_packages() -> dict[str, dict[str, object]]:
     """Distribution name -> its folder, import name, entry points and sibling requirements."""
@@ -73,16 +69,16 @@ def _closure(name: str) -> set[str]:
     return seen
 
 
-# pip's settings that say where packages come from, and the uv variables that say the same.
-# uv reads no pip.conf: without these, a machine whose pip uses a mirror, local wheels or a
-# constraints file would install other things (or nothing) under uv.
+# pip's settings that say where packages come from, and the uv variable that says the same
+# (then older names of it). uv reads no pip.conf: without these, a machine whose pip uses a
+# mirror, local wheels or a constraints file would install other things, or nothing, under uv.
 _PIP_TO_UV = {
-    "index-url": "UV_DEFAULT_INDEX",
-    "extra-index-url": "UV_INDEX",
-    "find-links": "UV_FIND_LINKS",
-    "constraint": "UV_CONSTRAINT",
-    "no-index": "UV_NO_INDEX",
-    "cert": "SSL_CERT_FILE",
+    "index-url": ("UV_DEFAULT_INDEX", "UV_INDEX_URL"),
+    "extra-index-url": ("UV_INDEX", "UV_EXTRA_INDEX_URL"),
+    "find-links": ("UV_FIND_LINKS",),
+    "constraint": ("UV_CONSTRAINT",),
+    "no-index": ("UV_NO_INDEX",),
+    "cert": ("SSL_CERT_FILE",),
 }
 
 
@@ -118,9 +114,9 @@ def _pip_sources() -> dict[str, list[str]]:
 def _install(session: nox.Session, *args: str, find_links: tuple[Path, ...] = ()) -> None:
     """``session.install`` with the same package sources under uv as pip would use here.
 
-    A ``UV_*`` variable already set wins over pip's setting. With more than one source, uv is
-    told to pick the best version across all of them, as pip does (its default would stop at
-    the first index that has the name).
+    A ``UV_*`` variable already set wins over pip's setting. With extra indexes, uv is told to
+    pick the best version across all of them, as pip does (its default would stop at the first
+    index that has the name).
     """
     links = [str(path) for path in find_links]
     if session.venv_backend != "uv":
@@ -128,8 +124,8 @@ def _install(session: nox.Session, *args: str, find_links: tuple[Path, ...] = ()
         return
     env: dict[str, str] = {}
     for name, values in _pip_sources().items():
-        variable = _PIP_TO_UV[name]
-        if variable in os.environ:
+        variable, *older = _PIP_TO_UV[name]
+        if any(known in os.environ for known in (variable, *older)):
             continue
         if name == "find-links":
             links += values
