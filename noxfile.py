@@ -32,8 +32,8 @@ nox.options.sessions = ["tests", "all", "lint", "typecheck"]
 ROOT = Path(__file__).parent
 DIST = ROOT / "dist"
 PYTHONS = ["3.11", "3.12", "3.13"]
-GROUPS = tomllib.loads((ROOT / "pyproject.toml").read_text())
-TEST_REQUIREMENTS = nox.project.dependency_groups(GROUPS, "test")
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
+TEST_REQUIREMENTS = nox.project.dependency_groups(PYPROJECT, "test")
 
 
 def _load_packages() -> dict[str, dict[str, object]]:
@@ -250,7 +250,7 @@ def all(session: nox.Session) -> None:
 @nox.session
 def lint(session: nox.Session) -> None:
     """ruff check and ruff format --check over the whole tree."""
-    _install(session, *nox.project.dependency_groups(GROUPS, "lint"))
+    _install(session, *nox.project.dependency_groups(PYPROJECT, "lint"))
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
 
@@ -259,7 +259,7 @@ def lint(session: nox.Session) -> None:
 def typecheck(session: nox.Session) -> None:
     """mypy --strict over every distribution's src/ (configured in pyproject.toml)."""
     _install_wheels(session, *PACKAGES)
-    _install(session, *nox.project.dependency_groups(GROUPS, "typecheck"))
+    _install(session, *nox.project.dependency_groups(PYPROJECT, "typecheck"))
     modules = [
         str(p.name)
         for info in PACKAGES.values()
