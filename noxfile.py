@@ -1,28 +1,39 @@
 """Development sessions: per-distribution isolated tests, cross-package tests, lint, types, demo.
 
-``nox`` runs the default set (everything CI runs); ``nox -s demo`` runs the offline demo.
-Every test venv installs wheels built from this checkout (``dist/``, made by the ``build``
-session), never the source tree, so a test proves what users get from ``pip install``.
+``nox`` runs the default set (everything CI runs); ``nox -s demo`` runs the offline demo;
+``nox -s thorough`` and ``nox -s interop`` are the slow tiers, never part of the default set.
+Every test venv installs wheels built from this checkout (``dist/``, made once per run by the
+``build`` session), never the source tree, so a test proves what users get from ``pip install``.
+
+Venvs are made and filled by uv when it is installed beside nox (``pip install nox uv``), and by
+virtualenv and pip otherwise; the sessions and what they check are the same either way.
 """
 
 from __future__ import annotations
 
+import ast
+import functools
 import json
 import os
 import shutil
+import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
 import nox
 
-nox.needs_version = ">=2024.4.15"
+nox.needs_version = ">=2025.5.1"
+nox.options.default_venv_backend = "uv|virtualenv"  # uv where it is installed, else virtualenv
+nox.options.download_python = "never"  # the matrix is the Pythons installed here: never fetch one
 nox.options.error_on_missing_interpreters = False  # a missing Python is skipped, not failed
 nox.options.sessions = ["tests", "all", "lint", "typecheck"]
 
 ROOT = Path(__file__).parent
 DIST = ROOT / "dist"
 PYTHONS = ["3.11", "3.12", "3.13"]
-TEST_REQUIREMENTS = ["pytest>=8", "hypothesis>=6.100"]
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
+TEST_REQUIREMENTS = nox.project.dependency_groups(PYPROJECT, "test")
 
 
 def _load_packages() -> dict[str, dict[str, object]]:
@@ -58,32 +69,119 @@ def _closure(name: str) -> set[str]:
     return seen
 
 
+# pip's settings that say where packages come from, and the uv variable that says the same
+# (then older names of it). uv reads no pip.conf: without these, a machine whose pip uses a
+# mirror, local wheels or a constraints file would install other things, or nothing, under uv.
+_PIP_TO_UV = {
+    "index-url": ("UV_DEFAULT_INDEX", "UV_INDEX_URL"),
+    "extra-index-url": ("UV_INDEX", "UV_EXTRA_INDEX_URL"),
+    "find-links": ("UV_FIND_LINKS",),
+    "constraint": ("UV_CONSTRAINT",),
+    "no-index": ("UV_NO_INDEX",),
+    "cert": ("SSL_CERT_FILE",),
+}
+
+
+@functools.cache
+def _pip_sources() -> dict[str, list[str]]:
+    """pip's effective source settings (environment over ``[install]`` over ``[global]``)."""
+    try:
+        listed = subprocess.run(
+            [sys.executable, "-m", "pip", "config", "list"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):  # no pip beside nox: nothing to carry over
+        return {}
+    rank = {"global": 0, "install": 1, ":env:": 2}
+    found: dict[str, tuple[int, list[str]]] = {}
+    for line in listed.splitlines():
+        key, _, raw = line.partition("=")
+        section, _, name = key.rpartition(".")
+        if name not in _PIP_TO_UV or section not in rank:
+            continue
+        try:
+            value = str(ast.literal_eval(raw))
+        except (ValueError, SyntaxError):
+            continue
+        if rank[section] >= found.get(name, (-1, []))[0]:
+            found[name] = (rank[section], value.split())
+    return {name: values for name, (_, values) in found.items()}
+
+
+def _install(session: nox.Session, *args: str, find_links: tuple[Path, ...] = ()) -> None:
+    """``session.install`` with the same package sources under uv as pip would use here.
+
+    A ``UV_*`` variable already set wins over pip's setting. With extra indexes, uv is told to
+    pick the best version across all of them, as pip does (its default would stop at the first
+    index that has the name).
+    """
+    links = [str(path) for path in find_links]
+    if session.venv_backend != "uv":
+        session.install(*(f"--find-links={link}" for link in links), *args)
+        return
+    env: dict[str, str] = {}
+    for name, values in _pip_sources().items():
+        variable, *older = _PIP_TO_UV[name]
+        if any(known in os.environ for known in (variable, *older)):
+            continue
+        if name == "find-links":
+            links += values
+        elif name == "no-index":
+            env[variable] = "1" if values[0].lower() in {"1", "true", "yes", "on"} else "0"
+        else:
+            env[variable] = values[0] if name == "cert" else " ".join(values)
+    if links and "UV_FIND_LINKS" in os.environ:  # a --find-links given replaces the variable's
+        links += os.environ["UV_FIND_LINKS"].replace(",", " ").split()
+    if "UV_INDEX" in env and "UV_INDEX_STRATEGY" not in os.environ:
+        env["UV_INDEX_STRATEGY"] = "unsafe-best-match"
+    session.install(*(f"--find-links={link}" for link in links), *args, env=env)
+
+
 def _install_wheels(
     session: nox.Session, *names: str, extra: tuple[str, ...] = tuple(TEST_REQUIREMENTS)
 ) -> None:
     """``names`` (and their dependencies) from this checkout's wheels, plus ``extra``.
 
-    A reused venv (``nox -r``) already holds the same versions from an older checkout, which
-    pip would keep; so the dsh wheels are then put in place again, from ``dist/`` only.
+    The installer resolves ``names`` as a user's ``pip install --find-links dist`` would. A
+    reused venv (``nox -r``) already holds the same versions from an older checkout, which an
+    installer would keep; so the dsh wheels are put in place again from ``dist/``: uv is told
+    to reinstall them, pip reinstalls them in a second step from ``dist/`` only.
     """
-    session.install("--find-links", str(DIST), *names, *extra)
     ours = sorted(set().union(*(_closure(name) for name in names)))
+    if session.venv_backend == "uv":
+        again = [f"--reinstall-package={name}" for name in ours]
+        _install(session, *again, *names, *extra, find_links=(DIST,))
+        return
+    _install(session, *names, *extra, find_links=(DIST,))
     session.install(
         "--no-index", "--find-links", str(DIST), "--no-deps", "--force-reinstall", *ours
     )
 
 
-def _pytest(session: nox.Session, *paths: str) -> None:
+def _pytest(
+    session: nox.Session,
+    *args: str,
+    env: dict[str, str] | None = None,
+    success_codes: list[int] | None = None,
+) -> None:
     session.run(
         "pytest",
         "-c",
         "pyproject.toml",
         "--rootdir",
         ".",
-        *paths,
+        *args,
         *session.posargs,
-        env={"DSH_HOME": session.create_tmp()},
+        env={"DSH_HOME": session.create_tmp(), **(env or {})},
+        success_codes=success_codes,
     )
+
+
+def _every_test_folder() -> list[str]:
+    return ["tests", *(f"{info['folder']}/tests" for info in PACKAGES.values())]
 
 
 # Runs inside a test venv: the dsh distributions installed there, and the plugins `dsh` lists.
@@ -97,38 +195,27 @@ print(json.dumps({"dists": dists, "plugins": listed, "status": out.returncode, "
 """
 
 
-@nox.session(python=False)
+@nox.session
 def build(session: nox.Session) -> None:
-    """Build every distribution's wheel and sdist into dist/ (the local stand-in for an index)."""
+    """Every distribution's wheel and sdist into dist/ (the local stand-in for an index).
+
+    The other sessions require this one, and nox runs a required session once per invocation,
+    however many sessions require it. The build runs without isolation, in this session's venv
+    that holds the build backend: `uv build` where uv is the backend, `python -m build` else.
+    """
     if DIST.exists():
         shutil.rmtree(DIST)
-    venv = ROOT / ".nox" / "_build"
-    if not (venv / "bin" / "python").exists():
-        session.run("python3", "-m", "venv", str(venv), external=True)
-        session.run(
-            str(venv / "bin" / "python"),
-            "-m",
-            "pip",
-            "install",
-            "-q",
-            "build",
-            "hatchling",
-            external=True,
-        )
+    python = str(Path(session.bin) / "python")
+    if session.venv_backend == "uv":
+        _install(session, "hatchling")
+        command = ["uv", "build", "--quiet", "--no-build-isolation", f"--python={python}"]
+        command += ["--sdist", "--wheel", f"--out-dir={DIST}"]
+    else:
+        _install(session, "build", "hatchling")
+        command = ["python", "-m", "build", "--no-isolation", "--sdist", "--wheel"]
+        command += ["--outdir", str(DIST)]
     for info in PACKAGES.values():
-        session.run(
-            str(venv / "bin" / "python"),
-            "-m",
-            "build",
-            "--no-isolation",
-            "--sdist",
-            "--wheel",
-            "--outdir",
-            str(DIST),
-            str(info["folder"]),
-            external=True,
-            silent=True,
-        )
+        session.run(*command, str(info["folder"]), silent=True)
     session.log(
         f"built {len(list(DIST.glob('*.whl')))} wheels and "
         f"{len(list(DIST.glob('*.tar.gz')))} sdists into dist/"
@@ -157,13 +244,13 @@ def tests(session: nox.Session, dist: str) -> None:
 def all(session: nox.Session) -> None:
     """Every distribution in one venv: the cross-package tests, then every package's tests."""
     _install_wheels(session, *PACKAGES)
-    _pytest(session, "tests", *(f"{info['folder']}/tests" for info in PACKAGES.values()))
+    _pytest(session, *_every_test_folder())
 
 
 @nox.session
 def lint(session: nox.Session) -> None:
     """ruff check and ruff format --check over the whole tree."""
-    session.install("ruff>=0.6")
+    _install(session, *nox.project.dependency_groups(PYPROJECT, "lint"))
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
 
@@ -172,7 +259,7 @@ def lint(session: nox.Session) -> None:
 def typecheck(session: nox.Session) -> None:
     """mypy --strict over every distribution's src/ (configured in pyproject.toml)."""
     _install_wheels(session, *PACKAGES)
-    session.install("mypy>=1.11")
+    _install(session, *nox.project.dependency_groups(PYPROJECT, "typecheck"))
     modules = [
         str(p.name)
         for info in PACKAGES.values()
@@ -180,6 +267,29 @@ def typecheck(session: nox.Session) -> None:
         if p.is_dir()
     ]
     session.run("mypy", *(arg for m in sorted(modules) for arg in ("-p", m)))
+
+
+@nox.session(requires=["build"])
+def thorough(session: nox.Session) -> None:
+    """Slow tier, outside the default set: every test but interop, Hypothesis at 2000 examples.
+
+    The tests marked ``thorough`` (long state-machine and soak runs, which the default set
+    deselects) run here, and every property test runs under the ``thorough`` profile.
+    """
+    _install_wheels(session, *PACKAGES)
+    _pytest(
+        session, "-m", "not interop", *_every_test_folder(), env={"HYPOTHESIS_PROFILE": "thorough"}
+    )
+
+
+@nox.session(requires=["build"])
+def interop(session: nox.Session) -> None:
+    """Slow tier, outside the default set: the tests marked ``interop`` (real agent processes).
+
+    pytest's exit status 5 (no test selected) passes: no test carries the marker yet.
+    """
+    _install_wheels(session, *PACKAGES)
+    _pytest(session, "-m", "interop", *_every_test_folder(), success_codes=[0, 5])
 
 
 PEERS = {
@@ -203,7 +313,7 @@ def bench(session: nox.Session) -> None:
 def peers(session: nox.Session, peer: str) -> None:
     """One peer's delegation benchmark in its own venv (not part of CI)."""
     requirements, script = PEERS[peer]
-    session.install(*requirements)
+    _install(session, *requirements)
     session.run("python", f"benchmarks/peers/{script}", env={"LANGSMITH_TRACING": "false"})
 
 
