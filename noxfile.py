@@ -145,20 +145,16 @@ def _install_wheels(
 ) -> None:
     """``names`` (and their dependencies) from this checkout's wheels, plus ``extra``.
 
-    The installer resolves ``names`` as a user's ``pip install --find-links dist`` would. A
+    The installer resolves ``names`` as a user's ``pip install --find-links dist`` would. Then
+    the dsh wheels are put in place again from ``dist/`` alone (no index, no dependencies): a
     reused venv (``nox -r``) already holds the same versions from an older checkout, which an
-    installer would keep; so the dsh wheels are put in place again from ``dist/``: uv is told
-    to reinstall them, pip reinstalls them in a second step from ``dist/`` only.
+    installer would keep, and a same-named distribution on an index must never stand in for
+    this checkout's.
     """
     ours = sorted(set().union(*(_closure(name) for name in names)))
-    if session.venv_backend == "uv":
-        again = [f"--reinstall-package={name}" for name in ours]
-        _install(session, *again, *names, *extra, find_links=(DIST,))
-        return
     _install(session, *names, *extra, find_links=(DIST,))
-    session.install(
-        "--no-index", "--find-links", str(DIST), "--no-deps", "--force-reinstall", *ours
-    )
+    again = "--reinstall" if session.venv_backend == "uv" else "--force-reinstall"
+    session.install("--no-index", "--find-links", str(DIST), "--no-deps", again, *ours)
 
 
 def _pytest(
