@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from dsh_subagent import SubagentResult, SubagentRun
+from dsh_subagent import ResultFuture, SubagentResult, SubagentRun
 
 DONE = SubagentResult(output=(), stop_reason="completed")
 
@@ -16,15 +16,22 @@ async def _noop() -> None:
     return None
 
 
-def _pending_run() -> tuple[SubagentRun, asyncio.Future[SubagentResult]]:
-    future: asyncio.Future[SubagentResult] = asyncio.get_running_loop().create_future()
+def _pending_run(kind: str) -> tuple[SubagentRun, asyncio.Future[SubagentResult]]:
+    loop = asyncio.get_running_loop()
+    future = ResultFuture(loop=loop) if kind == "result-future" else loop.create_future()
     return SubagentRun(id="c", local_agent=None, result=future, dispose=_noop), future
 
 
-async def test_a_timed_out_wait_never_cancels_the_result() -> None:
+# A provider may hand in a plain future (each wait is shielded) or a ResultFuture (each wait
+# gets a future of its own, settled directly): both must keep every rule below.
+KINDS = pytest.mark.parametrize("kind", ["plain-future", "result-future"])
+
+
+@KINDS
+async def test_a_timed_out_wait_never_cancels_the_result(kind: str) -> None:
     """DRV-5, hardening 11.8: asyncio.wait_for(run.result, ...) timing out cancels only that
     consumer's wait; the result stays pending and settles for every other awaiter."""
-    run, future = _pending_run()
+    run, future = _pending_run(kind)
     with pytest.raises(TimeoutError):
         await asyncio.wait_for(run.result, 0.01)
     assert not future.cancelled()
@@ -36,10 +43,11 @@ async def test_a_timed_out_wait_never_cancels_the_result() -> None:
     assert run.result.done() and run.result.result() is DONE and run.result.exception() is None
 
 
-async def test_a_cancelled_awaiter_leaves_the_others_waiting() -> None:
+@KINDS
+async def test_a_cancelled_awaiter_leaves_the_others_waiting(kind: str) -> None:
     """DRV-5, hardening 11.8: cancelling one task that awaits run.result cancels neither the
     result nor another task awaiting it; a fault reaches every awaiter."""
-    run, future = _pending_run()
+    run, future = _pending_run(kind)
     entered = [asyncio.Event(), asyncio.Event()]
 
     async def consume(i: int) -> SubagentResult:
@@ -113,3 +121,36 @@ async def test_a_cancelled_dispose_caller_never_cancels_the_disposal() -> None:
     await asyncio.wait_for(later, 5)
     assert calls == ["start", "start", "end"]
     assert run._disposal._task is not None and run._disposal._task.done()
+
+
+@KINDS
+@pytest.mark.parametrize("outcome", ["result", "fault", "cancelled"])
+async def test_many_awaiters_see_the_one_outcome(kind: str, outcome: str) -> None:
+    """DRV-5, hardening 11.8: every consumer still waiting sees the run's one outcome (its
+    result, the same fault object, or the provider's cancellation), and a consumer that gave
+    up earlier leaves no waiter behind."""
+    run, future = _pending_run(kind)
+    waits = [asyncio.ensure_future(asyncio.wait_for(run.result, 5)) for _ in range(3)]
+    quitter = asyncio.ensure_future(asyncio.wait_for(run.result, 5))
+    await asyncio.sleep(0)
+    quitter.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await quitter
+    if isinstance(future, ResultFuture):
+        assert len(future._waiters) == 3
+    fault = RuntimeError("unreadable")
+    if outcome == "result":
+        future.set_result(DONE)
+    elif outcome == "fault":
+        future.set_exception(fault)
+    else:
+        future.cancel()
+    got = await asyncio.wait_for(asyncio.gather(*waits, return_exceptions=True), 5)
+    if outcome == "result":
+        assert got == [DONE] * 3
+    elif outcome == "fault":
+        assert all(g is fault for g in got)
+    else:
+        assert all(isinstance(g, asyncio.CancelledError) for g in got)
+    if isinstance(future, ResultFuture):
+        assert future._waiters == []

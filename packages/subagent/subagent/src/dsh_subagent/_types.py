@@ -135,6 +135,50 @@ class SubagentResult:
     diagnostic: str | None = None
 
 
+class ResultFuture(asyncio.Future["SubagentResult"]):
+    """A run's result future that settles every consumer's wait at once.
+
+    A provider may hand a plain :class:`asyncio.Future` to :class:`SubagentRun`; each await of
+    ``run.result`` then goes through :func:`asyncio.shield`, which costs the consumer one more
+    turn of the event loop. A ``ResultFuture`` (the in-process driver's) gives each waiting
+    consumer a future of its own and settles those directly when it settles itself.
+    """
+
+    def __init__(self, *, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        super().__init__(loop=loop)
+        self._waiters: list[asyncio.Future[SubagentResult]] = []
+
+    def set_result(self, result: SubagentResult) -> None:
+        super().set_result(result)
+        for waiter in self._release():
+            waiter.set_result(result)
+
+    def set_exception(self, exception: type | BaseException) -> None:
+        super().set_exception(exception)
+        fault = self.exception()
+        for waiter in self._release():
+            waiter.set_exception(fault)  # type: ignore[arg-type]
+
+    def cancel(self, msg: Any | None = None) -> bool:
+        cancelled = super().cancel(msg=msg)
+        for waiter in self._release():
+            waiter.cancel(msg=msg)
+        return cancelled
+
+    def _release(self) -> list[asyncio.Future[SubagentResult]]:
+        waiters, self._waiters = self._waiters, []
+        return [w for w in waiters if not w.done()]
+
+    def _wait(self) -> Generator[Any, None, SubagentResult]:
+        waiter: asyncio.Future[SubagentResult] = self.get_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            return (yield from waiter.__await__())
+        finally:
+            if not self.done():  # this consumer stopped waiting: forget its future
+                self._waiters.remove(waiter)
+
+
 class SharedResult:
     """``run.result``: the one outcome of a run, awaited by any number of consumers.
 
@@ -150,8 +194,13 @@ class SharedResult:
         self._future = future
 
     def __await__(self) -> Generator[Any, None, SubagentResult]:
-        # shield: a fresh outer future per wait (or the settled future itself).
-        return asyncio.shield(self._future).__await__()
+        future = self._future
+        if future.done():
+            return future.__await__()  # settled: nothing left to cancel
+        if isinstance(future, ResultFuture):
+            return future._wait()
+        # A plain future: shield gives this wait a fresh outer future.
+        return asyncio.shield(future).__await__()
 
     def done(self) -> bool:
         """Whether the run's outcome is settled."""

@@ -45,6 +45,7 @@ from ._output import one_shot_stop_reason, select_output, truncate_diagnostic
 from ._structured import StructuredCapture
 from ._types import (
     ResolvedSubagentStartRequest,
+    ResultFuture,
     SubagentCapabilities,
     SubagentResult,
     SubagentRun,
@@ -208,7 +209,7 @@ def _publish(
     """Wire a published child's result, cancellation and disposal, then prompt it."""
     child = handle.agent
     signal = request.signal
-    result: asyncio.Future[SubagentResult] = asyncio.get_running_loop().create_future()
+    result = ResultFuture(loop=asyncio.get_running_loop())
     cancelled = False
 
     def cancel(_: object = None) -> None:
