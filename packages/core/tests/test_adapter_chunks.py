@@ -34,7 +34,9 @@ from dsh_core import (
     TokenUsage,
     ToolCallBlock,
     ToolCallDelta,
+    ToolDefinition,
     ToolResultBlock,
+    ToolRunContext,
     UnknownBlock,
     UnknownChunk,
     UsageChunk,
@@ -148,7 +150,14 @@ _chunks = st.one_of(
         ToolCallDelta,
         index=_index,
         id=st.none() | _text,
-        name=st.none() | st.sampled_from(["missing-tool"]) | _text,
+        name=st.none() | st.sampled_from(["echo", "missing-tool"]) | _text,
+        arguments_delta=_arguments,
+    ),
+    st.builds(  # a well-formed call of the echo tool, with arguments of any depth and size
+        ToolCallDelta,
+        index=st.just(9),
+        id=st.just("call-9"),
+        name=st.just("echo"),
         arguments_delta=_arguments,
     ),
     st.builds(BlockStart, index=_index, block_type=st.sampled_from(["text", "tool-call"]) | _text),
@@ -184,6 +193,16 @@ async def _run(host: TestHost, chunks: list[Any]) -> tuple[SessionEvent, ...]:
     return stored
 
 
+async def _echo(args: Any, run: ToolRunContext) -> str:
+    return dumps(args)
+
+
+#: A tool the chunks may call, with arguments of any depth and size (the parser's limits).
+ECHO = ToolDefinition(
+    name="echo", description="Echo the arguments.", parameters={"type": "object"}, execute=_echo
+)
+
+
 def _model(chunks: list[Any]) -> Any:
     """The adapter's script: ``chunks`` for the first request, plain text for every other."""
     served: list[int] = []
@@ -217,9 +236,12 @@ async def test_whatever_an_adapter_streams_the_turn_ends_and_the_log_reads_back(
         chunks.append(Finish(reason="stop"))
     with tempfile.TemporaryDirectory() as tmp:
         async with scripted_host(model=_model(chunks), store=store, store_root=Path(tmp)) as host:
+            host.ctx.tools.register(ECHO)
             stored = await _run(host, chunks)
     first_end = next(e for e in stored if e.type == "turn/end")
     event(f"first turn: {first_end.data.reason.kind}")
+    if any(e.type == "tool/result" for e in stored):
+        event("a tool call was answered")
     error = first_end.data.reason.error
     if error is not None and "SESSION_EVENT_" in error.message:
         event("a chunk was refused")
@@ -280,3 +302,33 @@ async def test_a_message_a_pre_step_listener_enters_is_checked_at_the_append(
     assert bad not in [e.data for e in stored if e.type == "user/message"]
     end = next(e for e in stored if e.type == "turn/end")
     assert end.data.reason.error.message.startswith("SessionError [SESSION_EVENT_INVALID]")
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        dumps({"a": nested(3 * MAX_NESTING)}),
+        '{"n": ' + "9" * (MAX_INT_DIGITS + 5) + "}",
+        '{"x": NaN}',
+        '{"s": "\\ud800"}',
+        '{"text": "hi"}',
+    ],
+    ids=["deep", "huge-int", "nan", "lone-surrogate", "plain"],
+)
+async def test_tool_arguments_of_any_depth_and_size_are_logged_raw_and_answered(
+    tmp_path: Path, arguments: str
+) -> None:
+    """hardening 11.1/11.2, host-core §9: a call's arguments stay the model's raw text in the
+    log (no JSON limit applies to a string); the tool is answered (a result or an error), the
+    turn completes and the JSONL log reads back equal."""
+    chunks = [
+        ToolCallDelta(index=0, id="call-1", name="echo", arguments_delta=arguments),
+        Finish(reason="tool-calls"),
+    ]
+    async with scripted_host(model=_model(chunks), store="jsonl", store_root=tmp_path) as host:
+        host.ctx.tools.register(ECHO)
+        stored = await _run(host, chunks)
+    (call,) = [e.data for e in stored if e.type == "tool/call"]
+    assert call.arguments == arguments
+    assert [e.data.reason.kind for e in stored if e.type == "turn/end"] == ["completed"] * 2
+    assert sum(e.type == "tool/result" for e in stored) == 1
