@@ -23,7 +23,9 @@ from typing import TYPE_CHECKING, Literal, TypeVar
 import attrs
 
 from ._abort import AbortController, AbortedError, AbortSignal, fuse, race_abort
+from ._codec import Unfit, union_checkers
 from ._content import (
+    CHUNKS,
     ContentBlock,
     Finish,
     LlmError,
@@ -59,7 +61,7 @@ from ._events import (
 )
 from ._frozen import builder, speed_up_inits
 from ._inbox import Inbox, InboxTarget
-from ._json import JsonValue, freeze_json
+from ._json import MAX_NESTING, JsonValue, freeze_json
 from ._llm import BlockAssembler, GenerateOptions, failure_of
 from ._prompt import AssembleContext, PromptAssembly
 from ._tools import ToolExecutionInput, ToolRegistry, failure
@@ -103,6 +105,11 @@ _generate_options = builder(GenerateOptions)
 _message = builder(Message)
 _assistant_message = builder(AssistantMessageData)
 _chunk_data = builder(AssistantChunkData)
+#: The check of an adapter's chunk (see Agent._stream): by class, and the resolver of a miss.
+_chunk_checks, _chunk_check = union_checkers(CHUNKS)
+#: How many levels a chunk may nest: two less than a payload (its event's data, and the spare
+#: level a ``BlockEnd``'s block needs inside the assembled ``assistant/message``).
+_CHUNK_LEVELS = MAX_NESTING - 2
 _tool_call = builder(ToolCallData)
 _tool_result = builder(ToolResultData)
 _execution_input = builder(ToolExecutionInput)
@@ -389,7 +396,7 @@ class Agent:
         self._controller = AbortController()
         self._set_status("running")
         self._turn += 1
-        self.session.append("turn/start", _turn_start(turn=self._turn))
+        self.session.append("turn/start", _turn_start(turn=self._turn), _vouched=True)
         claimed = self.inbox.claim(turn_boundary=True)
         self._emit_claimed(claimed)
         return claimed
@@ -442,6 +449,9 @@ class Agent:
                     _assemble_context(scope=self._scope, signal=signal, agent=self)
                 )
                 entered = self._with_snapshot(batch, assembly)
+                # The first ``trusted`` entered messages are the inbox's: checked when they
+                # entered it (Inbox.insert), so not again when logged (hardening 11.1).
+                trusted = len(batch)
                 if "agent/pre-step" in self._listeners:
                     decision: PreStepDecision = await self.ctx.waterfall(
                         "agent/pre-step",
@@ -454,19 +464,20 @@ class Agent:
                         reason = TurnEndReason(kind="blocked")
                         break
                     entered = decision.messages
+                    trusted = 0  # a listener's messages enter here: checked at the append
                 if not entered and step_no == 1:
                     break
                 step = step_no
                 step_data = _step_data(turn=turn, step=step)
-                session.append("step/start", step_data)
+                session.append("step/start", step_data, _vouched=True)
                 open_step = True
-                for m in entered:
-                    session.append("user/message", m, source_event_seqs=())
+                for i, m in enumerate(entered):
+                    session.append("user/message", m, source_event_seqs=(), _vouched=i < trusted)
                     if _is_snapshot(m):
                         self._snapshot = m.text
                 outcome = await self._step(turn, step, signal, assembly)
                 open_step = False
-                session.append("step/end", step_data)
+                session.append("step/end", step_data, _vouched=True)
                 if outcome == "max-tokens":
                     max_tokens = True
                 if signal.aborted:
@@ -506,7 +517,7 @@ class Agent:
 
     def _close_turn(self, turn: int, open_step: int | None, reason: TurnEndReason) -> None:
         if open_step is not None:
-            self.session.append("step/end", _step_data(turn=turn, step=open_step))
+            self.session.append("step/end", _step_data(turn=turn, step=open_step), _vouched=True)
         self.session.append("turn/end", _turn_end(turn=turn, reason=reason))
 
     def _with_snapshot(
@@ -556,12 +567,14 @@ class Agent:
                 session_id=self.id,
                 loop_request=True,
             )
-            assembler, chunk_seqs = await self._stream(options, turn, step, signal)
+            assembler, chunk_seqs, vouched = await self._stream(options, turn, step, signal)
             finish = assembler.finish
             if signal.aborted:
                 blocks = assembler.interrupted_blocks()
                 if blocks:
-                    self._log_answer(turn, step, config, blocks, assembler, chunk_seqs, True)
+                    self._log_answer(
+                        turn, step, config, blocks, assembler, chunk_seqs, True, vouched
+                    )
                 raise _TurnAborted
             assert finish is not None
             if finish.reason in ("error", "aborted"):
@@ -579,7 +592,7 @@ class Agent:
                 raise _RequestFailed(fail)
             break
         blocks = assembler.blocks()
-        self._log_answer(turn, step, config, blocks, assembler, chunk_seqs, False)
+        self._log_answer(turn, step, config, blocks, assembler, chunk_seqs, False, vouched)
         if finish.reason == "max-tokens":
             return "max-tokens"
         calls = [b for b in blocks if isinstance(b, ToolCallBlock)]
@@ -599,8 +612,15 @@ class Agent:
         assembler: BlockAssembler,
         chunk_seqs: list[int],
         interrupted: bool,
+        vouched: bool,
     ) -> None:
-        """Append the step's ``assistant/message`` (citing its chunks)."""
+        """Append the step's ``assistant/message`` (citing its chunks).
+
+        ``vouched``: every chunk passed the loop's check (see :meth:`_stream`), so the message
+        built from them holds only checked values, unless the route's names are not plain
+        strings (a listener's ``agent/request`` config): then the append checks it.
+        """
+        provider, model = config.provider, config.model
         self.session.append(
             "assistant/message",
             _assistant_message(
@@ -610,12 +630,13 @@ class Agent:
                     id=new_id(),
                     role="assistant",
                     content=blocks,
-                    source=_model_source(config.provider, config.model),
+                    source=_model_source(provider, model),
                 ),
                 usage=assembler.usage,
                 interrupted=interrupted,
             ),
             source_event_seqs=chunk_seqs,
+            _vouched=vouched and provider.__class__ is str and model.__class__ is str,
         )
 
     def _config(self) -> LlmCallConfig | None:
@@ -645,18 +666,29 @@ class Agent:
 
     async def _stream(
         self, options: GenerateOptions, turn: int, step: int, signal: AbortSignal
-    ) -> tuple[BlockAssembler, list[int]]:
-        """Consume one response, logging every chunk, without ever outliving the signal.
+    ) -> tuple[BlockAssembler, list[int], bool]:
+        """Consume one response, logging every chunk, without ever outliving the signal;
+        also returns whether the loop's own check vouched for every chunk.
 
         The stream runs inline (no extra task). If the signal fires while this task waits on
         the adapter, the abort listener cancels that wait, so an adapter that ignores the
         signal cannot wedge the turn.
+
+        Chunks are the adapter's (plugin code): each is checked here, where it enters the
+        loop, as a member of the chunk union the log can hold (hardening 11.1), so neither its
+        ``assistant/chunk`` nor the ``assistant/message`` assembled from the checked chunks
+        is checked again at the append. One level is kept spare: a ``BlockEnd``'s block sits
+        a level deeper in the message than in its chunk. A chunk the check cannot vouch for
+        takes the append's full check, which refuses it (``SESSION_EVENT_INVALID`` /
+        ``SESSION_EVENT_NOT_JSON``) and so fails the request like an adapter error (an
+        ``error`` finish, host-core §3); should it accept, the message is checked too.
         """
         assembler = BlockAssembler()
         seqs: list[int] = []
         session = self.session
         task = asyncio.current_task()
         interrupted = False
+        vouched = True
 
         def on_abort(_: object) -> None:
             nonlocal interrupted
@@ -665,11 +697,15 @@ class Agent:
                 task.cancel()
 
         def sink(chunk: StreamChunk) -> bool:
-            seqs.append(
-                session.append(
-                    "assistant/chunk", _chunk_data(turn=turn, step=step, chunk=chunk)
-                ).seq
-            )
+            nonlocal vouched
+            data = _chunk_data(turn=turn, step=step, chunk=chunk)
+            try:
+                (_chunk_checks.get(chunk.__class__) or _chunk_check(chunk))(chunk, _CHUNK_LEVELS)
+            except Unfit:
+                vouched = False
+                seqs.append(session.append("assistant/chunk", data).seq)  # the verdict, or raises
+            else:
+                seqs.append(session.append("assistant/chunk", data, _vouched=True).seq)
             assembler.add(chunk)
             return signal.aborted
 
@@ -685,7 +721,7 @@ class Agent:
                 assembler.add(Finish(reason="error", failure=failure_of(exc)))
         finally:
             remove()
-        return assembler, seqs
+        return assembler, seqs, vouched
 
     async def _run_calls(
         self,

@@ -42,7 +42,14 @@ from ._frozen import filled_fields, open_twin, slot_setter
 from ._json import _INT_HI, dumps, freeze_json
 from ._tagged import TaggedUnion
 
-__all__ = ["Unfit", "checkers", "class_checker", "class_decoder", "class_encoder"]
+__all__ = [
+    "Unfit",
+    "checkers",
+    "class_checker",
+    "class_decoder",
+    "class_encoder",
+    "union_checkers",
+]
 
 Encoder = Callable[[Any], str]
 #: Called with the parsed value; compiled decoders also accept (and ignore) the target class,
@@ -307,6 +314,14 @@ def _dispatch_of(union: TaggedUnion[Any]) -> _Dispatch:
     if found is None or found.union is not union:
         found = _dispatch[union.base] = _Dispatch(union)
     return found
+
+
+def union_checkers(union: TaggedUnion[Any]) -> tuple[dict[type, Checker], Callable[[Any], Checker]]:
+    """``(by_class, resolve)`` for the members of ``union``: ``(by_class.get(v.__class__) or
+    resolve(v))(v, d)`` checks ``v`` as a member (a class that is not its tag's registered
+    variant, or not of the union at all, raises ``Unfit``), as a payload's union field is."""
+    dispatch = _dispatch_of(union)
+    return dispatch.checkers, dispatch.checker
 
 
 def _union_encoder(union: TaggedUnion[Any]) -> Encoder:

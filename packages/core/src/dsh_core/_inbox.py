@@ -70,7 +70,15 @@ class Inbox:
         return message_id in self._pending
 
     def _splice(self, data: InboxSplicedData) -> None:
+        """Log and apply a splice that inserts messages: where a message enters the inbox,
+        the append checks it (hardening 11.1), once; the loop logs it later unchecked."""
         self._session.append("agent/inbox/spliced", data)
+        _apply(self._lists, data)
+
+    def _delete(self, data: InboxSplicedData) -> None:
+        """Log and apply a pure deletion: built here from a literal target and our own
+        counts, nothing to check."""
+        self._session.append("agent/inbox/spliced", data, _vouched=True)
         _apply(self._lists, data)
 
     def insert(self, target: InboxTarget, message: Message) -> None:
@@ -96,7 +104,7 @@ class Inbox:
         if found is None:
             return None
         target, i, m = found
-        self._splice(_spliced(target=target, start=i, removed_count=1, outcome="canceled"))
+        self._delete(_spliced(target=target, start=i, removed_count=1, outcome="canceled"))
         self._pending.discard(message_id)
         self._notify("agent/inbox/discarded", m)
         return m
@@ -124,7 +132,7 @@ class Inbox:
             if not lst:
                 continue
             removed = list(lst)
-            self._splice(
+            self._delete(
                 _spliced(
                     target=target,
                     start=0,
@@ -144,11 +152,11 @@ class Inbox:
         batch: list[Message] = []
         if self.next_step:
             taken = list(self.next_step)
-            self._splice(_spliced(target="next-step", start=0, removed_count=len(taken)))
+            self._delete(_spliced(target="next-step", start=0, removed_count=len(taken)))
             batch.extend(taken)
         if turn_boundary and self.next_turn:
             first = self.next_turn[0]
-            self._splice(_spliced(target="next-turn", start=0, removed_count=1))
+            self._delete(_spliced(target="next-turn", start=0, removed_count=1))
             batch.append(first)
         for m in batch:
             self._pending.discard(m.id)

@@ -218,11 +218,17 @@ class Session:
         *,
         source_event_seqs: Iterable[int] | None = None,
         ignorable: bool = False,
+        _vouched: bool = False,
     ) -> SessionEvent:
         """Validate, commit and publish one event; on any failure nothing is written.
 
         Surface types need ``source_event_seqs`` (possibly empty); others must omit it.
         An unregistered type may be appended only as ``ignorable`` free-form JSON.
+
+        ``_vouched`` is the agent loop's own (private): its caller built ``data`` of the
+        declared class from values already checked where they entered (the loop's counters, an
+        inbox message, adapter chunks checked as the loop read them), so the fast path skips
+        the payload check. Everything else, the surface rules and validators included, holds.
         """
         # While the session publishes, ``_specs`` is empty: every append takes the checked
         # path, which refuses it (one check less on the hot path).
@@ -242,10 +248,11 @@ class Session:
         ):
             data, seqs = self._checked(spec, type, data, source_event_seqs, ignorable)
         else:
-            try:
-                _checkers[data.__class__](data, MAX_NESTING)
-            except (KeyError, Unfit):  # no checker (yet), or one that cannot vouch for data
-                data = self._types.snapshot(spec, type, data)  # the verdict, or the error
+            if not _vouched:
+                try:
+                    _checkers[data.__class__](data, MAX_NESTING)
+                except (KeyError, Unfit):  # no checker (yet), or one that cannot vouch for data
+                    data = self._types.snapshot(spec, type, data)  # the verdict, or the error
             if source_event_seqs is not None:
                 seqs = tuple(source_event_seqs)
         if seqs and (min(seqs) < 0 or max(seqs) >= seq):
