@@ -22,6 +22,7 @@ from dsh_core import (
     BlockEnd,
     BlockStart,
     Finish,
+    LlmCallConfig,
     LlmFailure,
     NotJsonError,
     PreStep,
@@ -35,6 +36,7 @@ from dsh_core import (
     ToolCallBlock,
     ToolCallDelta,
     ToolDefinition,
+    ToolError,
     ToolResultBlock,
     ToolRunContext,
     UnknownBlock,
@@ -43,6 +45,7 @@ from dsh_core import (
     user_message,
 )
 from dsh_core._json import MAX_INT_DIGITS, MAX_NESTING, dumps
+from dsh_core._tools import SCHEMA_NESTING
 from dsh_core.testing import TestHost, scripted_host
 
 BACKENDS: list[Literal["memory", "jsonl"]] = ["memory", "jsonl"]
@@ -332,3 +335,73 @@ async def test_tool_arguments_of_any_depth_and_size_are_logged_raw_and_answered(
     assert call.arguments == arguments
     assert [e.data.reason.kind for e in stored if e.type == "turn/end"] == ["completed"] * 2
     assert sum(e.type == "tool/result" for e in stored) == 1
+
+
+# -- the request header: tools checked at registration, the route and prompt at the write -------
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: ToolDefinition(name=5, description="d", execute=_echo),
+        lambda: ToolDefinition(name="t", description=None, execute=_echo),
+        lambda: ToolDefinition(
+            name="t", description="d", parameters={"a": nested(SCHEMA_NESTING)}, execute=_echo
+        ),
+    ],
+    ids=["int-name", "no-description", "too-deep"],
+)
+async def test_a_tool_the_header_could_not_log_is_refused_at_registration(make: Any) -> None:
+    """hardening 11.1, host-core §6: a tool whose schema a ``request/header`` could not hold is
+    refused when registered (TOOL_SCHEMA_INVALID), never at some later request; a schema at
+    the depth limit registers and is logged."""
+    async with scripted_host() as host:
+        with pytest.raises(ToolError) as info:
+            host.ctx.tools.register(make())
+        assert info.value.code == "TOOL_SCHEMA_INVALID"
+
+    with tempfile.TemporaryDirectory() as tmp:
+        async with scripted_host(model=lambda _: "ok", store="jsonl", store_root=Path(tmp)) as host:
+            host.ctx.tools.register(
+                ToolDefinition(
+                    name="deep",
+                    description="d",
+                    parameters={"a": nested(SCHEMA_NESTING - 1)},  # exactly the limit
+                    execute=_echo,
+                )
+            )
+            stored = await _run(host, [])
+    assert any(e.type == "request/header" and e.data.header.tools for e in stored)
+
+
+@pytest.mark.parametrize("store", BACKENDS)
+@pytest.mark.parametrize(
+    "route",
+    [
+        {"provider": 5, "model": "echo"},
+        {"provider": "scripted", "model": "echo", "max_tokens": True},
+        {"provider": "scripted", "model": "echo", "max_tokens": 10**5000},
+    ],
+    ids=["int-provider", "bool-max-tokens", "huge-max-tokens"],
+)
+async def test_a_route_an_agent_request_listener_breaks_is_checked_at_the_append(
+    tmp_path: Path, store: Literal["memory", "jsonl"], route: dict[str, Any]
+) -> None:
+    """hardening 11.1, host-core §9: the loop vouches for its request header only when the
+    route and system prompt hold what their types declare; a route an ``agent/request``
+    listener replaced with unloggable values is refused at the append, the turn ends
+    ``error``, and the log still reads back equal."""
+
+    async def reroute(request: Any, next_: Callable[[], Awaitable[Any]]) -> Any:
+        config = await next_()
+        return LlmCallConfig(**route) if request.turn == 1 else config
+
+    async with scripted_host(model=lambda _: "ok", store=store, store_root=tmp_path) as host:
+        host.ctx.on("agent/request", reroute)
+        stored = await _run(host, [])
+    assert not any(
+        e.type == "request/header" and e.data.header.config.provider != "scripted" for e in stored
+    )
+    end = next(e for e in stored if e.type == "turn/end")
+    assert end.data.reason.kind == "error"
+    assert "SESSION_EVENT_" in end.data.reason.error.message

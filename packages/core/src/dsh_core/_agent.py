@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Literal, TypeVar
 import attrs
 
 from ._abort import AbortController, AbortedError, AbortSignal, fuse, race_abort
-from ._codec import Unfit, union_checkers
+from ._codec import Unfit, class_checker, union_checkers
 from ._content import (
     CHUNKS,
     ContentBlock,
@@ -662,7 +662,11 @@ class Agent:
             reason = "change"
         else:
             return
-        session.append("request/header", RequestHeaderData(header=header, reason=reason))
+        session.append(
+            "request/header",
+            RequestHeaderData(header=header, reason=reason),
+            _vouched=_loggable_header(header),
+        )
 
     async def _stream(
         self, options: GenerateOptions, turn: int, step: int, signal: AbortSignal
@@ -823,6 +827,23 @@ def _epoch_header(
     ):
         return current
     return EpochHeader(config=config, system=system, tools=tools)
+
+
+def _loggable_header(header: EpochHeader) -> bool:
+    """Whether the loop vouches for its own header (hardening 11.1): its tools come from the
+    registry, which checked each schema at registration; its route (an ``agent/request``
+    listener may replace it) and system prompt (a section's text) are checked here."""
+    system = header.system
+    if system is not None and system.__class__ is not str:
+        return False
+    check = class_checker(LlmCallConfig)
+    if check is None:
+        return False
+    try:
+        check(header.config, MAX_NESTING - 2)  # inside the payload and the header
+    except Unfit:
+        return False
+    return True
 
 
 def _aborted_reason(signal: AbortSignal) -> TurnEndReason:

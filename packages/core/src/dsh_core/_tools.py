@@ -19,12 +19,13 @@ import attrs
 import fastjsonschema
 
 from ._abort import AbortSignal
+from ._codec import Unfit, class_checker
 from ._content import ContentBlock, Message, TextBlock, ToolResultBlock, ToolSource
 from ._context import ScopedCache, nearest_scope
 from ._errors import DshError
 from ._events import ToolSchema
 from ._frozen import builder, speed_up_inits
-from ._json import JsonValue, NotJsonError, dumps, freeze_json, thaw_json
+from ._json import MAX_NESTING, JsonValue, NotJsonError, dumps, freeze_json, thaw_json
 
 if TYPE_CHECKING:
     from ._agent import Agent
@@ -226,6 +227,26 @@ class _Entry:
     schema: ToolSchema
 
 
+#: How deep a tool's ``parameters`` may nest: the schema is logged inside every
+#: ``request/header`` (payload, header, tools, schema: four levels of the payload limit).
+SCHEMA_NESTING = MAX_NESTING - 4
+
+
+def _check_loggable(schema: ToolSchema) -> None:
+    """Refuse, at registration, a tool the log could not hold in a ``request/header``
+    (``TOOL_SCHEMA_INVALID``, hardening 11.1): a name or description that is not a ``str``,
+    ``parameters`` nesting deeper than :data:`SCHEMA_NESTING`. Every registered schema is
+    therefore loggable, and the agent loop writes its headers without checking them again."""
+    try:
+        class_checker(ToolSchema)(schema, SCHEMA_NESTING + 1)  # type: ignore[misc]
+    except Unfit:
+        raise ToolError(
+            f"tool {schema.name!r} cannot be logged: its name and description must be str and "
+            f"its parameters nest at most {SCHEMA_NESTING} levels",
+            code="TOOL_SCHEMA_INVALID",
+        ) from None
+
+
 class ToolRegistryService:
     """The tools of one host (provided as ``tools``; use the bound view)."""
 
@@ -335,11 +356,13 @@ class ToolRegistry:
                 f"tool {definition.name!r} is already registered in this scope",
                 code="DUPLICATE_TOOL",
             )
+        schema = definition.schema
+        _check_loggable(schema)
         entry = _Entry(
             definition,
             compile_schema(definition.parameters),
             compile_schema(definition.output.schema) if definition.output.schema else None,
-            definition.schema,
+            schema,
         )
         layer[definition.name] = entry
         ctx = self._ctx
