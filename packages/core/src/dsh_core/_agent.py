@@ -750,12 +750,15 @@ class Agent:
                         break
                     group.append(calls[i + len(group)])
             i += len(group)
+            # Each call's id, name and arguments are those of a block of the assistant/message
+            # the log just took (checked or vouched for), so its tool/call needs no check.
             call_seqs = [
                 session.append(
                     "tool/call",
                     _tool_call(
                         turn=turn, step=step, call_id=c.id, name=c.name, arguments=c.arguments
                     ),
+                    _vouched=True,
                 ).seq
                 for c in group
             ]
