@@ -1,0 +1,24 @@
+#!/bin/sh
+# Instructions per turn or per delegation, counted by callgrind (deterministic, unlike time).
+#   benchmarks/instructions.sh TREE turn|delegation
+# Runs the measurement twice (small and large count, the cyclic GC off) and prints the
+# difference divided by the difference in count, so set-up and imports cancel out.
+set -eu
+tree=$(cd "$1" && pwd); what=$2
+python=${PYTHON:-python3}
+src=$(ls -d "$tree"/packages/*/src "$tree"/packages/subagent/*/src | tr '\n' ':')
+case $what in
+  turn) small=200; large=1200; call="import turn; asyncio.run(turn.measure(N, 50, False))" ;;
+  delegation) small=50; large=350
+    call="import delegation, tempfile, pathlib; asyncio.run(delegation._measure('spawn', 'memory', N, 1, pathlib.Path(tempfile.mkdtemp())))" ;;
+  *) echo "usage: $0 TREE turn|delegation" >&2; exit 2 ;;
+esac
+count() {
+  out=$(mktemp)
+  (cd "$tree/benchmarks" && PYTHONPATH=$src valgrind --tool=callgrind --callgrind-out-file="$out" \
+    "$python" -c "import gc, asyncio; gc.disable(); N = $1; $call" >/dev/null 2>&1)
+  callgrind_annotate "$out" | grep -m1 "PROGRAM TOTALS" | awk '{print $1}' | tr -d ,
+  rm -f "$out"
+}
+a=$(count "$small"); b=$(count "$large")
+echo "$what: $(( (b - a) / (large - small) )) instructions each ($tree)"
