@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import inspect
 import tomllib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -31,18 +31,18 @@ from ._plugins import DshPluginManager, PluginError, PluginSpec, make_plugin_man
 __all__ = ["HostRuntime", "PluginRow", "boot_host", "load_composition", "structure_config"]
 
 
+#: Each row field's test and what it must be (a file's table is not typed: check it).
+_ROW_FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "plugin": (lambda v: type(v) is str, "a string"),
+    "config": (lambda v: isinstance(v, Mapping), "a table"),
+    "disabled": (lambda v: v is True or v is False, "a boolean"),
+}
+
+
 def _check_row_field(row: PluginRow, attribute: attrs.Attribute[Any], value: Any) -> None:
-    ok = {
-        "plugin": type(value) is str,
-        "config": isinstance(value, Mapping),
-        "disabled": value is True or value is False,
-    }[attribute.name]
-    if not ok:
-        kind = {"plugin": "a string", "config": "a table", "disabled": "a boolean"}
-        raise PluginError(
-            f"`{attribute.name}` must be {kind[attribute.name]}, got {value!r}",
-            code="PLUGIN_CONFIG",
-        )
+    test, kind = _ROW_FIELDS[attribute.name]
+    if not test(value):
+        raise PluginError(f"`{attribute.name}` must be {kind}, got {value!r}", code="PLUGIN_CONFIG")
 
 
 @attrs.frozen(kw_only=True)
