@@ -1271,7 +1271,7 @@ class JsonlSessionPersistence(SessionPersistence):
         # file name -> ((inode, ctime), header or damage): a header never changes once written.
         self._header_cache: dict[str, tuple[tuple[int, int], SessionHeader | DamagedSession]] = {}
         self._line_encoders: dict[str, Callable[[SessionEvent], str]] = {}
-        self._root_noted = False
+        self._root_noted = threading.Event()  # set once the folder was looked at
         self._root_lock = threading.Lock()
 
     def path_of(self, id: str) -> Path:
@@ -1294,16 +1294,16 @@ class JsonlSessionPersistence(SessionPersistence):
         files there. The folder is still used (it is the user's choice); the warning says so.
         POSIX only: Windows has no such mode bits.
         """
-        if sys.platform == "win32":
-            return
+        if self._root_noted.is_set() or sys.platform == "win32":
+            return  # every open asks: once noted, no lock and no stat
         with self._root_lock:  # worker threads may race to be first: warn once all the same
-            if self._root_noted:
+            if self._root_noted.is_set():
                 return
             try:
                 mode = os.stat(self.root).st_mode
             except OSError:
                 return  # not there yet: checked once it is
-            self._root_noted = True
+            self._root_noted.set()
         if mode & 0o022:
             _log.warning(
                 "session folder %s is writable by group or others (mode %03o): anyone who can "
