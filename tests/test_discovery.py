@@ -47,15 +47,20 @@ def test_dsh_plugins_lists_everything_installed() -> None:
     assert listed == EVERY_ENTRY_POINT
 
 
-def test_broken_plugin_is_reported_by_the_cli(tmp_path: Path) -> None:
-    """[foundation] A broken installed plugin is named with its distribution; others still load."""
+def _install_broken(root: Path) -> None:
+    """A distribution ``dsh-broken-fixture`` 9.9.9 under ``root`` whose entry point raises."""
     write_distribution(
-        tmp_path,
+        root,
         "dsh-broken-fixture",
         version="9.9.9",
         entry_points={"broken-fixture": "broken_fixture"},
         modules={"broken_fixture": "raise RuntimeError('broken on purpose')\n"},
     )
+
+
+def test_broken_plugin_is_reported_by_the_cli(tmp_path: Path) -> None:
+    """[foundation] A broken installed plugin is named with its distribution; others still load."""
+    _install_broken(tmp_path)
     done = _dsh("plugins", pythonpath=tmp_path)
     assert done.returncode == 1
     assert "broken-fixture (dsh-broken-fixture 9.9.9)" in done.stdout
@@ -67,12 +72,7 @@ def test_broken_plugin_is_reported_by_the_cli(tmp_path: Path) -> None:
 def test_disabled_autoload_with_a_plugin_list_loads_the_list(tmp_path: Path) -> None:
     """host-core §1, dx 12.6: `DSH_DISABLE_PLUGIN_AUTOLOAD=1 DSH_PLUGINS=core,dsh-subagent`
     lists exactly those two; a broken plugin not named is neither loaded nor reported."""
-    write_distribution(
-        tmp_path,
-        "dsh-broken-fixture",
-        entry_points={"broken-fixture": "broken_fixture"},
-        modules={"broken_fixture": "raise RuntimeError('broken on purpose')\n"},
-    )
+    _install_broken(tmp_path)
     env = {"DSH_DISABLE_PLUGIN_AUTOLOAD": "1", "DSH_PLUGINS": "core,dsh-subagent"}
     done = _dsh("plugins", pythonpath=tmp_path, dsh_env=env)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -82,13 +82,7 @@ def test_disabled_autoload_with_a_plugin_list_loads_the_list(tmp_path: Path) -> 
 
 def test_a_broken_plugin_is_a_warning_on_stderr(tmp_path: Path) -> None:
     """host-core §1, dx 12.6: the import failure is also logged (logger `dsh.plugins`), once."""
-    write_distribution(
-        tmp_path,
-        "dsh-broken-fixture",
-        version="9.9.9",
-        entry_points={"broken-fixture": "broken_fixture"},
-        modules={"broken_fixture": "raise RuntimeError('broken on purpose')\n"},
-    )
+    _install_broken(tmp_path)
     done = _dsh("plugins", pythonpath=tmp_path)
     warned = [line for line in done.stderr.splitlines() if "broken-fixture" in line]
     assert len(warned) == 1, done.stderr
