@@ -1122,7 +1122,7 @@ class AgentRegistry:
         fiber = Fiber(f"agent:{session.header.id}")
         agent = Agent(session, agent_options, svc, fiber, svc.host_ctx)
         detach_session: Callable[[], None] | None = None
-        registered = announced = False
+        announced = False
         try:
             creation.throw_if_aborted()
             if setup is not None:
@@ -1141,7 +1141,6 @@ class AgentRegistry:
                 )
             handle = AgentHandle(agent, svc, detach_session)
             svc.agents[agent.id] = _Registered(agent, owner_ctx.agent, handle)
-            registered = True
             agent.ctx.sessions.announce(session)
             announced = True
             agent.ctx.emit_veto("agent/created", agent)
@@ -1149,17 +1148,8 @@ class AgentRegistry:
         except BaseException:
             stop_watch.forget()
             detach_creation()
-            agent.cancel(AgentCancelCause(kind="disposed"))
-            agent._disposed = True
-            await agent.when_idle()
-            await fiber.dispose()
-            entry = svc.agents.get(agent.id)
-            if registered and entry is not None and entry.agent is agent:
-                del svc.agents[agent.id]
-                if announced:
-                    agent.ctx.emit("agent/disposed", agent)
-            if detach_session is not None:
-                detach_session()
+            # The same teardown as a handle's (it unregisters only this agent, if registered).
+            await _teardown(agent, svc, detach_session, announced=announced)
             raise
         stop_watch.forget()
         detach_creation()
