@@ -20,16 +20,18 @@ async def bounded(aw: Awaitable[Any], seconds: float = 5) -> Any:
 async def test_concurrent_callers_share_one_run_and_one_outcome() -> None:
     """hardening 11.8: the teardown runs once; every caller sees the same error object."""
     runs: list[int] = []
-    gate = asyncio.Event()
+    started, gate = asyncio.Event(), asyncio.Event()
 
     async def op() -> None:
         runs.append(1)
+        started.set()
         await gate.wait()
         raise RuntimeError("teardown failed")
 
     disposal = SharedDisposal()
-    callers = [asyncio.ensure_future(disposal.run(op)) for _ in range(3)]
-    await asyncio.sleep(0)
+    callers = [asyncio.ensure_future(disposal.run(op))]
+    await bounded(started.wait())  # the teardown runs: the next callers join it
+    callers += [asyncio.ensure_future(disposal.run(op)) for _ in range(2)]
     gate.set()
     outcomes = await bounded(asyncio.gather(*callers, return_exceptions=True))
     assert runs == [1]

@@ -130,9 +130,15 @@ async def test_many_awaiters_see_the_one_outcome(kind: str, outcome: str) -> Non
     result, the same fault object, or the provider's cancellation), and a consumer that gave
     up earlier leaves no waiter behind."""
     run, future = _pending_run(kind)
-    waits = [asyncio.ensure_future(asyncio.wait_for(run.result, 5)) for _ in range(3)]
-    quitter = asyncio.ensure_future(asyncio.wait_for(run.result, 5))
-    await asyncio.sleep(0)
+    entered = [asyncio.Event() for _ in range(4)]
+
+    async def consume(i: int) -> SubagentResult:
+        entered[i].set()  # set in the same step that starts the wait below
+        return await run.result
+
+    waits = [asyncio.ensure_future(consume(i)) for i in range(3)]
+    quitter = asyncio.ensure_future(consume(3))
+    await asyncio.wait_for(asyncio.gather(*(e.wait() for e in entered)), 5)
     quitter.cancel()
     with pytest.raises(asyncio.CancelledError):
         await quitter
