@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
+import weakref
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -484,6 +486,33 @@ async def test_release_then_removal_and_removal_then_release_undo_once() -> None
         first.release()
         registration()
         assert journal.take() == []
+
+
+async def test_an_undone_contribution_is_not_kept_alive() -> None:
+    """REG-4, REG-5 (seam-continuable 13.5): once undone, by its child's release or by its
+    removal, a contribution's disposer is no longer held by the registry or the installation,
+    so a long-lived setup does not keep every past child's state."""
+    async with booted() as host:
+        registry = ActivationSetupRegistry()
+        refs: list[weakref.ref[Callable[[], None]]] = []
+
+        def setup(ctx: Context) -> Callable[[], None]:
+            def dispose() -> None:
+                return None
+
+            refs.append(weakref.ref(dispose))
+            return dispose
+
+        registration = registry.register(setup, host.ctx)
+        released = registry.install(child(host, "c1"))
+        revoked = registry.install(child(host, "c2"))
+        kept = registry.register(setup, host.ctx)
+        resident = registry.install(child(host, "c3"))
+        released.release()
+        registration()  # revokes c2's and c3's first contribution
+        gc.collect()
+        assert [r() is None for r in refs] == [True, True, True, False]
+        assert revoked.revoked and kept.active and resident.revoked
 
 
 # -- boundaries ---------------------------------------------------------------------------------

@@ -67,6 +67,7 @@ class _Applied:
         disposer = self.disposer
         if disposer is None:
             return None
+        self.disposer = None  # what it closes over goes now, not with its child
         try:
             result = disposer()
             if result is not None and inspect.isawaitable(result):
