@@ -27,6 +27,7 @@ from ._depth import assert_subagent_max_depth
 from ._descriptor import OneShotDescriptor, snapshot_one_shot_descriptor
 from ._errors import InvalidStartRequestError, SubagentError
 from ._schema import assert_object_json_schema
+from ._setup import ActivationSetupRegistry, ContinuableSetup
 from ._types import (
     ResolvedSubagentStartRequest,
     SharedResult,
@@ -51,6 +52,8 @@ class SubagentState:
         self.providers: dict[str, SubagentProvider] = {}
         #: Label-less one-shot descriptors by registry name (immutable values, built once).
         self.descriptors: dict[str, OneShotDescriptor] = {}
+        #: Setup contributions for continuable children (REG-1..5).
+        self.setups = ActivationSetupRegistry()
 
     def __dsh_bind__(self, ctx: Context) -> SubagentService:
         return SubagentService(self, ctx)
@@ -192,6 +195,17 @@ class SubagentService:
         if descriptor is None:
             descriptor = cache[name] = snapshot_one_shot_descriptor(name)
         return descriptor
+
+    # -- continuable setup contributions (REG-1..5) ----------------------------------------------
+
+    def register_continuable_setup(self, setup: ContinuableSetup) -> Registration:
+        """Install ``setup(child_ctx)`` into every later fresh or resumed continuable child.
+
+        The registration belongs to this context: unmounting the registering plugin (or
+        calling the returned registration) revokes the setup from resident children at once
+        (REG-4); a failing disposer surfaces as ``ACTIVATION_SETUP_RELEASE_FAILED`` (REG-5).
+        """
+        return self._state.setups.register(setup, self._ctx)
 
 
 def _check_fields(request: SubagentStartRequest) -> None:
