@@ -27,6 +27,7 @@ from ._depth import assert_subagent_max_depth
 from ._descriptor import OneShotDescriptor, snapshot_one_shot_descriptor
 from ._errors import InvalidStartRequestError, SubagentError
 from ._schema import assert_object_json_schema
+from ._setup import ActivationSetupRegistry
 from ._types import (
     ResolvedSubagentStartRequest,
     SharedResult,
@@ -51,6 +52,8 @@ class SubagentState:
         self.providers: dict[str, SubagentProvider] = {}
         #: Label-less one-shot descriptors by registry name (immutable values, built once).
         self.descriptors: dict[str, OneShotDescriptor] = {}
+        #: Contributions applied to every continuable child before publication (REG-1..5).
+        self.setups = ActivationSetupRegistry()
 
     def __dsh_bind__(self, ctx: Context) -> SubagentService:
         return SubagentService(self, ctx)
