@@ -15,15 +15,22 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+import pytest
 
 import dsh_subagent.plugin
 from dsh_core import (
     AbortController,
+    AbortedError,
     Agent,
     AgentOptions,
     Context,
+    LlmFailure,
     Message,
+    ToolDefinition,
+    ToolRestriction,
+    ToolRunContext,
     text_blocks,
+    thaw_json,
 )
 from dsh_core.testing import (
     ScriptedReply,
@@ -33,20 +40,30 @@ from dsh_core.testing import (
     scripted_host,
 )
 from dsh_subagent import (
+    DESCRIPTOR_EVENT,
+    SUBAGENT_DEPTH_KEY,
     SUBAGENTS,
     ContinuableCreateRequest,
     ContinuableCreateSpec,
     ContinuableStart,
     ContinuableStartSpec,
     CoordinatorMessageSource,
+    InvalidMaxDepthError,
     ResolvedSubagentStartRequest,
     SubagentCapabilities,
+    SubagentDepthError,
+    SubagentError,
     SubagentFollowupOptions,
     SubagentRun,
     SubagentService,
+    fold_descriptor,
 )
-from dsh_subagent._continuation import ContinuationManager
-from dsh_subagent.in_process import completed_turn_prefix, start_in_process_run
+from dsh_subagent._continuation import ContinuationManager, residency
+from dsh_subagent.in_process import (
+    DELEGATION_STATEMENT,
+    completed_turn_prefix,
+    start_in_process_run,
+)
 
 Script = Callable[[ScriptedRequest], "ScriptedReply | str | Awaitable[ScriptedReply | str]"]
 ALL = SubagentCapabilities(output_schema=True, depth_limit=True, tool_filter=True, persona=True)
@@ -54,6 +71,7 @@ WATCHED = (
     "session/created",
     "agent/created",
     "agent/disposed",
+    "agent/status",
     "agent/inbox/inserted",
     "agent/inbox/claimed",
     "subagent/start",
@@ -83,6 +101,37 @@ class LocalProvider:
 
 def echo(request: ScriptedRequest) -> str:
     return "answer: " + request.last_user_text
+
+
+class Model:
+    """The scripted model of these tests: ``hold ...`` prompts wait for their gate (opened by
+    ``release``), ``fail ...`` prompts fail the request, anything else is echoed. Every
+    request sets ``changed`` (so ``Booted.until`` re-checks)."""
+
+    def __init__(self) -> None:
+        self.changed = asyncio.Event()
+        self.gates: dict[str, asyncio.Event] = {}
+        self.requests: list[ScriptedRequest] = []
+
+    def release(self, text: str) -> None:
+        self.gates.setdefault(text, asyncio.Event()).set()
+
+    def held(self, session_id: str) -> bool:
+        return any(
+            r.session_id == session_id and r.last_user_text.startswith("hold")
+            for r in self.requests
+        )
+
+    def __call__(self, request: ScriptedRequest) -> ScriptedReply | str:
+        self.requests.append(request)
+        self.changed.set()
+        text = request.last_user_text
+        if text.startswith("hold"):
+            gate = self.gates.setdefault(text, asyncio.Event())
+            return ScriptedReply(text="held: " + text, wait=gate.wait)
+        if text.startswith("fail"):
+            return ScriptedReply(failure=LlmFailure(message="model failed", code="BOOM"))
+        return "answer: " + text
 
 
 @attrs.define
@@ -183,7 +232,7 @@ async def boot(
             )
         ).agent
         events: list[tuple[str, Any]] = []
-        changed = asyncio.Event()
+        changed = model.changed if isinstance(model, Model) else asyncio.Event()
 
         def record(name: str) -> Callable[..., None]:
             def on(*args: Any) -> None:
@@ -195,6 +244,13 @@ async def boot(
         for name in WATCHED:
             host.ctx.on(name, record(name))
         yield Booted(host=host, parent=parent, provider_owner=owner, events=events, changed=changed)
+
+
+def look_tool(name: str = "look") -> ToolDefinition:
+    async def run(arguments: Any, ctx: ToolRunContext) -> str:
+        return "looked"
+
+    return ToolDefinition(name=name, description="Look around.", execute=run)
 
 
 def texts(message: Message) -> list[str]:
@@ -247,3 +303,336 @@ async def test_settled_child_notifies_parent_and_cold_resumes() -> None:
         ends = b.ends()
         assert [e.stop_reason for e in ends] == ["completed", "completed"]
         assert ends[0].run_id != ends[1].run_id
+
+
+def notices_of(agent: Agent) -> list[Message]:
+    """The settlement notices ``agent``'s model has seen."""
+    return [
+        m
+        for m in agent.session.derive_messages()
+        if getattr(m.source, "kind", None) == "subagent-settled"
+    ]
+
+
+def live(b: Booted, child_id: str) -> bool:
+    """Whether anything of ``child_id`` is live: agent, session, Activation or ownership."""
+    manager = b.manager
+    return (
+        b.host.ctx.agents.get(child_id) is not None
+        or b.host.ctx.sessions.get(child_id) is not None
+        or child_id in manager.activations
+        or child_id in manager.retiring
+        or any(child_id in a.owned_children for a in manager.activations.values())
+    )
+
+
+@attrs.frozen
+class OneShotOnly:
+    """A provider without ``prepare_continuable``."""
+
+    name: str = "oneshot"
+    capabilities: SubagentCapabilities = ALL
+    inherits_parent_context: bool = False
+
+    async def start(self, request: ResolvedSubagentStartRequest) -> SubagentRun:
+        return await start_in_process_run(request)
+
+
+async def test_start_checks_run_in_order_before_the_provider() -> None:
+    """CONT-1: DRAINING, then max_depth (TypeError), then the child id (DUPLICATE_CHILD for the
+    parent's own id or a live agent), then depth (SubagentDepthError), then the provider
+    (NO_PROVIDER, UNSUPPORTED_CAPABILITY); none of them reaches prepare_continuable."""
+    async with boot() as b:
+        provider = b.svc.get_provider("local")
+        assert isinstance(provider, LocalProvider)
+        b.provider_owner[SUBAGENTS].register_provider(OneShotOnly())
+        with pytest.raises(InvalidMaxDepthError):
+            await b.start(max_depth=-1, child_id=b.parent.id)
+        with pytest.raises(SubagentError) as caught:
+            await b.start(child_id=b.parent.id, max_depth=0)
+        assert caught.value.code == "DUPLICATE_CHILD"
+        with pytest.raises(SubagentDepthError):
+            await b.start(max_depth=0, provider="nope")
+        with pytest.raises(SubagentError) as caught:
+            await b.start(provider="nope")
+        assert caught.value.code == "NO_PROVIDER"
+        with pytest.raises(SubagentError) as caught:
+            await b.start(provider="oneshot")
+        assert caught.value.code == "UNSUPPORTED_CAPABILITY"
+        b.manager.closed = True
+        with pytest.raises(SubagentError) as caught:
+            await b.start(max_depth=-1)
+        assert caught.value.code == "DRAINING"
+        b.manager.closed = False
+        assert provider.prepared == []
+        assert b.host.ctx.agents.list() == [b.parent]
+
+
+async def test_start_without_persistence_is_refused() -> None:
+    """CONT-1: without session persistence start_continuable fails PERSISTENCE_UNAVAILABLE
+    before the depth check."""
+    async with boot(store=None) as b:
+        with pytest.raises(SubagentError) as caught:
+            await b.start(max_depth=-1)
+        assert caught.value.code == "PERSISTENCE_UNAVAILABLE"
+
+
+async def test_reserved_child_id_is_used_and_refused_when_taken() -> None:
+    """CONT-1 [M]: a reserved child_id names the child; it is DUPLICATE_CHILD while live and
+    afterwards while stored, and for any live agent's id."""
+    async with boot() as b:
+        started = await b.start(child_id="session-reserved")
+        assert started.child_id == "session-reserved"
+        with pytest.raises(SubagentError) as caught:
+            await b.start(child_id="session-reserved")
+        assert caught.value.code == "DUPLICATE_CHILD"
+        await b.settled("session-reserved")
+        with pytest.raises(SubagentError) as caught:
+            await b.start(child_id="session-reserved")
+        assert caught.value.code == "DUPLICATE_CHILD"
+        other = (await b.host.create_agent()).agent
+        with pytest.raises(SubagentError) as caught:
+            await b.start(child_id=other.id)
+        assert caught.value.code == "DUPLICATE_CHILD"
+
+
+# -- CONT-3: rollback before acceptance -----------------------------------------------------------
+
+
+async def test_abort_before_start_rejects_with_the_reason() -> None:
+    """CONT-3, CONT-9: an already-aborted signal rejects with its own reason; nothing exists."""
+    async with boot() as b:
+        controller = AbortController()
+        controller.abort("stop")
+        with pytest.raises(AbortedError) as caught:
+            await b.start(signal=controller.signal, child_id="session-x")
+        assert caught.value.reason == "stop"
+        assert not live(b, "session-x")
+
+
+async def test_abort_inside_creation_setup_rolls_back() -> None:
+    """CONT-3: an abort inside the creation window rolls everything back: no session, agent,
+    Activation or ownership edge, and no subagent/start."""
+    async with boot() as b:
+        controller = AbortController()
+
+        def on_created(session: Any) -> None:
+            if session.id == "session-x":
+                controller.abort("late")
+
+        b.host.ctx.on("session/created", on_created)
+        with pytest.raises(AbortedError):
+            await b.start(signal=controller.signal, child_id="session-x")
+        assert not live(b, "session-x")
+        assert b.named("subagent/start") == []
+
+
+async def test_abort_from_a_start_listener_rolls_back() -> None:
+    """CONT-3: aborted between publication and acceptance (from a subagent/start listener):
+    rejected, no ids, nothing left, the prompt never entered the inbox."""
+    async with boot() as b:
+        controller = AbortController()
+        b.host.ctx.on("subagent/start", lambda info: controller.abort("listener"))
+        with pytest.raises(AbortedError):
+            await b.start(signal=controller.signal, child_id="session-x")
+        assert not live(b, "session-x")
+        assert b.named("agent/inbox/inserted") == []
+
+
+async def test_throwing_start_listener_rolls_back_without_end() -> None:
+    """CONT-3: a subagent/start dispatch that throws rolls back with no subagent/end, and a
+    later drain still succeeds."""
+    async with boot() as b:
+
+        def veto(info: Any) -> None:
+            raise RuntimeError("no")
+
+        remove = b.host.ctx.on("subagent/start", veto)
+        with pytest.raises(RuntimeError):
+            await b.start(child_id="session-x")
+        remove()
+        assert not live(b, "session-x")
+        assert b.named("subagent/end") == []
+        await b.manager.drain()
+
+
+async def test_drain_after_materialization_rejects_draining() -> None:
+    """CONT-3, DRN-1: a drain that starts after the child was created rejects the start with
+    DRAINING before anything entered the inbox, and the child is rolled back."""
+    async with boot() as b:
+        drains: list[asyncio.Task[None]] = []
+
+        def on_created(agent: Agent) -> None:
+            if agent.id == "session-x":
+                drains.append(asyncio.ensure_future(b.manager.drain()))
+                b.manager.closed = True
+
+        b.host.ctx.on("agent/created", on_created)
+        with pytest.raises(SubagentError) as caught:
+            await b.start(child_id="session-x")
+        assert caught.value.code == "DRAINING"
+        async with asyncio.timeout(5):
+            await drains[0]
+        assert not live(b, "session-x")
+        assert b.named("agent/inbox/inserted") == []
+
+
+# -- DSC-5, CONT-4: the child's log and composition -----------------------------------------------
+
+
+async def test_descriptor_follows_the_provider_seed_and_turns_continue() -> None:
+    """DSC-5: the continuable descriptor is appended after the provider seed and before the
+    prompt; seed_length counts only the provider seed; with one inherited turn the child's
+    first turn is turn 2."""
+    async with boot(seeded=True) as b:
+        await b.host.run(b.parent, "first parent turn")
+        prefix = completed_turn_prefix(b.parent)
+        assert prefix is not None
+        started = await b.start(persona="Be terse.")
+        child = b.manager.activations[started.child_id].agent
+        header = child.session.header
+        assert header.seed_length == len(prefix)
+        own = list(child.session.events_since(len(prefix)))
+        descriptors = [e for e in own if e.type == DESCRIPTOR_EVENT]
+        assert len(descriptors) == 1
+        assert thaw_json(descriptors[0].data) == {
+            "version": 2,
+            "mode": "continuable",
+            "provider": "local",
+            "label": "helper",
+            "agent_provider": "scripted",
+            "agent_model": "scripted-1",
+            "persona": "Be terse.",
+        }
+        types = [e.type for e in own]
+        assert types.index(DESCRIPTOR_EVENT) < types.index("agent/inbox/spliced")
+        assert descriptors[0].surface_op is None
+        turns = [e.data.turn for e in own if e.type == "turn/start"]
+        assert turns == [2]
+        fold = fold_descriptor(child.session.events, header.seed_length)
+        assert fold.status == "ok"
+        assert fold.seq == descriptors[0].seq
+        await b.settled(started.child_id)
+
+
+async def test_child_is_composed_by_the_manager() -> None:
+    """CONT-4, DEP-5: the manager applies persona, tool filter and the delegation statement
+    and records depth in header and options; the child is created through its private owner
+    scope (the parent owns it in the registry, its disposal does not bypass the manager)."""
+    model = Model()
+    async with boot(model) as b:
+        b.host.ctx.tools.register(look_tool())
+        b.host.ctx.tools.register(look_tool("peek"))
+        started = await b.start(
+            "hold compose", persona="Be terse.", tool_filter=ToolRestriction(deny=("peek",))
+        )
+        child = b.manager.activations[started.child_id].agent
+        await b.until(lambda: model.held(child.id))
+        request = next(r for r in model.requests if r.session_id == child.id)
+        assert "Be terse." in request.system
+        assert DELEGATION_STATEMENT in [m.text for m in request.messages]
+        names = [t.name for t in request.tools or ()]
+        assert "look" in names and "peek" not in names
+        assert child.session.header.delegation_depth == 1
+        assert child.options.extensions[SUBAGENT_DEPTH_KEY] == 1
+        assert b.host.ctx.agents.owner_of(child.id) is b.parent
+        model.release("hold compose")
+        await b.settled(started.child_id)
+
+
+# -- CONT-5..9, CONT-13: residency, routing, authority --------------------------------------------
+
+
+async def test_followup_to_a_running_child_joins_its_inbox() -> None:
+    """CONT-5, CONT-6, CONT-7: a follow-up to a running child is accepted into the same
+    Activation's inbox FIFO (same agent, accounted in accepted until claimed); the child runs
+    both turns in order within one epoch."""
+    model = Model()
+    async with boot(model) as b:
+        started = await b.start("hold first")
+        act = b.manager.activations[started.child_id]
+        child = act.agent
+        await b.until(lambda: model.held(child.id))
+        assert residency(act) == "running"
+        second = await b.send(started.child_id, "second")
+        assert b.manager.activations[started.child_id] is act
+        assert act.accepted == {second}
+        assert [m.id for m in child.inbox.next_turn] == [second]
+        model.release("hold first")
+        await b.settled(started.child_id)
+        answers = [m.text for m in child.session.derive_messages() if m.role == "assistant"]
+        assert answers == ["held: hold first", "answer: second"]
+        assert len(b.ends()) == 1
+        assert act.accepted == set()
+
+
+async def test_waiting_child_is_woken_not_resumed() -> None:
+    """CONT-6, CONT-7, CONT-13: a child whose turn ended but which owns a resident grandchild
+    is waiting (same Agent retained); a follow-up wakes that same agent; it settles only
+    after the grandchild was disposed."""
+    model = Model()
+    async with boot(model) as b:
+        started = await b.start("hold child")
+        act = b.manager.activations[started.child_id]
+        child = act.agent
+        grand = await b.svc.start_continuable(b.spec("hold grand", parent=child))
+        assert act.owned_children == {grand.child_id}
+        model.release("hold child")
+        await b.until(lambda: child.status == "idle")
+        assert residency(act) == "waiting"
+        await b.send(started.child_id, "wake up")
+        assert b.manager.activations[started.child_id] is act
+        await b.until(lambda: child.status == "idle" and not act.accepted)
+        assert residency(act) == "waiting"
+        assert b.manager.activations.get(started.child_id) is act
+        model.release("hold grand")
+        await b.settled(started.child_id)
+        disposed = [args[0].id for name, args in b.named("agent/disposed")]
+        assert disposed.index(grand.child_id) < disposed.index(started.child_id)
+        assert b.host.ctx.agents.get(b.parent.id) is b.parent
+
+
+async def test_followup_needs_the_exact_live_direct_parent() -> None:
+    """CONT-8: a follow-up from an agent that is not the live registered object is
+    UNAUTHORIZED (exact live parent), and from a live agent that is not the durable parent
+    too (another parent session); nothing is delivered."""
+    model = Model()
+    async with boot(model) as b:
+        started = await b.start("hold x")
+        other_handle = await b.host.create_agent()
+        other = other_handle.agent
+        with pytest.raises(SubagentError, match="belongs to another parent session") as caught:
+            await b.send(started.child_id, "from a stranger", parent=other)
+        assert caught.value.code == "UNAUTHORIZED"
+        await other_handle.dispose()
+        with pytest.raises(SubagentError, match="exact live parent agent") as caught:
+            await b.send(started.child_id, "from a ghost", parent=other)
+        assert caught.value.code == "UNAUTHORIZED"
+        child = b.manager.activations[started.child_id].agent
+        assert child.inbox.next_turn == []
+        model.release("hold x")
+        await b.settled(started.child_id)
+        with pytest.raises(SubagentError, match="belongs to another parent session"):
+            await b.send(
+                started.child_id, "cold from a stranger", parent=(await b.host.create_agent()).agent
+            )
+
+
+async def test_caller_signal_owns_only_the_span_before_acceptance() -> None:
+    """CONT-9: an aborted signal rejects a follow-up with its reason and delivers nothing;
+    aborting after acceptance cancels neither the turn nor the child."""
+    model = Model()
+    async with boot(model) as b:
+        controller = AbortController()
+        started = await b.start("hold run", signal=controller.signal)
+        controller.abort("too late")
+        act = b.manager.activations[started.child_id]
+        stopped = AbortController()
+        stopped.abort("no")
+        with pytest.raises(AbortedError) as caught:
+            await b.send(started.child_id, "never", signal=stopped.signal)
+        assert caught.value.reason == "no"
+        assert act.agent.inbox.next_turn == []
+        model.release("hold run")
+        await b.settled(started.child_id)
+        assert [e.stop_reason for e in b.ends()] == ["completed"]
