@@ -1088,3 +1088,40 @@ async def test_accepted_is_forgotten_when_the_send_throws(
         assert act.accepted == set()
         model.release("hold on")
         await b.settled(started.child_id)
+
+
+async def test_delivery_racing_disposal_waits_then_resumes() -> None:
+    """CONT-7, hardening 11.8: follow-ups arriving while the settled child is being disposed
+    (held in its final flush) wait for that disposal; one whose task is cancelled meanwhile
+    cancels nothing of it, the other lands in a new epoch (a new agent)."""
+    async with boot() as b:
+        gate = asyncio.Event()
+        flushing: list[str] = []
+
+        async def slow_flush(session: Any) -> None:
+            if session.header.parent_session == b.parent.id and not flushing:
+                flushing.append(session.id)
+                b.changed.set()
+                await gate.wait()
+
+        b.host.ctx.on("session/flush", slow_flush)
+        started = await b.start("first")
+        await b.until(lambda: bool(flushing))
+        act = b.manager.activations[started.child_id]
+        assert act.closing
+        cancelled = asyncio.ensure_future(b.send(started.child_id, "cancelled"))
+        second = asyncio.ensure_future(b.send(started.child_id, "second"))
+        cancelled.cancel()
+        gate.set()
+        async with asyncio.timeout(5):
+            message_id = await second
+        assert cancelled.cancelled()
+        assert b.manager.activations[started.child_id] is not act
+        await b.settled(started.child_id)
+        first, later = b.ends()
+        assert first.stop_reason == later.stop_reason == "completed"
+        assert blocks_text(later.last_assistant_message) == "answer: second"
+        handle = await b.host.resume_agent(started.child_id)
+        users = [m.id for m in handle.agent.session.derive_messages() if m.role == "user"]
+        assert message_id in users
+        await handle.dispose()

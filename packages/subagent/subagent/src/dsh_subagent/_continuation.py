@@ -918,7 +918,11 @@ class ContinuationManager:
                             agent_options=AgentOptions(
                                 provider=descriptor.agent_provider, model=descriptor.agent_model
                             ),
-                            signal=signal,
+                            # Not the caller's signal: the resume then runs inline, so a
+                            # caller cancelled meanwhile unwinds its hold on the stored log
+                            # before this child's lock is let go (the signal is checked
+                            # again right after, at admission).
+                            signal=None,
                             setup=self._setup(
                                 descriptor=None,
                                 persona=descriptor.persona,
