@@ -18,8 +18,9 @@ Names other modules build on (kept stable):
   admission is closed; the scoped drains fill it), ``closed`` (the manager-wide drain began),
   ``materializations`` (admitted creations and resumes still in flight, each with its
   ``lineage``), ``check_admission(lineage)`` (``DRAINING``), ``lineage_of(agent)``,
-  ``activation_of(agent)``, ``submit(activation, message)``, ``send_waking(agent, message,
-  target)``, ``drain()``.
+  ``activation_of(agent)``, ``lineage_closing(agent)``, ``submit(activation, message)``,
+  ``send_waking(agent, message, target)``, ``cancel_tree(activation)`` (close and cancel an
+  Activation and its resident descendants top-down, synchronously), ``drain()``.
 - :class:`Activation`: ``child_id``, ``parent_session``, ``provider``, ``handle``,
   ``ancestry``, ``owned_children``, ``accepted``, ``announced``, ``closing``, ``owner`` (the
   parent's Activation holding this child in its ``owned_children``), ``agent``,
@@ -466,7 +467,7 @@ class ContinuationManager:
 
     # -- disposal (CONT-14) ---------------------------------------------------------------------
 
-    def _cancel_tree(self, act: Activation) -> None:
+    def cancel_tree(self, act: Activation) -> None:
         """Top-down, in one synchronous span: close and cancel ``act`` and every resident
         descendant (inboxes cleared)."""
         act.closing = True
@@ -474,7 +475,7 @@ class ContinuationManager:
         for child_id in tuple(act.owned_children):
             child = self.activations.get(child_id)
             if child is not None and not child.closing:
-                self._cancel_tree(child)
+                self.cancel_tree(child)
 
     async def _teardown(self, act: Activation) -> None:
         failures: list[BaseException] = []
@@ -483,7 +484,7 @@ class ContinuationManager:
         output: tuple[ContentBlock, ...] | None = None
         try:
             # 1-2. cancel without keeping the inbox, the whole subtree top-down, at once.
-            self._cancel_tree(act)
+            self.cancel_tree(act)
             # 3. dispose owned children (each its own memoized teardown), collecting failures.
             children = [
                 c
@@ -980,7 +981,7 @@ class ContinuationManager:
             if not branches:  # an ownership cycle cannot form; release whatever is left
                 branches = [*self.activations.values(), *self.retiring.values()]
             for branch in branches:
-                self._cancel_tree(branch)
+                self.cancel_tree(branch)
             outcomes = await asyncio.gather(
                 *(b.dispose() for b in branches), return_exceptions=True
             )
