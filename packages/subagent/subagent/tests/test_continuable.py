@@ -30,6 +30,7 @@ from dsh_core import (
     Message,
     PreStep,
     PreStepDecision,
+    SessionError,
     SessionMeta,
     ToolDefinition,
     ToolRestriction,
@@ -1161,3 +1162,16 @@ async def test_abort_during_cold_inspect_rejects_with_the_reason() -> None:
         assert seen == [controller.signal]
         assert not live(b, started.child_id)
         assert len(b.ends()) == 1
+
+
+@pytest.mark.parametrize("store", ["memory", "jsonl"])
+async def test_reserved_id_no_store_can_hold_is_refused_as_such(store: str, tmp_path: Path) -> None:
+    """CONT-1, hardening 11.5: a reserved child_id that cannot name a session fails
+    SESSION_INVALID_ID on every store (not DUPLICATE_CHILD) and leaves nothing behind."""
+    async with boot(store=store, store_root=tmp_path) as b:
+        for bad in ("", "a/b", ".."):
+            with pytest.raises(SessionError) as caught:
+                await b.start(child_id=bad)
+            assert caught.value.code == "SESSION_INVALID_ID"
+        assert b.host.ctx.agents.list() == [b.parent]
+        assert b.manager.activations == {}

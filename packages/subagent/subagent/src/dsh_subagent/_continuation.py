@@ -49,6 +49,7 @@ from dsh_core import (
     ContentBlock,
     Context,
     CreateAgentOptions,
+    DshError,
     Message,
     ResumeAgentOptions,
     ServiceKey,
@@ -805,14 +806,19 @@ class ContinuationManager:
     async def _refuse_stored_id(
         self, persistence: SessionPersistence, child_id: str, signal: AbortSignal
     ) -> None:
-        """A reserved id must name no stored session (CONT-1 step 10)."""
+        """A reserved id must name no stored session (CONT-1 step 10). An id no store can
+        hold (``SESSION_INVALID_ID``) or a store that cannot be read (``SESSION_IO``) fails as
+        such; any other stored entry, readable or damaged, is ``DUPLICATE_CHILD``."""
         try:
             await persistence.inspect(child_id, signal)
         except AbortedError:
             raise
         except Exception as exc:
-            if getattr(exc, "code", None) == "SESSION_NOT_FOUND":
+            code = getattr(exc, "code", None)
+            if code == "SESSION_NOT_FOUND":
                 return
+            if code in ("SESSION_INVALID_ID", "SESSION_IO") or not isinstance(exc, DshError):
+                raise
         raise _error(f"child id {child_id} is already in use", "DUPLICATE_CHILD")
 
     async def _prepare(
