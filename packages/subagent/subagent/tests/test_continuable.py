@@ -58,6 +58,7 @@ from dsh_subagent import (
     ContinuableStart,
     ContinuableStartSpec,
     CoordinatorMessageSource,
+    DescriptorError,
     InvalidMaxDepthError,
     ResolvedSubagentStartRequest,
     SubagentCapabilities,
@@ -1175,3 +1176,26 @@ async def test_reserved_id_no_store_can_hold_is_refused_as_such(store: str, tmp_
             assert caught.value.code == "SESSION_INVALID_ID"
         assert b.host.ctx.agents.list() == [b.parent]
         assert b.manager.activations == {}
+
+
+async def test_cold_resume_of_unsupported_or_malformed_descriptors() -> None:
+    """CONT-10, DSC-2: a child whose own descriptor has another version is NOT_RESUMABLE; a
+    malformed current-version descriptor surfaces as the parser's DescriptorError; neither
+    leaves a live agent."""
+    async with boot() as b:
+        for child_id, payload in (
+            ("session-future", {"version": 3, "mode": "continuable"}),
+            ("session-broken", {"version": 2, "mode": "continuable", "provider": "local"}),
+        ):
+            handle = await b.host.create_agent(
+                session_id=child_id,
+                meta=SessionMeta(cwd=str(Path.cwd()), parent_session=b.parent.id),
+            )
+            handle.agent.session.append(DESCRIPTOR_EVENT, payload, ignorable=True)
+            await handle.dispose()
+        with pytest.raises(SubagentError, match="no supported continuation state") as caught:
+            await b.send("session-future", "hi")
+        assert caught.value.code == "NOT_RESUMABLE"
+        with pytest.raises(DescriptorError):
+            await b.send("session-broken", "hi")
+        assert b.host.ctx.agents.list() == [b.parent]
