@@ -371,6 +371,9 @@ async def test_start_checks_run_in_order_before_the_provider() -> None:
         with pytest.raises(SubagentError) as caught:
             await b.start(provider="nope")
         assert caught.value.code == "NO_PROVIDER"
+        with pytest.raises(SubagentError, match="provided by dsh-subagent-spawn") as caught:
+            await b.start(provider="spawn")
+        assert "registered providers: 'local', 'oneshot'" in str(caught.value)
         with pytest.raises(SubagentError) as caught:
             await b.start(provider="oneshot")
         assert caught.value.code == "UNSUPPORTED_CAPABILITY"
