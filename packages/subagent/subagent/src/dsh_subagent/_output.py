@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable
 from dsh_core import (
     AssistantChunkData,
     AssistantMessageData,
+    ConsumedWork,
     ContentBlock,
     JobSettlement,
     SessionEvent,
@@ -27,6 +28,7 @@ from ._types import SubagentResult, SubagentRun, SubagentStopReason
 
 __all__ = [
     "DIAGNOSTIC_LIMIT",
+    "continuable_stop_reason",
     "one_shot_stop_reason",
     "select_output",
     "settle_run",
@@ -79,6 +81,28 @@ def one_shot_stop_reason(reason: TurnEndReason | None, *, cancelled: bool) -> Su
     if cancelled and mapped != "completed":
         return "aborted"
     return mapped
+
+
+_EPOCH_REASONS = {
+    "max-tokens": "max-tokens",
+    "aborted": "aborted",
+    "interrupted": "aborted",
+    "error": "error",
+    "blocked": "refusal",
+}
+
+
+def continuable_stop_reason(work: ConsumedWork) -> SubagentStopReason:
+    """CONT-15: the stop reason of one residency epoch from the fold of its own log suffix.
+
+    ``completed`` (or no consumed-work end at all) is ``aborted`` when accepted work was
+    cancelled unrun after it, else ``completed``; an unknown turn-end kind is ``error``.
+    """
+    end = work.end
+    kind = end.reason.kind if end is not None else "completed"
+    if kind == "completed":
+        return "aborted" if work.dropped_unrun else "completed"
+    return _EPOCH_REASONS.get(kind, "error")
 
 
 def truncate_diagnostic(text: str | None) -> str | None:

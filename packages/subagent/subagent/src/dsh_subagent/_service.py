@@ -9,6 +9,7 @@ Lifecycle events are observation only: a listener failure is logged and containe
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -23,14 +24,18 @@ from dsh_core import (
     ToolRestriction,
 )
 
+from ._continuation import ContinuationManager
 from ._depth import assert_subagent_max_depth
 from ._descriptor import OneShotDescriptor, snapshot_one_shot_descriptor
-from ._errors import InvalidStartRequestError, SubagentError
+from ._errors import InvalidStartRequestError, SubagentError, no_provider
 from ._schema import assert_object_json_schema
 from ._setup import ActivationSetupRegistry, ContinuableSetup
 from ._types import (
+    ContinuableStart,
+    ContinuableStartSpec,
     ResolvedSubagentStartRequest,
     SharedResult,
+    SubagentFollowupOptions,
     SubagentProvider,
     SubagentRun,
     SubagentRunEndInfo,
@@ -52,8 +57,11 @@ class SubagentState:
         self.providers: dict[str, SubagentProvider] = {}
         #: Label-less one-shot descriptors by registry name (immutable values, built once).
         self.descriptors: dict[str, OneShotDescriptor] = {}
-        #: Setup contributions for continuable children (REG-1..5).
+        #: Contributions applied to every continuable child before publication (REG-1..5).
         self.setups = ActivationSetupRegistry()
+        #: The continuation manager; unloading the service drains it first (DRN-1).
+        self.continuation = ContinuationManager(self)
+        ctx.fiber.add(self.continuation.drain)
 
     def __dsh_bind__(self, ctx: Context) -> SubagentService:
         return SubagentService(self, ctx)
@@ -62,12 +70,6 @@ class SubagentState:
 #: Typed access to the service: ``ctx[SUBAGENTS]`` (``ctx.subagents`` is untyped).
 SUBAGENTS: ServiceKey[SubagentService] = ServiceKey("subagents")
 
-#: Provider names the project's own distributions register, for NO_PROVIDER's hint.
-_KNOWN_PROVIDERS = {
-    "spawn": "dsh-subagent-spawn",
-    "fork": "dsh-subagent-fork",
-    "acp": "dsh-subagent-acp",
-}
 #: The caller fields a resolved request copies (SVC-7).
 _REQUEST_FIELDS = tuple(a.name for a in attrs.fields(SubagentStartRequest))
 _CAPABILITY_ORDER = (
@@ -148,7 +150,7 @@ class SubagentService:
         """
         provider = self._state.providers.get(name)
         if provider is None:
-            raise SubagentError(self._no_provider(name), code="NO_PROVIDER")
+            raise SubagentError(no_provider(name, self._state.providers), code="NO_PROVIDER")
         caps = provider.capabilities
         for field, flag in _CAPABILITY_ORDER:
             if getattr(request, field) is not None and not getattr(caps, flag):
@@ -173,18 +175,46 @@ class SubagentService:
             emitter.emit("subagent/start", lifecycle.info())
         return run
 
-    def _no_provider(self, name: str) -> str:
-        """NO_PROVIDER's text: what is registered, and where a well-known name comes from."""
-        registered = ", ".join(map(repr, self._state.providers)) or "none"
-        message = f"no subagent provider is registered as {name!r}; registered providers: "
-        message += registered
-        distribution = _KNOWN_PROVIDERS.get(name)
-        if distribution is not None:
-            message += (
-                f". {name!r} is provided by {distribution}: install it and mount its plugin "
-                f"{distribution.removeprefix('dsh-')}"
-            )
-        return message
+    # -- continuable children (CONT-1..17, SET-1..4; the manager is in _continuation) --------
+
+    async def start_continuable(self, spec: ContinuableStartSpec) -> ContinuableStart:
+        """Start a continuable background child; resolve once its prompt is accepted.
+
+        Checks in CONT-1's order: admission (``DRAINING``), persistence
+        (``PERSISTENCE_UNAVAILABLE``), ``max_depth`` (``TypeError``), the child id (a reserved
+        ``child_id`` or a fresh one; ``DUPLICATE_CHILD`` for a live agent or session, the
+        parent's own id, or a stored session), depth (``SubagentDepthError``), the descriptor,
+        then the provider's ``prepare_continuable`` (``NO_PROVIDER``,
+        ``UNSUPPORTED_CAPABILITY``). The child is created through the manager's private
+        owner scope with the descriptor after any provider seed (DSC-5), the persona, tool
+        filter and delegation statement applied by the manager itself, and the setup
+        registry's contributions. Resolves with ``{child_id, message_id}`` at inbox
+        acceptance (CONT-2); any earlier failure, including ``spec.signal`` aborting (raised
+        as its own reason), leaves no session, agent, Activation or ownership edge (CONT-3).
+        After acceptance the signal cancels nothing (CONT-9).
+        """
+        return await self._state.continuation.start(spec)
+
+    async def followup(
+        self,
+        parent: Agent,
+        child_id: str,
+        content: Sequence[ContentBlock],
+        options: SubagentFollowupOptions,
+    ) -> str:
+        """Send ``content`` to continuable child ``child_id`` of ``parent``; return the
+        accepted message id.
+
+        ``parent`` must be the exact live agent registered under its id and the child's
+        durable direct parent (``UNAUTHORIZED``), checked at lookup and again at the final
+        admission step (CONT-8). Routing depends only on residency (CONT-7): a running child
+        queues a next turn on its inbox, a waiting one is woken, a child with no Activation is
+        cold-resumed from its durable descriptor without its provider (CONT-10,
+        ``NOT_RESUMABLE``). A delivery racing the child's disposal waits for it, then
+        resumes. ``options.signal`` owns only the span before acceptance (CONT-9);
+        ``options.source`` is attribution, never authority.
+        """
+        return await self._state.continuation.followup(parent, child_id, content, options)
 
     def _descriptor(self, name: str, label: str | None) -> OneShotDescriptor:
         """SVC-7's descriptor; the label-less one is an immutable value kept per name."""

@@ -35,6 +35,7 @@ from dsh_core import (
     SessionEvent,
     SessionMeta,
     SystemPromptRegistry,
+    ToolRestriction,
     fold_consumed_work,
     user_message,
 )
@@ -57,6 +58,7 @@ __all__ = [
     "IN_PROCESS_CAPABILITIES",
     "child_agent_options",
     "completed_turn_prefix",
+    "compose_child",
     "start_in_process_run",
 ]
 
@@ -110,6 +112,29 @@ def completed_turn_prefix(parent: Agent) -> tuple[SessionEvent, ...] | None:
     return None
 
 
+def compose_child(
+    ctx: Context,
+    persona: str | None,
+    tool_filter: ToolRestriction | None,
+    *,
+    install: Callable[[Context], object] | None = None,
+) -> None:
+    """DEP-5's composition of a delegated child, in its unpublished creation window: the
+    persona section, the delegation statement, ``install`` (the child's own scoped
+    registrations, e.g. structured capture), then the tool filter over inherited tools.
+
+    Shared by the one-shot driver and the continuation manager (fresh and resumed children).
+    """
+    system_prompt = ctx[_SYSTEM_PROMPT]
+    if persona is not None:
+        system_prompt.section(PromptSection(name=PERSONA_SECTION, order=0, text=persona))
+    system_prompt.context(_DELEGATION)
+    if install is not None:
+        install(ctx)
+    if tool_filter is not None:
+        ctx.tools.restrict(tool_filter)
+
+
 def _compose(
     request: ResolvedSubagentStartRequest,
     capture: StructuredCapture | None,
@@ -118,16 +143,12 @@ def _compose(
     """The creation-window set-up (DEP-5, DSC-4, STR-1): nothing is visible until publish."""
 
     def setup(ctx: Context) -> None:
-        system_prompt = ctx[_SYSTEM_PROMPT]
-        if request.persona is not None:
-            system_prompt.section(
-                PromptSection(name=PERSONA_SECTION, order=0, text=request.persona)
-            )
-        system_prompt.context(_DELEGATION)
-        if capture is not None:
-            capture.install(ctx)
-        if request.tool_filter is not None:
-            ctx.tools.restrict(request.tool_filter)
+        compose_child(
+            ctx,
+            request.persona,
+            request.tool_filter,
+            install=capture.install if capture is not None else None,
+        )
         appended = False
         stop_listening: Callable[[], object] = _nothing
 
