@@ -323,14 +323,13 @@ class OpenAIAdapter:
         self._client: Any = None
 
     def _make_client(self) -> Any:
-        import httpx2
         import openai
 
         c = self.config
         return openai.AsyncOpenAI(
             api_key=self._key,
             base_url=c.base_url,  # None: OPENAI_BASE_URL, else OpenAI's
-            timeout=httpx2.Timeout(c.timeout, connect=c.connect_timeout),
+            timeout=openai.Timeout(c.timeout, connect=c.connect_timeout),
             max_retries=c.max_retries,
             default_headers=dict(c.headers) or None,
         )
