@@ -19,7 +19,7 @@ import math
 import os
 import re
 from collections.abc import AsyncIterator, Mapping
-from typing import Any, Literal
+from typing import Any
 
 import attrs
 
@@ -65,6 +65,16 @@ def _url(instance: object, attribute: attrs.Attribute[str | None], value: str | 
         raise ValueError(f"key {attribute.name!r} must be an http(s) URL, got {value!r}")
 
 
+def _one_of(*allowed: str) -> Any:
+    def check(instance: object, attribute: attrs.Attribute[str], value: str) -> None:
+        if value not in allowed:
+            raise ValueError(
+                f"key {attribute.name!r} must be one of {list(allowed)}, got {value!r}"
+            )
+
+    return check
+
+
 def _non_empty(instance: object, attribute: attrs.Attribute[str], value: str) -> None:
     if not value:
         raise ValueError(f"key {attribute.name!r} must not be empty")
@@ -88,7 +98,9 @@ class OpenAIConfig:
     connect_timeout: float = attrs.field(default=10.0, validator=_positive)
     max_retries: int = attrs.field(default=2, validator=_not_negative)
     headers: Mapping[str, str] = attrs.field(factory=dict)
-    max_tokens_field: Literal["max_tokens", "max_completion_tokens"] = "max_tokens"
+    max_tokens_field: str = attrs.field(
+        default="max_tokens", validator=_one_of("max_tokens", "max_completion_tokens")
+    )
     send_reasoning: bool = False
 
     def resolved_key(self, environ: Mapping[str, str] | None = None) -> str | None:
