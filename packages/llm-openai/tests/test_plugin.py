@@ -15,9 +15,9 @@ from hypothesis import strategies as st
 from dsh_core import (
     AgentCancelCause,
     BlockAssembler,
+    GenerateOptions,
     PluginError,
     PluginRow,
-    StreamChunk,
     TextBlock,
     ToolCallBlock,
     ToolDefinition,
@@ -27,7 +27,6 @@ from dsh_core import (
 )
 from dsh_core.testing import TestHost, default_options
 from dsh_llm_openai import OpenAIAdapter, OpenAIConfig
-from dsh_llm_openai import _adapter as adapter_module
 from dsh_llm_openai import plugin as openai_plugin
 from dsh_llm_openai.testing import ChatCompletionsServer, Reply, chunk, text_reply
 
@@ -175,6 +174,19 @@ class _Objects:
     def __aiter__(self) -> AsyncIterator[dict[str, Any]]:
         return self._gen()
 
+    async def close(self) -> None:
+        pass
+
+
+class _Client:
+    """An SDK client stand-in whose one request streams ``objects``."""
+
+    def __init__(self, objects: list[dict[str, Any]]) -> None:
+        self.objects = objects
+
+    async def post(self, path: str, **_: Any) -> _Objects:
+        return _Objects(self.objects)
+
 
 def _pieces(text: str, cuts: list[int]) -> list[str]:
     points = sorted({c % (len(text) + 1) for c in cuts} | {0, len(text)})
@@ -200,10 +212,11 @@ async def test_any_split_of_text_and_arguments_assembles_the_same_blocks(
         for p in _pieces(arguments, arg_cuts)
     ]
     objects.append(chunk(finish_reason="tool_calls"))
+    adapter = OpenAIAdapter(OpenAIConfig(api_key="k"))
+    adapter._client = _Client(objects)  # the mapping alone: no HTTP
     asm = BlockAssembler()
-    out: list[StreamChunk] = []
-    async for c in adapter_module._chunks(_Objects(objects), adapter_module._Waiter(None), None):
-        out.append(c)
+    request = GenerateOptions(provider="openai", model="m", messages=(user_message("hi"),))
+    async for c in adapter.stream(request):
         asm.add(c)
     assert asm.blocks() == (
         TextBlock(text=text),

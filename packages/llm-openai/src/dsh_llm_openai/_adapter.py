@@ -373,12 +373,14 @@ class OpenAIAdapter:
         if client is None:
             client = self._client = self._make_client()
         body = request_body(options, self.config)
-        waiter = _Waiter(signal)
+        watch = _Watch(signal)
         stream: Any = None
         try:
             try:
-                stream = await waiter.wait(
-                    client.post(
+                watch.task = asyncio.current_task()
+                watch.waiting = True
+                try:
+                    stream = await client.post(
                         "/chat/completions",
                         cast_to=object,
                         body=body,
@@ -386,9 +388,82 @@ class OpenAIAdapter:
                         stream=True,
                         stream_cls=_stream_cls(),
                     )
-                )
-                async for chunk in _chunks(stream, waiter, signal):
-                    yield chunk
+                finally:
+                    watch.waiting = False
+                # The stream's objects, mapped inline (one generator layer, no per-chunk call):
+                # text and reasoning runs and each tool call (by its wire index) get block
+                # indexes in the order they first appear; the finish waits for the usage.
+                anext_ = stream.__aiter__().__anext__
+                current_task = asyncio.current_task
+                blocks: dict[object, int] = {}
+                next_index = 0
+                last_kind: object = None
+                finish_reason: str | None = None
+                usage: TokenUsage | None = None
+                saw_calls = False
+                while True:
+                    if signal is not None and signal.aborted:
+                        raise _Aborted
+                    watch.task = current_task()  # the reader may change between chunks
+                    watch.waiting = True
+                    try:
+                        data = await anext_()
+                    except StopAsyncIteration:
+                        break
+                    finally:
+                        watch.waiting = False
+                    if data.__class__ is not dict:
+                        continue
+                    choices = data.get("choices")
+                    if choices:
+                        choice = choices[0]
+                        delta = choice.get("delta")
+                        if delta:
+                            content = delta.get("content")
+                            reasoning = delta.get("reasoning_content") or delta.get("reasoning")
+                            if reasoning and reasoning.__class__ is str:
+                                if last_kind != "reasoning":
+                                    last_kind = "reasoning"
+                                    blocks["reasoning"] = next_index
+                                    next_index += 1
+                                yield ReasoningDelta(index=blocks["reasoning"], text=reasoning)
+                            if content and content.__class__ is str:
+                                if last_kind != "text":
+                                    last_kind = "text"
+                                    blocks["text"] = next_index
+                                    next_index += 1
+                                yield TextDelta(index=blocks["text"], text=content)
+                            calls = delta.get("tool_calls")
+                            if calls:
+                                saw_calls = True
+                                for call in calls:
+                                    key = ("call", call.get("index", 0))
+                                    index = blocks.get(key)
+                                    if index is None:
+                                        index = blocks[key] = next_index
+                                        next_index += 1
+                                    last_kind = key
+                                    yield _call_delta(index, call)
+                        reason = choice.get("finish_reason")
+                        if reason and reason.__class__ is str:
+                            finish_reason = reason
+                    raw_usage = data.get("usage")
+                    if raw_usage and raw_usage.__class__ is dict:
+                        usage = _usage(raw_usage) or usage
+                if usage is not None:
+                    yield UsageChunk(usage=usage)
+                if finish_reason is None:
+                    yield _CUT
+                elif saw_calls and finish_reason == "stop":
+                    yield _TOOL_CALLS_FINISH  # some servers say "stop" after tool calls
+                else:
+                    yield _finish(finish_reason)
+            except asyncio.CancelledError:
+                task = watch.cancelled
+                if task is None:
+                    raise  # not ours: the caller's cancellation goes on
+                task.uncancel()
+                yield _ABORTED
             except _Aborted:
                 yield _ABORTED
             except Exception as exc:
@@ -397,9 +472,22 @@ class OpenAIAdapter:
                 else:
                     yield Finish(reason="error", failure=failure_of(exc, self._redact))
         finally:
-            waiter.close()
+            watch.close()
             if stream is not None:
                 await stream.close()  # the HTTP stream closes now, even on cancellation
+
+
+def _call_delta(index: int, call: Mapping[str, Any]) -> ToolCallDelta:
+    function = call.get("function") or {}
+    name = function.get("name")
+    arguments = function.get("arguments")
+    call_id = call.get("id")
+    return ToolCallDelta(
+        index=index,
+        id=call_id if call_id.__class__ is str and call_id else None,
+        name=name if name.__class__ is str and name else None,
+        arguments_delta=arguments if arguments.__class__ is str else "",
+    )
 
 
 _STREAM_CLS: Any = None
@@ -415,125 +503,39 @@ def _stream_cls() -> Any:
 
 
 class _Aborted(Exception):
-    """The request's signal fired while the adapter waited on the network."""
+    """The request's signal fired between two reads."""
 
 
-class _Waiter:
-    """Awaits the network on behalf of the stream so its request's signal can stop the wait.
+class _Watch:
+    """Lets the request's signal stop a wait on the network.
 
-    When the signal fires while a wait is in progress and nobody is cancelling the consumer's
-    task already (the agent loop does, for its own requests), the task is cancelled here and
-    the cancellation turns into :class:`_Aborted`. Between waits, nothing is armed but a flag.
+    The stream marks the task that reads it and whether it is waiting on the network. When
+    the signal fires during such a wait and nobody is cancelling that task already (the agent
+    loop does, for its own requests: then the cancellation is the loop's to handle), the task
+    is cancelled here and :attr:`cancelled` names it, so the stream can take the cancellation
+    back and end ``aborted``. Between waits nothing but two attributes is touched.
     """
 
-    __slots__ = ("_cancelled", "_remove", "_signal", "_task")
+    __slots__ = ("_remove", "cancelled", "task", "waiting")
 
     def __init__(self, signal: AbortSignal | None) -> None:
-        self._signal = signal
-        self._task: asyncio.Task[Any] | None = None
-        self._cancelled = False
+        self.task: asyncio.Task[Any] | None = None
+        self.waiting = False
+        self.cancelled: asyncio.Task[Any] | None = None
         self._remove = signal.add_listener(self._on_abort) if signal is not None else None
 
     def _on_abort(self, _: object) -> None:
-        task = self._task
-        if task is not None and task.cancelling() == 0 and asyncio.current_task() is not task:
-            self._cancelled = True
+        task = self.task
+        if (
+            self.waiting
+            and task is not None
+            and task.cancelling() == 0
+            and asyncio.current_task() is not task
+        ):
+            self.cancelled = task
             task.cancel()
-
-    async def wait(self, awaitable: Any) -> Any:
-        signal = self._signal
-        if signal is not None and signal.aborted:
-            awaitable.close()  # a coroutine never awaited
-            raise _Aborted
-        self._task = asyncio.current_task()
-        try:
-            return await awaitable
-        except asyncio.CancelledError:
-            if self._cancelled and self._task is not None:
-                self._task.uncancel()
-                raise _Aborted from None
-            raise
-        finally:
-            self._task = None
 
     def close(self) -> None:
         if self._remove is not None:
             self._remove()
             self._remove = None
-
-
-async def _chunks(
-    stream: Any, waiter: _Waiter, signal: AbortSignal | None
-) -> AsyncIterator[StreamChunk]:
-    """Map the endpoint's chunk objects to seam chunks; the finish comes last, after usage."""
-    iterator = stream.__aiter__()
-    anext_ = iterator.__anext__
-    wait = waiter.wait
-    blocks: dict[object, int] = {}  # "text" / "reasoning" run, or a tool call's wire index
-    next_index = 0
-    last_kind: object = None
-    finish_reason: str | None = None
-    usage: TokenUsage | None = None
-    saw_calls = False
-    while True:
-        try:
-            data = await wait(anext_())
-        except StopAsyncIteration:
-            break
-        if signal is not None and signal.aborted:
-            raise _Aborted
-        if data.__class__ is not dict:
-            continue
-        choices = data.get("choices")
-        if choices:
-            choice = choices[0]
-            delta = choice.get("delta")
-            if delta:
-                reasoning = delta.get("reasoning_content") or delta.get("reasoning")
-                if reasoning and reasoning.__class__ is str:
-                    if last_kind != "reasoning":
-                        last_kind = "reasoning"
-                        blocks["reasoning"] = next_index
-                        next_index += 1
-                    yield ReasoningDelta(index=blocks["reasoning"], text=reasoning)
-                content = delta.get("content")
-                if content and content.__class__ is str:
-                    if last_kind != "text":
-                        last_kind = "text"
-                        blocks["text"] = next_index
-                        next_index += 1
-                    yield TextDelta(index=blocks["text"], text=content)
-                calls = delta.get("tool_calls")
-                if calls:
-                    saw_calls = True
-                    for call in calls:
-                        key = ("call", call.get("index", 0))
-                        index = blocks.get(key)
-                        if index is None:
-                            index = blocks[key] = next_index
-                            next_index += 1
-                        last_kind = key
-                        function = call.get("function") or {}
-                        name = function.get("name")
-                        arguments = function.get("arguments")
-                        call_id = call.get("id")
-                        yield ToolCallDelta(
-                            index=index,
-                            id=call_id if call_id.__class__ is str and call_id else None,
-                            name=name if name.__class__ is str and name else None,
-                            arguments_delta=arguments if arguments.__class__ is str else "",
-                        )
-            reason = choice.get("finish_reason")
-            if reason and reason.__class__ is str:
-                finish_reason = reason
-        raw_usage = data.get("usage")
-        if raw_usage and raw_usage.__class__ is dict:
-            usage = _usage(raw_usage) or usage
-    if usage is not None:
-        yield UsageChunk(usage=usage)
-    if finish_reason is None:
-        yield _CUT
-    elif saw_calls and finish_reason == "stop":
-        yield _TOOL_CALLS_FINISH  # some servers say "stop" after streaming tool calls
-    else:
-        yield _finish(finish_reason)

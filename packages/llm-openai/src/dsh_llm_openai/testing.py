@@ -174,6 +174,11 @@ class ChatCompletionsServer:
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
 
+    def setup(self) -> None:
+        """No Nagle delay: a response's small writes go out at once, as a real server's do."""
+        super().setup()
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
     def log_message(self, format: str, *args: Any) -> None:
         """Quiet: the tests read :attr:`ChatCompletionsServer.requests` instead."""
 
