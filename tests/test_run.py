@@ -4,6 +4,11 @@ and child runs shown as they happen (llm-openai 17.3)."""
 from __future__ import annotations
 
 import io
+import os
+import select
+import signal
+import subprocess
+import sys
 import types
 from pathlib import Path
 from typing import Any
@@ -128,3 +133,48 @@ async def test_run_shows_child_runs_as_they_happen(tmp_path: Path) -> None:
     assert lines[1].startswith("⇢ child ") and lines[1].endswith(" started (spawn)")
     assert lines[2].startswith("⇠ child ") and lines[2].endswith(" ended: completed")
     assert lines[3:] == ["← 1 2 3", "The child counted."]
+
+
+@pytest.mark.slow
+def test_ctrl_c_cancels_the_turn_and_closes_the_http_stream(tmp_path: Path) -> None:
+    """llm-openai 17.1/17.3: Ctrl-C (SIGINT) in the middle of a streamed answer cancels the
+    turn, closes the HTTP stream (the server sees it go) and exits 130; the text that
+    arrived was shown."""
+    server = ChatCompletionsServer(Reply(chunks=(chunk(content="Partial"),), hold=60))
+    config = tmp_path / "dsh.toml"
+    rows = ["sessions", "llm", "tools", "system-prompt", "agents"]
+    config.write_text(
+        "".join(f'[[plugins]]\nplugin = "{r}"\n' for r in rows)
+        + f'[[plugins]]\nplugin = "llm-openai"\nconfig = {{ base_url = "{server.base_url}", '
+        'api_key = "sk-x", model = "loop-1" }\n',
+        encoding="utf-8",
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("DSH_PLUGINS",)}
+    env["DSH_HOME"] = str(tmp_path / "home")
+    with server:
+        child = subprocess.Popen(
+            [sys.executable, "-m", "dsh_core.cli", "run", "--config", str(config), "go"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        try:
+            assert child.stdout is not None
+            shown = b""
+            while b"Partial" not in shown:  # the streamed text is on the terminal: interrupt
+                ready, _, _ = select.select([child.stdout], [], [], 60)
+                assert ready, "dsh run showed nothing within 60 s"
+                more = os.read(child.stdout.fileno(), 100)
+                assert more, f"dsh run ended early: {child.communicate()}"
+                shown += more
+            child.send_signal(signal.SIGINT)
+            rest, err = child.communicate(timeout=60)
+        finally:
+            if child.poll() is None:
+                child.kill()
+                child.communicate()
+        assert server.disconnected.wait(10)
+    assert child.returncode == 130, err
+    assert (shown.decode() + rest).startswith("Partial")
+    assert "interrupted" in err
