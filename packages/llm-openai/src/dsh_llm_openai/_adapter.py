@@ -42,7 +42,7 @@ from dsh_core import (
     thaw_json,
 )
 
-__all__ = ["OpenAIAdapter", "OpenAIConfig"]
+__all__ = ["OpenAIAdapter", "OpenAIConfig", "request_body"]
 
 #: Where the key is read from when the row names no other variable.
 DEFAULT_KEY_ENV = "OPENAI_API_KEY"
