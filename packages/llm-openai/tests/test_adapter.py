@@ -261,6 +261,22 @@ async def test_tool_calls_that_end_with_stop_still_finish_as_tool_calls(
     assert finish_of(await collect(adapter(server), request())).reason == "tool-calls"
 
 
+async def test_whole_tool_calls_without_an_index_stay_apart(
+    server: ChatCompletionsServer,
+) -> None:
+    """host-core §2: an endpoint that sends each tool call whole, without `index` (as some
+    local servers do), gets one block per call id."""
+    calls = [
+        {"id": "c1", "type": "function", "function": {"name": "a", "arguments": "{}"}},
+        {"id": "c2", "type": "function", "function": {"name": "b", "arguments": '{"x": 1}'}},
+    ]
+    server.add(Reply(chunks=(chunk(tool_calls=calls), chunk(finish_reason="tool_calls"))))
+    assert assemble(await collect(adapter(server), request())).blocks() == (
+        ToolCallBlock(id="c1", name="a", arguments="{}"),
+        ToolCallBlock(id="c2", name="b", arguments='{"x": 1}'),
+    )
+
+
 # -- finish reasons -------------------------------------------------------------------------------
 
 

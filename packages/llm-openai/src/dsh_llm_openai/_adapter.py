@@ -437,7 +437,12 @@ class OpenAIAdapter:
                             if calls:
                                 saw_calls = True
                                 for call in calls:
-                                    key = ("call", call.get("index", 0))
+                                    wire = call.get("index")
+                                    if wire is None:  # some servers send whole calls, unindexed
+                                        wire = call.get("id") or (
+                                            last_kind[1] if last_kind.__class__ is tuple else 0
+                                        )
+                                    key = ("call", wire)
                                     index = blocks.get(key)
                                     if index is None:
                                         index = blocks[key] = next_index
