@@ -471,6 +471,29 @@ async def test_aborting_the_signal_mid_stream_closes_the_connection(
         await a.aclose()
 
 
+async def test_aborting_before_the_first_byte_stops_the_request(
+    server: ChatCompletionsServer,
+) -> None:
+    """host-core §2, llm-openai 17.1: a signal fired while the endpoint has not answered yet
+    ends the stream `aborted` at once (no retry, no timeout wait); the server sees the close."""
+    # An hour: only the abort can end this wait before the test's own time limit.
+    server.add(Reply(delay=3600, chunks=(chunk(content="late"), chunk(finish_reason="stop"))))
+    ctl = AbortController()
+    a = adapter(server, max_retries=3)
+    stream = a.stream(request(signal=ctl.signal))
+    first = asyncio.ensure_future(anext(stream))
+    try:
+        assert await wait_for(server.received)  # the request reached the server: abort it
+        ctl.abort("user")
+        finish = await first
+        assert isinstance(finish, Finish) and finish.reason == "aborted"
+        assert await wait_for(server.disconnected)
+        assert [c async for c in stream] == []
+        assert len(server.requests) == 1
+    finally:
+        await a.aclose()
+
+
 async def test_cancelling_the_reading_task_closes_the_connection(
     server: ChatCompletionsServer,
 ) -> None:

@@ -112,14 +112,16 @@ class RecordedRequest:
 class ChatCompletionsServer:
     """The loopback server; ``with`` starts and stops it. ``base_url`` is what a client points
     at (``http://127.0.0.1:PORT/v1``). Replies are served in order from :meth:`add`; with
-    none queued, ``default`` answers (by default a short text). ``disconnected`` is set when a
-    client closes a held stream."""
+    none queued, ``default`` answers (by default a short text). Three events say how far it
+    got: ``received`` (a request came in), ``responding`` (a stream's first chunks went out)
+    and ``disconnected`` (a client closed a held or delayed response)."""
 
     def __init__(self, *replies: Reply, default: Reply | None = None) -> None:
         self._queue: list[Reply] = list(replies)
         self._lock = threading.Lock()
         self.default = default or text_reply("hello from the loopback server")
         self.requests: list[RecordedRequest] = []
+        self.received = threading.Event()
         self.disconnected = threading.Event()
         self.responding = threading.Event()
         server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
@@ -142,6 +144,7 @@ class ChatCompletionsServer:
     def _next(self, request: RecordedRequest) -> Reply:
         with self._lock:
             self.requests.append(request)
+            self.received.set()
             return self._queue.pop(0) if self._queue else self.default
 
     def start(self) -> ChatCompletionsServer:
