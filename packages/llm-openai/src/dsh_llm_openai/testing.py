@@ -20,7 +20,7 @@ from typing import Any
 
 import attrs
 
-__all__ = ["ChatCompletionsServer", "RecordedRequest", "Reply", "chunk", "text_reply"]
+__all__ = ["ChatCompletionsServer", "RecordedRequest", "Reply", "chunk", "sse_body", "text_reply"]
 
 
 def chunk(
