@@ -297,11 +297,13 @@ PEERS = {
 
 @nox.session(requires=["build"])
 def bench(session: nox.Session) -> None:
-    """Our benchmarks (never timed assertions): delegation and the session log."""
+    """Our benchmarks (never timed assertions): a turn, delegation, the session log, and the
+    OpenAI-compatible adapter against its loopback server."""
     _install_wheels(session, *PACKAGES, extra=())
     session.run("python", "benchmarks/turn.py")
     session.run("python", "benchmarks/delegation.py", *session.posargs)
     session.run("python", "benchmarks/sessions.py")
+    session.run("python", "benchmarks/llm_openai.py")
 
 
 @nox.session

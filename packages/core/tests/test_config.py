@@ -3,6 +3,7 @@ never a ``str()`` of it (host-core §1, dx 12.5)."""
 
 from __future__ import annotations
 
+import collections.abc as cabc
 import datetime as dt
 import types
 import typing
@@ -43,6 +44,11 @@ def accepts(tp: Any, value: object) -> bool:
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
         return any(accepts(a, value) for a in typing.get_args(tp))
+    if origin in (dict, cabc.Mapping):
+        key, item = typing.get_args(tp)
+        return isinstance(value, dict) and all(
+            accepts(key, k) and accepts(item, v) for k, v in value.items()
+        )
     raise AssertionError(f"no strictness rule for config field type {tp!r}: add one here")
 
 
@@ -67,6 +73,9 @@ def values_of(tp: Any) -> st.SearchStrategy[Any]:
     """Values a strict structuring of ``tp`` accepts."""
     if typing.get_origin(tp) in (typing.Union, types.UnionType):
         return st.one_of([values_of(a) for a in typing.get_args(tp)])
+    if typing.get_origin(tp) in (dict, cabc.Mapping):
+        key, item = typing.get_args(tp)
+        return st.dictionaries(values_of(key), values_of(item), max_size=3)
     simple: dict[Any, st.SearchStrategy[Any]] = {
         type(None): st.none(),
         bool: st.booleans(),
@@ -118,14 +127,25 @@ def test_a_wrong_typed_value_for_any_config_key_is_plugin_config(data: st.DataOb
 
 @given(data=st.data())
 def test_a_right_typed_value_is_taken_as_it_is(data: st.DataObject) -> None:
-    """host-core §1, dx 12.5: a value of the declared type is structured unchanged."""
+    """host-core §1, dx 12.5: a value of the declared type is structured unchanged, unless the
+    key's own check refuses it (a timeout must be positive, say): then PLUGIN_CONFIG names the
+    key, and never as a wrong type."""
     name = data.draw(st.sampled_from(sorted(CONFIGURED)))
     spec = CONFIGURED[name]
     assert spec.config_type is not None
     fields = field_types(spec.config_type)
     key = data.draw(st.sampled_from(sorted(fields)))
     value = data.draw(values_of(fields[key]))
-    config = structure_config(spec, {key: value})
+    refused: PluginError | None = None
+    try:
+        config = structure_config(spec, {key: value})
+    except PluginError as err:
+        refused = err
+    if refused is not None:
+        message = str(refused)
+        assert refused.code == "PLUGIN_CONFIG"
+        assert f"key {key!r}" in message and f"({type_name(fields[key])})" not in message
+        return
     assert getattr(config, key) == value
     assert type(getattr(config, key)) is type(value)
 

@@ -3,6 +3,8 @@
 ``dsh plugins`` lists every discovered plugin with its distribution and version, and every one
 that failed to load (exit status 1 then). ``dsh demo`` runs the offline demo, on the embedded
 echo model or, with ``--model scripted:FILE``, on a script file (docs/scripted-model.md).
+``dsh run "prompt"`` runs one agent on the composed plugins and streams its answer
+(docs/configuration.md).
 """
 
 from __future__ import annotations
@@ -139,6 +141,49 @@ async def _demo_turn(out: TextIO, *, script: str | None = None, prompt: str = _P
     return 1 if broken else 0
 
 
+def cmd_run(args: argparse.Namespace, out: TextIO) -> int:
+    """One agent on the composed plugins: its answer streamed to ``out``, its tool calls and
+    child runs shown as they happen. Exit status 0 when the turn completed, 1 when it did
+    not, 2 when the run could not start (a bad file, flag or route), 130 on Ctrl-C."""
+    from ._run import RunOptions, run_agent
+
+    options = RunOptions(
+        prompt=args.prompt,
+        model=args.model,
+        config=args.config,
+        store=args.store,
+        resume=args.resume,
+    )
+    pm = make_plugin_manager()
+    try:
+        status = asyncio.run(run_agent(options, pm, out))
+    except DshError as exc:
+        print(f"dsh run: error: {exc} [{exc.code}]", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("\ndsh run: interrupted", file=sys.stderr)
+        return 130
+    return status
+
+
+def _add_run(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    run = sub.add_parser("run", help="run one agent on a prompt and stream its answer")
+    run.add_argument("prompt", help="the user message")
+    run.add_argument(
+        "--model",
+        metavar="PROVIDER[:MODEL]",
+        help="the model route, e.g. openai:deepseek-chat; 'scripted' echoes and "
+        "'scripted:FILE' answers from a script (default: the first row of the composition "
+        "that sets `model`, else 'scripted')",
+    )
+    run.add_argument(
+        "--config", metavar="FILE", help="the composition, a TOML file (docs/configuration.md)"
+    )
+    run.add_argument("--store", metavar="DIR", help="keep the session as JSONL files under DIR")
+    run.add_argument("--resume", metavar="ID", help="continue the stored session ID")
+    run.set_defaults(run=cmd_run)
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dsh", description="dsh agent host")
     parser.add_argument("--version", action="version", version=f"dsh {__version__}")
@@ -158,6 +203,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--prompt", default=_PROMPT, help="the user message of the demo turn")
     demo.set_defaults(run=cmd_demo)
+    _add_run(sub)
     return parser
 
 
