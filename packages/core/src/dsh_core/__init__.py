@@ -105,6 +105,7 @@ from ._persistence import (
     SessionListing,
     SessionPersistence,
     SessionPreparation,
+    StoredScan,
     default_sessions_dir,
     install_jsonl_persistence,
     install_memory_persistence,
@@ -137,6 +138,7 @@ from ._query import (
     SessionQueryError,
     SessionQueryListing,
     SessionRecord,
+    SessionScan,
     install_session_query,
 )
 from ._scripted import ScriptedAdapter, ScriptedReply, ScriptedRequest, ScriptedToolCall
@@ -266,10 +268,12 @@ __all__ = [
     "SessionQueryError",
     "SessionQueryListing",
     "SessionRecord",
+    "SessionScan",
     "SessionStore",
     "SessionStoreService",
     "SharedDisposal",
     "StepData",
+    "StoredScan",
     "StreamChunk",
     "SystemPromptRegistry",
     "TaggedUnion",
