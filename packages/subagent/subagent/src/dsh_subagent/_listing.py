@@ -1,0 +1,213 @@
+"""Durable enumeration: ``list_children`` and ``list_descendants`` (LIST-S, LIST-3/5/6).
+
+Both read ONE ``ctx.session_query.trace_session()`` observation (headers only), then scan each
+candidate once for its ``subagent/descriptor`` events (``scan_sessions``: a live child from
+memory, a cold one from the store, at most 4 reads at a time, an unchanged log not read again).
+A candidate is a subagent only if its OWN suffix (events from ``seed_length`` on, so a fork
+seed's ancestor descriptor never counts) holds exactly one supported descriptor. Nothing here
+loads or resumes an agent, or asks the agents service, a manager or a provider.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Literal, TypeAlias
+
+from dsh_core import AbortSignal, Context, SessionQuery, SessionQueryError, SessionScan
+
+from ._descriptor import DESCRIPTOR_EVENT, ContinuableDescriptor, parse_descriptor
+from ._errors import DescriptorError, SubagentError
+from ._types import (
+    SubagentChildEntry,
+    SubagentDescendantListEntry,
+    SubagentDiagnosticEntry,
+    SubagentListEntry,
+)
+
+if TYPE_CHECKING:
+    from dsh_core import SessionLineageNode, SessionRecord
+
+__all__ = ["ListingMemo", "list_children", "list_descendants"]
+
+#: Per host, by child id: (the scan an entry was built from, live, has_children, entry).
+ListingMemo: TypeAlias = "dict[str, tuple[SessionScan, bool, bool, SubagentListEntry | None]]"
+#: Entries remembered before the memo is dropped and rebuilt.
+_MEMO_LIMIT = 100_000
+
+_KEPT = frozenset({DESCRIPTOR_EVENT})
+Reason = Literal["corrupt", "unsupported", "unavailable"]
+#: A stored log's failed read, by the backend's ``SessionError`` code (hardening 11.3).
+_READ_FAILURES: dict[str, Reason] = {
+    "SESSION_CORRUPT": "corrupt",
+    "SESSION_INVALID_ID": "corrupt",
+    "SESSION_FILE_UNSAFE": "corrupt",
+    "SESSION_FORMAT_UNSUPPORTED": "unsupported",
+}
+
+
+def _cancelled(signal: AbortSignal | None) -> None:
+    if signal is not None and signal.aborted:
+        raise SubagentError(f"subagent listing was cancelled: {signal.reason!r}", code="CANCELLED")
+
+
+def _query(ctx: Context, signal: AbortSignal | None) -> SessionQuery:
+    query: SessionQuery | None = ctx.get("session_query")
+    if query is None:
+        raise SubagentError(
+            "listing subagents requires the session query (mount the plugin session-query)",
+            code="SUBAGENT_CONTROL_SESSION_QUERY_UNAVAILABLE",
+        )
+    _cancelled(signal)
+    return query
+
+
+async def _trace(
+    query: SessionQuery, id: str, signal: AbortSignal | None
+) -> tuple[SessionLineageNode, ...]:
+    """The descendant tree of ``id``. A failure fails the listing; after an abort it is
+    ``CANCELLED`` (the query's own abort error included)."""
+    try:
+        trace = await query.trace_session(id, signal, contain_loops=True)
+    except BaseException:
+        _cancelled(signal)
+        raise
+    _cancelled(signal)
+    return trace.descendants
+
+
+async def _scan(
+    query: SessionQuery, records: list[SessionRecord], signal: AbortSignal | None
+) -> list[SessionScan | SessionQueryError]:
+    if not records:
+        return []
+    try:
+        found = await query.scan_sessions(records, _KEPT, signal)
+    except BaseException:
+        _cancelled(signal)
+        raise
+    _cancelled(signal)
+    return found
+
+
+class _Classifier:
+    """Turns a candidate's scan into its entry, or ``None`` (no descriptor of its own)."""
+
+    __slots__ = ("_memo",)
+
+    def __init__(self, memo: ListingMemo) -> None:
+        # A scan the query remembered (its log unchanged) gives back the same entry.
+        if len(memo) > _MEMO_LIMIT:
+            memo.clear()
+        self._memo = memo
+
+    def entry(
+        self, record: SessionRecord, found: SessionScan | SessionQueryError, has_children: bool
+    ) -> SubagentListEntry | None:
+        id = record.id
+        live = record.live
+        known = self._memo.get(id)
+        if (
+            known is not None
+            and known[0] is found
+            and known[1] is live
+            and known[2] is has_children
+        ):
+            return known[3]
+        entry = _classify(record, found, has_children)
+        if isinstance(found, SessionScan):
+            self._memo[id] = (found, live, has_children, entry)
+        return entry
+
+
+def _classify(
+    record: SessionRecord, found: SessionScan | SessionQueryError, has_children: bool
+) -> SubagentListEntry | None:
+    id = record.id
+    if isinstance(found, SessionQueryError):
+        return SubagentDiagnosticEntry(id=id, reason=_failure(found))
+    header = record.header
+    if found.header != header:  # replaced since the trace listed it
+        return SubagentDiagnosticEntry(id=id, reason="corrupt")
+    start = header.seed_length or 0
+    own = [e for e in found.events if e.seq >= start]
+    if not own:
+        return None
+    if len(own) > 1:
+        return SubagentDiagnosticEntry(id=id, reason="corrupt")
+    try:
+        descriptor = parse_descriptor(own[0].data)
+    except DescriptorError:
+        return SubagentDiagnosticEntry(id=id, reason="corrupt")
+    if descriptor is None:
+        return SubagentDiagnosticEntry(id=id, reason="unsupported")
+    mode: Literal["one-shot", "continuable"] = (
+        "continuable" if isinstance(descriptor, ContinuableDescriptor) else "one-shot"
+    )
+    return SubagentChildEntry(
+        id=id,
+        mode=mode,
+        activity="running" if record.live else "inactive",
+        label=descriptor.label,
+        has_children=has_children,
+    )
+
+
+def _failure(error: SessionQueryError) -> Reason:
+    """``corrupt`` / ``unsupported`` / ``unavailable`` for one child's failed read."""
+    if error.code == "SESSION_QUERY_INVALID_LOG":
+        return "corrupt"
+    cause = error.__cause__
+    code = getattr(cause, "code", None)
+    return _READ_FAILURES.get(code, "unavailable") if isinstance(code, str) else "unavailable"
+
+
+def _has_children(node: SessionLineageNode) -> bool:
+    """LIST-3: some direct descendant's header says ``origin: subagent``."""
+    return any(d.session.header.origin == "subagent" for d in node.descendants)
+
+
+async def list_children(
+    ctx: Context,
+    memo: ListingMemo,
+    parent_session_id: str,
+    signal: AbortSignal | None,
+) -> list[SubagentListEntry]:
+    """See :meth:`SubagentService.list_children`."""
+    query = _query(ctx, signal)
+    nodes = await _trace(query, parent_session_id, signal)
+    found = await _scan(query, [n.session for n in nodes], signal)
+    classify = _Classifier(memo).entry
+    entries: list[SubagentListEntry] = []
+    for node, scan in zip(nodes, found, strict=True):
+        entry = classify(node.session, scan, _has_children(node))
+        if entry is not None:
+            entries.append(entry)
+    _cancelled(signal)
+    return entries
+
+
+async def list_descendants(
+    ctx: Context,
+    memo: ListingMemo,
+    root_session_id: str,
+    signal: AbortSignal | None,
+) -> list[SubagentDescendantListEntry]:
+    """See :meth:`SubagentService.list_descendants`."""
+    query = _query(ctx, signal)
+    tree = await _trace(query, root_session_id, signal)
+    # Pre-order without recursion: a 10,000-deep chain is just a long list.
+    order: list[tuple[SessionLineageNode, str, int]] = []
+    stack = [(n, root_session_id, 1) for n in reversed(tree)]
+    while stack:
+        node, parent, depth = stack.pop()
+        order.append((node, parent, depth))
+        id = node.session.id
+        stack.extend((kid, id, depth + 1) for kid in reversed(node.descendants))
+    found = await _scan(query, [n.session for n, _, _ in order], signal)
+    classify = _Classifier(memo).entry
+    rows: list[SubagentDescendantListEntry] = []
+    for (node, parent, depth), scan in zip(order, found, strict=True):
+        entry = classify(node.session, scan, _has_children(node))
+        if entry is not None:
+            rows.append(SubagentDescendantListEntry(entry=entry, parent_id=parent, depth=depth))
+    _cancelled(signal)
+    return rows
