@@ -253,3 +253,29 @@ async def test_trace_contains_an_ancestry_loop_when_asked() -> None:
     assert a.session.id == "a"
     assert [n.session.id for n in a.descendants] == ["b"]
     await ctx.dispose()
+
+
+async def test_an_unchanged_corpus_is_reused_a_changed_one_is_not() -> None:
+    """host-core §6: a trace over the very same stored headers, stamps and live sessions reuses
+    the tree it built; a new stored session, a new live one or a write is seen at once."""
+    p = MemorySessionPersistence()
+    ctx, query = host(p)
+    await store(p, "root", 1)
+    await store(p, "a", 2, "x", parent="root")
+    first = await query.trace_session("root")
+    assert (await query.trace_session("root")).descendants is first.descendants
+    await store(p, "b", 3, parent="root")
+    assert [n.session.id for n in (await query.trace_session("root")).descendants] == ["a", "b"]
+    await p.append("a", notes("y", start=1))
+    trace = await query.trace_session("root")
+    stamp = trace.descendants[0].session.stamp
+    assert stamp is not None and stamp != first.descendants[0].session.stamp
+    await ctx.dispose()
+    ctx, query = host(None)
+    owner = ctx.plugin("owner")
+    owner.sessions.create("c")
+    assert [r.id for r in (await query.listing()).records] == ["c"]
+    await owner.dispose()
+    ctx.sessions.create("d")  # as many live sessions as before, another one
+    assert [r.id for r in (await query.listing()).records] == ["d"]
+    await ctx.dispose()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import operator
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -128,9 +129,23 @@ def _order(header: SessionHeader) -> tuple[int, str]:
 
 
 class _Corpus:
-    """Headers by id, which of them are live, which are stored, which stored ones are damaged."""
+    """Headers by id, which of them are live, which are stored, which stored ones are damaged.
 
-    __slots__ = ("damaged", "headers", "live", "persisted", "stamps")
+    Immutable once built, so what is derived from it (records, the children of each session,
+    descendant trees) is kept on it and reused while the query finds the corpus unchanged.
+    """
+
+    __slots__ = (
+        "damaged",
+        "headers",
+        "kids",
+        "live",
+        "persisted",
+        "records",
+        "seen",
+        "stamps",
+        "trees",
+    )
 
     def __init__(
         self,
@@ -145,14 +160,61 @@ class _Corpus:
         self.persisted = persisted
         self.damaged = damaged
         self.stamps = stamps or {}
+        self.records: dict[str, SessionRecord] = {}
+        self.kids: dict[str, list[SessionHeader]] | None = None
+        self.trees: dict[str, tuple[SessionLineageNode, ...]] = {}
+        # What it was built from: (stored headers, damaged, stamps, live headers).
+        self.seen: tuple[Sequence[SessionHeader], object, object, list[SessionHeader]] | None
+        self.seen = None
 
     def record(self, id: str) -> SessionRecord:
-        live = id in self.live
-        return SessionRecord(
-            header=self.headers[id],
-            live=live,
-            persisted=id in self.persisted,
-            stamp=None if live else self.stamps.get(id),
+        record = self.records.get(id)
+        if record is None:
+            live = id in self.live
+            record = self.records[id] = SessionRecord(
+                header=self.headers[id],
+                live=live,
+                persisted=id in self.persisted,
+                stamp=None if live else self.stamps.get(id),
+            )
+        return record
+
+    def children(self) -> dict[str, list[SessionHeader]]:
+        """Each session's children, oldest first (built once)."""
+        kids = self.kids
+        if kids is None:
+            kids = {}
+            for header in self.headers.values():
+                parent = header.parent_session
+                if parent is not None and parent != header.id:
+                    kids.setdefault(parent, []).append(header)
+            for group in kids.values():
+                if len(group) > 1:
+                    group.sort(key=_order)
+            self.kids = kids
+        return kids
+
+    def same(
+        self,
+        stored: Sequence[SessionHeader],
+        damaged: object,
+        stamps: object,
+        live: list[SessionHeader],
+    ) -> bool:
+        """Whether a new observation is the one this corpus was built from: the very same
+        header objects (a backend hands out one object per unchanged header), the same
+        damage and stamps, the same live sessions."""
+        seen = self.seen
+        if seen is None:
+            return False
+        before, damaged_before, stamps_before, live_before = seen
+        return (
+            len(before) == len(stored)
+            and len(live_before) == len(live)
+            and all(map(operator.is_, before, stored))
+            and all(map(operator.is_, live_before, live))
+            and damaged_before == damaged
+            and stamps_before == stamps
         )
 
 
@@ -167,6 +229,7 @@ class SessionQuery:
         self._ctx: Context | None = None
         # By the kept types, then id: (stamp, scan) of stored logs read before.
         self._scans: dict[frozenset[str], dict[str, tuple[Hashable, SessionScan]]] = {}
+        self._last: _Corpus | None = None  # the latest corpus, reused while unchanged
 
     def install(self, ctx: Context) -> None:
         """Answer queries over the sessions of ``ctx``'s host."""
@@ -203,15 +266,23 @@ class SessionQuery:
                     code="SESSION_QUERY_PERSISTENCE_FAILED",
                 ) from exc
         _aborted(signal)
+        live_headers = [session.header for session in ctx.sessions.list()]
+        last = self._last
+        if last is not None and last.same(stored, damaged, stamps, live_headers):
+            return last
+        seen = (stored, damaged, stamps, live_headers)
         headers = {h.id: h for h in stored}
         persisted = set(headers)
         live: set[str] = set()
-        for session in ctx.sessions.list():
-            headers[session.header.id] = session.header
-            live.add(session.header.id)
+        for header in live_headers:
+            headers[header.id] = header
+            live.add(header.id)
         if damaged and live:
             damaged = tuple(d for d in damaged if d.id not in live)  # the live session wins
-        return _Corpus(headers, live, persisted, damaged, stamps)
+        corpus = _Corpus(headers, live, persisted, damaged, stamps)
+        corpus.seen = seen
+        self._last = corpus
+        return corpus
 
     async def list_sessions(self, signal: AbortSignal | None = None) -> list[SessionRecord]:
         """Every session of the corpus, newest first (by ``created_at``, then id)."""
@@ -284,12 +355,14 @@ class SessionQuery:
 
     @staticmethod
     def _descendants(corpus: _Corpus, id: str) -> tuple[SessionLineageNode, ...]:
-        children: dict[str, list[SessionHeader]] = {}
-        for header in corpus.headers.values():
-            parent = header.parent_session
-            # The target is never its own descendant, even when the parent links loop.
-            if parent is not None and parent != header.id and header.id != id:
-                children.setdefault(parent, []).append(header)
+        tree = corpus.trees.get(id)
+        if tree is None:
+            tree = corpus.trees[id] = SessionQuery._tree(corpus, id)
+        return tree
+
+    @staticmethod
+    def _tree(corpus: _Corpus, id: str) -> tuple[SessionLineageNode, ...]:
+        children = corpus.children()
         # Children before parents (reversed pre-order): no recursion, so depth is unbounded.
         order: list[str] = []
         stack = [id]
@@ -302,13 +375,15 @@ class SessionQuery:
                     seen.add(kid.id)
                     stack.append(kid.id)
         built: dict[str, tuple[SessionLineageNode, ...]] = {}
+        record = corpus.record
         for node in reversed(order):
             kids = children.get(node)
             if kids:
-                kids.sort(key=_order)
+                # The target is never its own descendant, even when the parent links loop.
                 built[node] = tuple(
-                    SessionLineageNode(session=corpus.record(k.id), descendants=built.pop(k.id, ()))
+                    SessionLineageNode(session=record(k.id), descendants=built.pop(k.id, ()))
                     for k in kids
+                    if k.id != id
                 )
         return built.get(id, ())
 
@@ -335,16 +410,17 @@ class SessionQuery:
         out: list[SessionScan | SessionQueryError | None] = [None] * len(records)
         cold: list[int] = []
         sessions = ctx.sessions
+        remembered = cache.get
         for i, record in enumerate(records):
             if record.live:
-                session = sessions.get(record.id)
+                session = sessions.get(record.header.id)
                 if session is not None:
                     events = tuple(e for e in session.events if e.type in kept)
                     out[i] = SessionScan(header=session.header, events=events)
                     continue
             stamp = record.stamp
             if stamp is not None:
-                known = cache.get(record.id)
+                known = remembered(record.header.id)
                 if known is not None and known[0] == stamp:
                     out[i] = known[1]
                     continue
