@@ -102,7 +102,7 @@ class _Classifier:
     def entry(
         self, record: SessionRecord, found: SessionScan | SessionQueryError, has_children: bool
     ) -> SubagentListEntry | None:
-        id = record.id
+        id = record.header.id
         live = record.live
         known = self._memo.get(id)
         if (
@@ -162,7 +162,8 @@ def _failure(error: SessionQueryError) -> Reason:
 
 def _has_children(node: SessionLineageNode) -> bool:
     """LIST-3: some direct descendant's header says ``origin: subagent``."""
-    return any(d.session.header.origin == "subagent" for d in node.descendants)
+    kids = node.descendants
+    return bool(kids) and any(d.session.header.origin == "subagent" for d in kids)
 
 
 async def list_children(
