@@ -279,3 +279,37 @@ async def test_an_unchanged_corpus_is_reused_a_changed_one_is_not() -> None:
     ctx.sessions.create("d")  # as many live sessions as before, another one
     assert [r.id for r in (await query.listing()).records] == ["d"]
     await ctx.dispose()
+
+
+async def test_a_backend_without_scan_is_read_through_inspect() -> None:
+    """host-core §6: a persistence without ``scan`` (list and inspect only) is scanned through
+    ``inspect``, one session at a time per run; a failed inspect is that session's error."""
+
+    class Plain:
+        def __init__(self) -> None:
+            self.headers = [
+                SessionHeader(id="a", created_at=1),
+                SessionHeader(id="b", created_at=2),
+            ]
+
+        async def list(self, signal: Any = None) -> list[SessionHeader]:
+            return list(self.headers)
+
+        async def inspect(self, id: str, signal: Any = None) -> Any:
+            if id == "b":
+                raise SessionError("unreadable", code="SESSION_IO")
+            return self.headers[0], tuple(notes("x"))
+
+    h = Host("plain")
+    ctx = Context(h, h.root)
+    ctx.provide("sessions", SessionStoreService(EventTypeRegistry()))
+    ctx.provide("session_persistence", Plain())
+    query = install_session_query(ctx)
+    records = (await query.listing()).records
+    found = dict(
+        zip([r.id for r in records], await query.scan_sessions(records, KEPT), strict=True)
+    )
+    assert texts(found["a"]) == ["x"]
+    assert isinstance(found["b"], SessionQueryError)
+    assert getattr(found["b"].__cause__, "code", None) == "SESSION_IO"
+    await ctx.dispose()
