@@ -295,6 +295,23 @@ async def test_live_child_is_running_and_costs_no_read() -> None:
     await ctx.dispose()
 
 
+async def test_repeated_listings_follow_the_child_going_cold() -> None:
+    """LIST-3, LIST-5: a listing repeated over an unchanged store answers the same; once a
+    live child is disposed (its log stays stored) the next listing says inactive."""
+    store = Counting()
+    ctx = bare(store)
+    await stored(store, "p", 1)
+    owner = ctx.plugin("owner")
+    live(owner, "c", "p", CONTINUABLE)
+    running = [child("c", "continuable", "reviewer", activity="running")]
+    assert await svc(ctx).list_children("p") == running
+    assert await svc(ctx).list_children("p") == running
+    await owner.dispose()
+    assert await svc(ctx).list_children("p") == [child("c", "continuable", "reviewer")]
+    assert store.reads == ["c"]
+    await ctx.dispose()
+
+
 async def test_no_session_query_is_refused() -> None:
     """LIST-S: without ctx.session_query both listings fail with
     SUBAGENT_CONTROL_SESSION_QUERY_UNAVAILABLE, before any read."""

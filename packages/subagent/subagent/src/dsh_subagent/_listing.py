@@ -10,7 +10,8 @@ loads or resumes an agent, or asks the agents service, a manager or a provider.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal, TypeAlias
+import operator
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
 from dsh_core import AbortSignal, Context, SessionQuery, SessionQueryError, SessionScan
 
@@ -28,10 +29,57 @@ if TYPE_CHECKING:
 
 __all__ = ["ListingMemo", "list_children", "list_descendants"]
 
-#: Per host, by child id: (the scan an entry was built from, live, has_children, entry).
-ListingMemo: TypeAlias = "dict[str, tuple[SessionScan, bool, bool, SubagentListEntry | None]]"
-#: Entries remembered before the memo is dropped and rebuilt.
+#: By child id: (the scan an entry was built from, live, has_children, entry).
+_Entries: TypeAlias = "dict[str, tuple[SessionScan, bool, bool, SubagentListEntry | None]]"
+#: Entries (or calls) remembered before the memory is dropped and rebuilt.
 _MEMO_LIMIT = 100_000
+
+
+class _Call:
+    """One listing as last answered: the traced tree it walked, the records it scanned (in
+    walk order, with parent and depth), the scans it got, and its result."""
+
+    __slots__ = ("found", "result", "tree", "walk")
+
+    def __init__(
+        self,
+        tree: tuple[SessionLineageNode, ...],
+        walk: list[tuple[SessionLineageNode, str, int]],
+    ) -> None:
+        self.tree = tree
+        self.walk = walk
+        self.found: list[SessionScan | SessionQueryError] = []
+        self.result: list[Any] = []
+
+
+class ListingMemo:
+    """What a host's listings remember (``SubagentState.listing_memo``).
+
+    A trace of an unchanged corpus gives back the same tree object and the query gives back
+    the same scan object for an unchanged log, so a listing whose tree and scans are all the
+    very same objects as last time has the same answer; one entry is likewise reused while
+    its child's scan, activity and ``has_children`` are. Nothing here is trusted beyond that
+    identity: the query proves the logs unchanged.
+    """
+
+    __slots__ = ("calls", "entries")
+
+    def __init__(self) -> None:
+        self.entries: _Entries = {}
+        self.calls: dict[tuple[str, str], _Call] = {}
+
+    def call(self, kind: str, id: str, tree: tuple[SessionLineageNode, ...]) -> _Call:
+        """The call ``kind`` of ``id`` over ``tree``: as remembered, or a new walk of it."""
+        key = (kind, id)
+        known = self.calls.get(key)
+        if known is not None and known.tree is tree:
+            return known
+        if len(self.calls) > _MEMO_LIMIT:
+            self.calls.clear()
+        walk = _children(id, tree) if kind == "children" else _pre_order(id, tree)
+        known = self.calls[key] = _Call(tree, walk)
+        return known
+
 
 _KEPT = frozenset({DESCRIPTOR_EVENT})
 Reason = Literal["corrupt", "unsupported", "unavailable"]
@@ -95,9 +143,9 @@ class _Classifier:
 
     def __init__(self, memo: ListingMemo) -> None:
         # A scan the query remembered (its log unchanged) gives back the same entry.
-        if len(memo) > _MEMO_LIMIT:
-            memo.clear()
-        self._memo = memo
+        if len(memo.entries) > _MEMO_LIMIT:
+            memo.entries.clear()
+        self._memo = memo.entries
 
     def entry(
         self, record: SessionRecord, found: SessionScan | SessionQueryError, has_children: bool
@@ -166,6 +214,57 @@ def _has_children(node: SessionLineageNode) -> bool:
     return bool(kids) and any(d.session.header.origin == "subagent" for d in kids)
 
 
+def _children(
+    parent: str, tree: tuple[SessionLineageNode, ...]
+) -> list[tuple[SessionLineageNode, str, int]]:
+    return [(node, parent, 1) for node in tree]
+
+
+def _pre_order(
+    root: str, tree: tuple[SessionLineageNode, ...]
+) -> list[tuple[SessionLineageNode, str, int]]:
+    """(node, durable parent id, depth) in pre-order, without recursion: a 10,000-deep chain
+    is just a long list."""
+    order: list[tuple[SessionLineageNode, str, int]] = []
+    stack = [(n, root, 1) for n in reversed(tree)]
+    while stack:
+        node, parent, depth = stack.pop()
+        order.append((node, parent, depth))
+        id = node.session.header.id
+        stack.extend((kid, id, depth + 1) for kid in reversed(node.descendants))
+    return order
+
+
+async def _listing(
+    ctx: Context, memo: ListingMemo, kind: str, id: str, signal: AbortSignal | None
+) -> list[Any]:
+    """One trace, one scan of every walked node, an entry (or a row) per subagent."""
+    query = _query(ctx, signal)
+    tree = await _trace(query, id, signal)
+    call = memo.call(kind, id, tree)
+    walk = call.walk
+    found = await _scan(query, [node.session for node, _, _ in walk], signal)
+    previous = call.found
+    if len(previous) == len(found) and all(map(operator.is_, previous, found)):
+        return list(call.result)  # the same tree and the very same scans: the same answer
+    classify = _Classifier(memo).entry
+    rows = kind == "descendants"
+    result: list[Any] = []
+    for (node, parent, depth), scan in zip(walk, found, strict=True):
+        entry = classify(node.session, scan, _has_children(node))
+        if entry is not None:
+            if rows:
+                result.append(
+                    SubagentDescendantListEntry(entry=entry, parent_id=parent, depth=depth)
+                )
+            else:
+                result.append(entry)
+    _cancelled(signal)
+    call.found = found
+    call.result = result
+    return list(result)
+
+
 async def list_children(
     ctx: Context,
     memo: ListingMemo,
@@ -173,17 +272,7 @@ async def list_children(
     signal: AbortSignal | None,
 ) -> list[SubagentListEntry]:
     """See :meth:`SubagentService.list_children`."""
-    query = _query(ctx, signal)
-    nodes = await _trace(query, parent_session_id, signal)
-    found = await _scan(query, [n.session for n in nodes], signal)
-    classify = _Classifier(memo).entry
-    entries: list[SubagentListEntry] = []
-    for node, scan in zip(nodes, found, strict=True):
-        entry = classify(node.session, scan, _has_children(node))
-        if entry is not None:
-            entries.append(entry)
-    _cancelled(signal)
-    return entries
+    return await _listing(ctx, memo, "children", parent_session_id, signal)
 
 
 async def list_descendants(
@@ -193,22 +282,4 @@ async def list_descendants(
     signal: AbortSignal | None,
 ) -> list[SubagentDescendantListEntry]:
     """See :meth:`SubagentService.list_descendants`."""
-    query = _query(ctx, signal)
-    tree = await _trace(query, root_session_id, signal)
-    # Pre-order without recursion: a 10,000-deep chain is just a long list.
-    order: list[tuple[SessionLineageNode, str, int]] = []
-    stack = [(n, root_session_id, 1) for n in reversed(tree)]
-    while stack:
-        node, parent, depth = stack.pop()
-        order.append((node, parent, depth))
-        id = node.session.id
-        stack.extend((kid, id, depth + 1) for kid in reversed(node.descendants))
-    found = await _scan(query, [n.session for n, _, _ in order], signal)
-    classify = _Classifier(memo).entry
-    rows: list[SubagentDescendantListEntry] = []
-    for (node, parent, depth), scan in zip(order, found, strict=True):
-        entry = classify(node.session, scan, _has_children(node))
-        if entry is not None:
-            rows.append(SubagentDescendantListEntry(entry=entry, parent_id=parent, depth=depth))
-    _cancelled(signal)
-    return rows
+    return await _listing(ctx, memo, "descendants", root_session_id, signal)

@@ -56,7 +56,7 @@ class SubagentState:
         #: Label-less one-shot descriptors by registry name (immutable values, built once).
         self.descriptors: dict[str, OneShotDescriptor] = {}
         #: Listing entries by child id, reused while the child's scan is unchanged.
-        self.listing_memo: ListingMemo = {}
+        self.listing_memo = ListingMemo()
 
     def __dsh_bind__(self, ctx: Context) -> SubagentService:
         return SubagentService(self, ctx)
