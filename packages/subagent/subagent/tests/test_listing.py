@@ -149,8 +149,8 @@ def child(id: str, mode: str = "one-shot", label: str | None = "sum up", **kw: A
     )  # type: ignore[arg-type]
 
 
-def diag(id: str, reason: str) -> SubagentDiagnosticEntry:
-    return SubagentDiagnosticEntry(id=id, reason=reason)  # type: ignore[arg-type]
+def diag(id: str, reason: str, has_children: bool = False) -> SubagentDiagnosticEntry:
+    return SubagentDiagnosticEntry(id=id, reason=reason, has_children=has_children)  # type: ignore[arg-type]
 
 
 class Counting(MemorySessionPersistence):
@@ -260,8 +260,9 @@ async def test_only_the_own_suffix_counts() -> None:
 
 
 async def test_has_children_counts_subagent_origin_only() -> None:
-    """LIST-3: has_children says some direct descendant's header has origin subagent (a
-    diagnostic-only grandchild counts, an ordinary one does not)."""
+    """LIST-3, seam-listing 14.1: has_children, on every entry, says some direct descendant's
+    header has origin subagent (a diagnostic-only grandchild counts, an ordinary one does
+    not)."""
     store = MemorySessionPersistence()
     ctx = bare(store)
     await stored(store, "p", 1)
@@ -269,10 +270,13 @@ async def test_has_children_counts_subagent_origin_only() -> None:
     await stored(store, "with-kid", 3, "with", FUTURE)
     await stored(store, "plain", 4, "p", ONE_SHOT)
     await stored(store, "plain-kid", 5, "plain", ONE_SHOT, origin=False)
+    await stored(store, "broken", 6, "p", MALFORMED)
+    await stored(store, "broken-kid", 7, "broken", ONE_SHOT)
     entries = await svc(ctx).list_children("p")
-    assert [(e.id, getattr(e, "has_children", None)) for e in entries] == [
-        ("with", True),
-        ("plain", False),
+    assert [(e.id, e.kind, e.has_children) for e in entries] == [
+        ("with", "child", True),
+        ("plain", "child", False),
+        ("broken", "diagnostic", True),
     ]
     await ctx.dispose()
 
@@ -423,7 +427,7 @@ async def test_descendants_in_pre_order_through_ordinary_sessions() -> None:
         ("b1", "b", 2),
     ]
     assert rows[0].entry == child("a", has_children=True)
-    assert rows[3].entry == diag("b", "unsupported")
+    assert rows[3].entry == diag("b", "unsupported", has_children=True)
     await ctx.dispose()
 
 

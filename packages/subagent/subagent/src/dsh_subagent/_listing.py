@@ -15,7 +15,12 @@ from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
 from dsh_core import AbortSignal, Context, SessionQuery, SessionQueryError, SessionScan
 
-from ._descriptor import DESCRIPTOR_EVENT, ContinuableDescriptor, parse_descriptor
+from ._descriptor import (
+    DESCRIPTOR_EVENT,
+    ContinuableDescriptor,
+    SubagentDescriptorData,
+    parse_descriptor,
+)
 from ._errors import DescriptorError, SubagentError
 from ._types import (
     SubagentChildEntry,
@@ -82,9 +87,9 @@ class ListingMemo:
 
 
 _KEPT = frozenset({DESCRIPTOR_EVENT})
-Reason = Literal["corrupt", "unsupported", "unavailable"]
+_Reason = Literal["corrupt", "unsupported", "unavailable"]
 #: A stored log's failed read, by the backend's ``SessionError`` code (hardening 11.3).
-_READ_FAILURES: dict[str, Reason] = {
+_READ_FAILURES: dict[str, _Reason] = {
     "SESSION_CORRUPT": "corrupt",
     "SESSION_INVALID_ID": "corrupt",
     "SESSION_FILE_UNSAFE": "corrupt",
@@ -169,37 +174,42 @@ class _Classifier:
 def _classify(
     record: SessionRecord, found: SessionScan | SessionQueryError, has_children: bool
 ) -> SubagentListEntry | None:
-    id = record.id
-    if isinstance(found, SessionQueryError):
-        return SubagentDiagnosticEntry(id=id, reason=_failure(found))
     header = record.header
-    if found.header != header:  # replaced since the trace listed it
-        return SubagentDiagnosticEntry(id=id, reason="corrupt")
-    start = header.seed_length or 0
-    own = [e for e in found.events if e.seq >= start]
-    if not own:
+    if isinstance(found, SessionQueryError):
+        verdict: SubagentDescriptorData | _Reason | None = _failure(found)
+    elif found.header != header:  # replaced since the trace listed it
+        verdict = "corrupt"
+    else:
+        verdict = _own_descriptor(found, header.seed_length or 0)
+    if verdict is None:
         return None
-    if len(own) > 1:
-        return SubagentDiagnosticEntry(id=id, reason="corrupt")
-    try:
-        descriptor = parse_descriptor(own[0].data)
-    except DescriptorError:
-        return SubagentDiagnosticEntry(id=id, reason="corrupt")
-    if descriptor is None:
-        return SubagentDiagnosticEntry(id=id, reason="unsupported")
-    mode: Literal["one-shot", "continuable"] = (
-        "continuable" if isinstance(descriptor, ContinuableDescriptor) else "one-shot"
-    )
+    if isinstance(verdict, str):
+        return SubagentDiagnosticEntry(id=header.id, reason=verdict, has_children=has_children)
     return SubagentChildEntry(
-        id=id,
-        mode=mode,
+        id=header.id,
+        mode="continuable" if isinstance(verdict, ContinuableDescriptor) else "one-shot",
         activity="running" if record.live else "inactive",
-        label=descriptor.label,
+        label=verdict.label,
         has_children=has_children,
     )
 
 
-def _failure(error: SessionQueryError) -> Reason:
+def _own_descriptor(found: SessionScan, start: int) -> SubagentDescriptorData | _Reason | None:
+    """The one supported descriptor from ``start`` on; none: ``None``; more than one or a
+    malformed one: ``corrupt``; an unknown version: ``unsupported`` (LIST-S)."""
+    own = [e for e in found.events if e.seq >= start]
+    if not own:
+        return None
+    if len(own) > 1:
+        return "corrupt"
+    try:
+        descriptor = parse_descriptor(own[0].data)
+    except DescriptorError:
+        return "corrupt"
+    return "unsupported" if descriptor is None else descriptor
+
+
+def _failure(error: SessionQueryError) -> _Reason:
     """``corrupt`` / ``unsupported`` / ``unavailable`` for one child's failed read."""
     if error.code == "SESSION_QUERY_INVALID_LOG":
         return "corrupt"
