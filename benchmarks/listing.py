@@ -92,27 +92,27 @@ def flat(count: int) -> list[SessionHeader]:
         SessionHeader(
             id=f"c{i:06d}",
             created_at=1_000 + i,
-            cwd="/work",
+            cwd="/home/me/project",
             parent_session=PARENT,
             origin="subagent",
             delegation_depth=1,
         )
         for i in range(count)
     ]
-    return [SessionHeader(id=PARENT, created_at=1, cwd="/work"), *children]
+    return [SessionHeader(id=PARENT, created_at=1, cwd="/home/me/project"), *children]
 
 
 def tree(count: int) -> list[SessionHeader]:
     """One root and ``count`` descendants; each one's parent is a random earlier node."""
     rng = random.Random(7)
-    out = [SessionHeader(id=PARENT, created_at=1, cwd="/work")]
+    out = [SessionHeader(id=PARENT, created_at=1, cwd="/home/me/project")]
     for i in range(count):
         parent = PARENT if i == 0 else rng.choice((PARENT, f"t{rng.randrange(i):06d}"))
         out.append(
             SessionHeader(
                 id=f"t{i:06d}",
                 created_at=1_000 + i,
-                cwd="/work",
+                cwd="/home/me/project",
                 parent_session=parent,
                 origin="subagent",
             )

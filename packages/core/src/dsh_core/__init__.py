@@ -132,6 +132,7 @@ from ._prompt import (
     render_prompt,
 )
 from ._query import (
+    SCAN_READS_IN_FLIGHT,
     SessionLineageNode,
     SessionLineageTrace,
     SessionQuery,
@@ -162,6 +163,7 @@ __all__ = [
     "CORE_EVENT_TYPES",
     "ENTRY_POINT_GROUP",
     "PERSONA_SECTION",
+    "SCAN_READS_IN_FLIGHT",
     "SESSION_FORMAT_VERSION",
     "VALIDATOR_CACHE_SIZE",
     "AbortController",
