@@ -924,6 +924,13 @@ class SessionPersistence:
                 out.append(self._scan(id, types))
             except SessionError as exc:
                 out.append(exc)
+            except Exception as exc:  # one crafted log must not fail the others' reads
+                failed = SessionError(
+                    f"session {id!r} is unreadable: {type(exc).__name__}: {exc}",
+                    code="SESSION_CORRUPT",
+                )
+                failed.__cause__ = exc
+                out.append(failed)
         return out
 
     async def released(self, id: str) -> None:

@@ -159,7 +159,7 @@ class Counting(MemorySessionPersistence):
     def __init__(self) -> None:
         super().__init__()
         self.reads: list[str] = []
-        self.fail: dict[str, SessionError] = {}
+        self.fail: dict[str, Exception] = {}
         self.on_read: Any = None
 
     def _scan(self, id: str, types: frozenset[str]) -> StoredScan:
@@ -207,17 +207,20 @@ async def test_healthy_corrupt_unsupported_unavailable_siblings_in_one_listing()
         ("SESSION_FILE_UNSAFE", "corrupt"),
         ("SESSION_FORMAT_UNSUPPORTED", "unsupported"),
         ("SESSION_SOMETHING_NEW", "unavailable"),
+        ("", "corrupt"),
     ],
 )
 async def test_a_failed_read_is_a_diagnostic_by_the_store_code(code: str, reason: str) -> None:
     """LIST-S, seam-listing 14.1: a child's failed read is a diagnostic named by what the store
-    found (corrupt / unsupported / unavailable); it never fails the listing."""
+    found (corrupt / unsupported / unavailable; a read that fails with no store error at all
+    is corrupt); it never fails the listing or its siblings."""
     store = Counting()
     ctx = bare(store)
     await stored(store, "p", 1)
     await stored(store, "c", 2, "p", ONE_SHOT)
-    store.fail["c"] = SessionError("no", code=code)
-    assert await svc(ctx).list_children("p") == [diag("c", reason)]
+    await stored(store, "d", 3, "p", ONE_SHOT)
+    store.fail["c"] = SessionError("no", code=code) if code else ValueError("crafted")
+    assert await svc(ctx).list_children("p") == [diag("c", reason), child("d")]
     await ctx.dispose()
 
 
