@@ -903,7 +903,8 @@ class SessionPersistence:
         calls it makes). A log that cannot be read is its ``SessionError``, in its place;
         nothing is written or held. The JSONL store decodes only the kept events: every
         line must still be a JSON event of the next seq and a known or ignorable type,
-        otherwise the log is parsed in full and fails as its ``load`` would."""
+        otherwise the log is parsed as ``load`` parses it and fails with the same error.
+        Nesting rules are not checked (``load`` does)."""
         self._installed()
         _check(signal)
         for id in ids:
@@ -1629,8 +1630,8 @@ class JsonlSessionPersistence(SessionPersistence):
 
         Each entry is judged on its own (hardening 11.3): what cannot be read becomes a
         :class:`DamagedSession`, logged when first seen. Headers and damage are cached per
-        file name under the entry's (inode, ctime, size, mtime), so an unchanged file is read once;
-        ``SESSION_IO`` is never cached (it may pass), and a torn header is never cached.
+        file name under the entry's (inode, ctime, size, mtime), so an unchanged file is read
+        once; ``SESSION_IO`` is never cached (it may pass), and a torn header is never cached.
         """
         try:
             entries = list(os.scandir(self.root))
