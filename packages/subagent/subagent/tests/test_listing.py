@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import sys
 import threading
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
@@ -647,10 +649,51 @@ async def one_shot(parent: Any, provider: str = "local", label: str | None = Non
     return run.id
 
 
+LIST_IN_A_NEW_PROCESS = """
+import asyncio, json, sys
+from dsh_core import Context, EventTypeRegistry, Host, SessionStoreService
+from dsh_core._persistence import install_jsonl_persistence
+from dsh_core._query import install_session_query
+from dsh_subagent import DESCRIPTOR_EVENT_TYPE, SUBAGENTS, SubagentState
+
+async def main():
+    host = Host("restarted")
+    ctx = Context(host, host.root)
+    types = EventTypeRegistry()
+    types.register(DESCRIPTOR_EVENT_TYPE)
+    ctx.provide("sessions", SessionStoreService(types))
+    install_jsonl_persistence(ctx, sys.argv[1])
+    install_session_query(ctx)
+    ctx.provide("subagents", SubagentState(ctx))
+    found = await ctx[SUBAGENTS].list_children(sys.argv[2])
+    print(json.dumps([[e.kind, e.id, e.label, e.activity] for e in found]))
+    await ctx.dispose()
+
+asyncio.run(main())
+"""
+
+
+async def list_in_a_new_process(root: Path, parent_id: str) -> Any:
+    """``list_children`` in a fresh interpreter on the JSONL folder ``root``."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        LIST_IN_A_NEW_PROCESS,
+        str(root),
+        parent_id,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    async with asyncio.timeout(60):
+        out, err = await process.communicate()
+    assert process.returncode == 0, err.decode()
+    return json.loads(out)
+
+
 async def test_listing_after_a_process_restart_on_the_jsonl_store(tmp_path: Path) -> None:
-    """LIST-S, seam-listing 14.1: children started in one host are listed by a fresh host on
-    the same JSONL folder (inactive, same order and labels), and a child corrupted on disk
-    is a diagnostic beside its healthy sibling."""
+    """LIST-S, seam-listing 14.1: children started in one host are listed by another process
+    and by a fresh host on the same JSONL folder (inactive, same order and labels), and a
+    child corrupted on disk is a diagnostic beside its healthy sibling."""
     async with booted(tmp_path) as host:
         host.ctx.plugin("provider")[SUBAGENTS].register_provider(LocalProvider())
         parent = (await host.create_agent()).agent
@@ -661,6 +704,10 @@ async def test_listing_after_a_process_restart_on_the_jsonl_store(tmp_path: Path
             "inactive",
             "inactive",
         ]
+    assert await list_in_a_new_process(tmp_path, parent_id) == [
+        ["child", first, "first", "inactive"],
+        ["child", second, None, "inactive"],
+    ]
     path = tmp_path / f"{second}.jsonl"
     lines = path.read_bytes().split(b"\n")
     lines[2] = b"not json"
