@@ -226,6 +226,26 @@ async def test_a_failed_read_is_a_diagnostic_by_the_store_code(code: str, reason
     await ctx.dispose()
 
 
+async def test_a_child_replaced_since_the_trace_is_corrupt() -> None:
+    """LIST-3, seam-listing 14.1: a read whose header differs from the one the trace listed
+    (the log was replaced in between) gives corrupt for that child alone."""
+
+    class Replacing(MemorySessionPersistence):
+        def _scan(self, id: str, types: frozenset[str]) -> StoredScan:
+            found = super()._scan(id, types)
+            if id != "replaced":
+                return found
+            return attrs.evolve(found, header=attrs.evolve(found.header, created_at=99))
+
+    store = Replacing()
+    ctx = bare(store)
+    await stored(store, "p", 1)
+    await stored(store, "replaced", 2, "p", ONE_SHOT)
+    await stored(store, "kept", 3, "p", ONE_SHOT)
+    assert await svc(ctx).list_children("p") == [diag("replaced", "corrupt"), child("kept")]
+    await ctx.dispose()
+
+
 async def test_children_are_ordered_by_created_at_then_id() -> None:
     """LIST-2, LIST-S: entries follow the trace: created_at, then id (not store order)."""
     store = MemorySessionPersistence()

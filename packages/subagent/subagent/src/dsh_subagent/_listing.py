@@ -177,7 +177,7 @@ def _classify(
     header = record.header
     if isinstance(found, SessionQueryError):
         verdict: SubagentDescriptorData | _Reason | None = _failure(found)
-    elif found.header != header:  # replaced since the trace listed it
+    elif found.header is not header and found.header != header:  # replaced since the trace
         verdict = "corrupt"
     else:
         verdict = _own_descriptor(found, header.seed_length or 0)
