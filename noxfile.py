@@ -304,6 +304,7 @@ def bench(session: nox.Session) -> None:
     session.run("python", "benchmarks/delegation.py", *session.posargs)
     session.run("python", "benchmarks/sessions.py")
     session.run("python", "benchmarks/llm_openai.py")
+    session.run("python", "benchmarks/listing.py")
 
 
 @nox.session

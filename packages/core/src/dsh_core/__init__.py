@@ -105,6 +105,7 @@ from ._persistence import (
     SessionListing,
     SessionPersistence,
     SessionPreparation,
+    StoredScan,
     default_sessions_dir,
     install_jsonl_persistence,
     install_memory_persistence,
@@ -131,12 +132,14 @@ from ._prompt import (
     render_prompt,
 )
 from ._query import (
+    SCAN_READS_IN_FLIGHT,
     SessionLineageNode,
     SessionLineageTrace,
     SessionQuery,
     SessionQueryError,
     SessionQueryListing,
     SessionRecord,
+    SessionScan,
     install_session_query,
 )
 from ._scripted import ScriptedAdapter, ScriptedReply, ScriptedRequest, ScriptedToolCall
@@ -160,6 +163,7 @@ __all__ = [
     "CORE_EVENT_TYPES",
     "ENTRY_POINT_GROUP",
     "PERSONA_SECTION",
+    "SCAN_READS_IN_FLIGHT",
     "SESSION_FORMAT_VERSION",
     "VALIDATOR_CACHE_SIZE",
     "AbortController",
@@ -266,10 +270,12 @@ __all__ = [
     "SessionQueryError",
     "SessionQueryListing",
     "SessionRecord",
+    "SessionScan",
     "SessionStore",
     "SessionStoreService",
     "SharedDisposal",
     "StepData",
+    "StoredScan",
     "StreamChunk",
     "SystemPromptRegistry",
     "TaggedUnion",

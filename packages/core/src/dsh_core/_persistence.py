@@ -25,8 +25,8 @@ import os
 import stat
 import sys
 import threading
-from collections.abc import Awaitable, Callable, Iterable, Sequence
-from itertools import compress
+from collections.abc import Awaitable, Callable, Hashable, Iterable, Mapping, Sequence
+from itertools import compress, islice
 from json.encoder import encode_basestring
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, cast
@@ -67,6 +67,7 @@ __all__ = [
     "SessionListing",
     "SessionPersistence",
     "SessionPreparation",
+    "StoredScan",
     "default_sessions_dir",
     "install_jsonl_persistence",
     "install_memory_persistence",
@@ -315,6 +316,21 @@ class SessionListing:
 
     headers: tuple[SessionHeader, ...]
     damaged: tuple[DamagedSession, ...] = ()
+    #: By id, a token of each stored log as listed: a later read returning the same token
+    #: read the same log (the JSONL store's file identity, change time and size; empty for a
+    #: backend that cannot tell).
+    stamps: Mapping[str, Hashable] = attrs.field(factory=dict, eq=False, repr=False)
+
+
+@attrs.frozen(kw_only=True)
+class StoredScan:
+    """What :meth:`SessionPersistence.scan` read of one stored log: its header, the events of
+    the asked types (oldest first), and the log's ``stamp`` taken before the read (``None``
+    if the backend cannot tell)."""
+
+    header: SessionHeader
+    events: tuple[SessionEvent, ...]
+    stamp: Hashable | None = None
 
 
 # -- the service ------------------------------------------------------------------------------
@@ -910,7 +926,46 @@ class SessionPersistence:
         _check(signal)
         headers.sort(key=lambda h: (h.created_at, h.id))
         damaged.sort(key=lambda d: d.id)
-        return SessionListing(headers=tuple(headers), damaged=tuple(damaged))
+        return SessionListing(headers=tuple(headers), damaged=tuple(damaged), stamps=self._stamps())
+
+    async def scan(
+        self, ids: Sequence[str], types: Iterable[str], signal: AbortSignal | None = None
+    ) -> builtins.list[StoredScan | SessionError]:
+        """Read the stored logs of ``ids`` one after another, each once, in one worker job,
+        keeping only the events of ``types`` (so a caller bounds its reads in flight by the
+        calls it makes). A log that cannot be read is its ``SessionError``, in its place;
+        nothing is written or held. The JSONL store decodes only the kept events: every
+        line must still be a JSON event of the next seq and a known or ignorable type,
+        otherwise the log is parsed as ``load`` parses it and fails with the same error.
+        Nesting rules are not checked (``load`` does)."""
+        self._installed()
+        _check(signal)
+        for id in ids:
+            if id in self._closing:
+                await self._quiesce(id)
+        found = await self._run(self._scan_all, builtins.list(ids), frozenset(types), signal)
+        _check(signal)
+        return found
+
+    def _scan_all(
+        self, ids: builtins.list[str], types: frozenset[str], signal: AbortSignal | None
+    ) -> builtins.list[StoredScan | SessionError]:
+        out: builtins.list[StoredScan | SessionError] = []
+        for id in ids:
+            if signal is not None and signal.aborted:
+                raise AbortedError(signal.reason)
+            try:
+                out.append(self._scan(id, types))
+            except SessionError as exc:
+                out.append(exc)
+            except Exception as exc:  # one crafted log must not fail the others' reads
+                failed = SessionError(
+                    f"session {id!r} is unreadable: {type(exc).__name__}: {exc}",
+                    code="SESSION_CORRUPT",
+                )
+                failed.__cause__ = exc
+                out.append(failed)
+        return out
 
     async def released(self, id: str) -> None:
         """Wait until this backend's hold on ``id`` from a disposed session is let go (its
@@ -962,6 +1017,15 @@ class SessionPersistence:
         cannot hold damaged entries keeps the default: ``_headers`` and no damage)."""
         return self._headers(signal), []
 
+    def _stamps(self) -> dict[str, Hashable]:
+        """The stamp of each stored log as the last listing saw it (default: none)."""
+        return {}
+
+    def _scan(self, id: str, types: frozenset[str]) -> StoredScan:
+        """One read of a stored log for :meth:`scan` (default: all of ``_read``)."""
+        header, events, _ = self._read(id, None)
+        return StoredScan(header=header, events=tuple(e for e in events if e.type in types))
+
 
 def _not_found(id: str, where: str = "") -> SessionError:
     return SessionError(f"no stored session {id!r}{where}", code="SESSION_NOT_FOUND")
@@ -1010,6 +1074,16 @@ class MemorySessionPersistence(SessionPersistence):
 
     def _headers(self, signal: AbortSignal | None) -> list[SessionHeader]:
         return [log.header for log in self._logs.values()]
+
+    def _stamps(self) -> dict[str, Hashable]:
+        return {id: (log, len(log.events)) for id, log in self._logs.items()}
+
+    def _scan(self, id: str, types: frozenset[str]) -> StoredScan:
+        log = self._logs.get(id)
+        if log is None:
+            raise _not_found(id)
+        events = tuple(e for e in log.events if e.type in types)
+        return StoredScan(header=log.header, events=events, stamp=(log, len(log.events)))
 
 
 # -- JSONL ----------------------------------------------------------------------------------------
@@ -1295,6 +1369,8 @@ def _first_too_deep(lines: builtins.list[bytes], values: builtins.list[Any]) -> 
 
 
 _HEADER_CHUNK = 4096
+#: A stored file as ``stat`` sees it: (inode, ctime, size, mtime), in nanoseconds.
+_Stamp = tuple[int, int, int, int]
 #: The longest header line (bytes, without its newline) the store writes or lists: a header
 #: holds a few short fields, so anything longer is not a header (and listing never reads more).
 HEADER_LINE_LIMIT = 1 << 20
@@ -1321,8 +1397,9 @@ class JsonlSessionPersistence(SessionPersistence):
     def __init__(self, root: Path | None = None) -> None:
         super().__init__()
         self.root = Path(root) if root is not None else default_sessions_dir()
-        # file name -> ((inode, ctime), header or damage): a header never changes once written.
-        self._header_cache: dict[str, tuple[tuple[int, int], SessionHeader | DamagedSession]] = {}
+        # file name -> (stamp, header or damage): a header never changes once written. The
+        # stamp (inode, ctime, size, mtime) changes with any write, so it also stamps the log.
+        self._header_cache: dict[str, tuple[_Stamp, SessionHeader | DamagedSession]] = {}
         self._line_encoders: dict[str, Callable[[SessionEvent], str]] = {}
         self._root_noted = threading.Event()  # set once the folder was looked at
         self._root_lock = threading.Lock()
@@ -1630,8 +1707,8 @@ class JsonlSessionPersistence(SessionPersistence):
 
         Each entry is judged on its own (hardening 11.3): what cannot be read becomes a
         :class:`DamagedSession`, logged when first seen. Headers and damage are cached per
-        file name under the entry's (inode, ctime), so an unchanged file is read once;
-        ``SESSION_IO`` is never cached (it may pass), and a torn header is never cached.
+        file name under the entry's (inode, ctime, size, mtime), so an unchanged file is read
+        once; ``SESSION_IO`` is never cached (it may pass), and a torn header is never cached.
         """
         try:
             entries = list(os.scandir(self.root))
@@ -1639,7 +1716,7 @@ class JsonlSessionPersistence(SessionPersistence):
             return [], []
         self._note_root()
         cache = self._header_cache
-        fresh: dict[str, tuple[tuple[int, int], SessionHeader | DamagedSession]] = {}
+        fresh: dict[str, tuple[_Stamp, SessionHeader | DamagedSession]] = {}
         out: list[SessionHeader] = []
         damaged: list[DamagedSession] = []
         for entry in entries:
@@ -1652,7 +1729,7 @@ class JsonlSessionPersistence(SessionPersistence):
                 st = entry.stat(follow_symlinks=False)
             except FileNotFoundError:
                 continue  # removed while listing
-            key = (st.st_ino, st.st_ctime_ns)
+            key = (st.st_ino, st.st_ctime_ns, st.st_size, st.st_mtime_ns)
             known = cache.get(name)
             if known is not None and known[0] == key:
                 found: SessionHeader | DamagedSession | None = known[1]
@@ -1708,6 +1785,75 @@ class JsonlSessionPersistence(SessionPersistence):
         if header is None:
             _log.warning("session file %s was cut inside its header: never created", path)
         return header
+
+    def _stamps(self) -> dict[str, Hashable]:
+        return {
+            found.id: key
+            for key, found in self._header_cache.values()
+            if isinstance(found, SessionHeader)
+        }
+
+    def _scan(self, id: str, types: frozenset[str]) -> StoredScan:
+        """One read of the file; only the kept events are decoded (see :meth:`scan`)."""
+        path = self.path_of(id)
+        try:
+            try:
+                fd = _open_file(path, _READ_FLAGS)
+            except FileNotFoundError:
+                raise _not_found(id) from None
+            try:
+                st = os.fstat(fd)  # before the read: a later write changes the stamp
+                data = _read_all(fd)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            raise SessionError(
+                f"cannot read session file {path}: {exc}", code="SESSION_IO"
+            ) from exc
+        stamp = (st.st_ino, st.st_ctime_ns, st.st_size, st.st_mtime_ns)
+        found = self._scan_lines(data, types)
+        if found is None:  # anything unusual: the full parse gives load's own verdict
+            header, events, _ = self._parse(id, path, data)
+            kept = tuple(e for e in events if e.type in types)
+            return StoredScan(header=header, events=kept, stamp=stamp)
+        try:
+            known = self._header_cache.get(path.name)
+            if known is not None and known[0] == stamp and isinstance(known[1], SessionHeader):
+                header = known[1]  # the header the listing read from this very file
+            else:
+                header = structure_header(found[0])
+                if header.id != id:
+                    raise SessionError(
+                        f"header names session {header.id!r}", code="SESSION_CORRUPT"
+                    )
+            decode = self.types.decode
+            kept = tuple(decode(value) for value in found[1])
+        except SessionError as exc:
+            raise SessionError(f"session file {path}: {exc}", code=exc.code) from exc
+        return StoredScan(header=header, events=kept, stamp=stamp)
+
+    def _scan_lines(self, data: bytes, types: frozenset[str]) -> tuple[Any, list[Any]] | None:
+        """The header value and the values of the kept events, or ``None`` unless every line
+        is a complete JSON event of the next seq, of a known or ignorable type, not too deep."""
+        if not data.endswith(b"\n"):
+            return None  # empty, or a torn last line
+        lines = data.split(b"\n")
+        lines.pop()
+        values = self._parse_lines(lines)
+        if not values or _first_too_deep(lines, values) is not None:
+            return None
+        known = self.types.get
+        kept: list[Any] = []
+        for seq, value in enumerate(islice(values, 1, None)):
+            type_ = value.get("type")
+            at = value.get("seq")
+            if at.__class__ is not int or at != seq or type_.__class__ is not str:
+                return None
+            if type_ in types:
+                kept.append(value)
+            elif known(type_) is None and value.get("ignorable") is not True:
+                return None  # SESSION_FORMAT_UNSUPPORTED, said by the full parse
+        return values[0], kept
 
     # -- writing ---------------------------------------------------------------------------------
 

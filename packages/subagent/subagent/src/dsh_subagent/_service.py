@@ -8,6 +8,7 @@ Lifecycle events are observation only: a listener failure is logged and containe
 
 from __future__ import annotations
 
+import builtins
 import uuid
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -28,6 +29,7 @@ from ._continuation import ContinuationManager
 from ._depth import assert_subagent_max_depth
 from ._descriptor import OneShotDescriptor, snapshot_one_shot_descriptor
 from ._errors import InvalidStartRequestError, SubagentError, no_provider
+from ._listing import ListingMemo, list_children, list_descendants
 from ._schema import assert_object_json_schema
 from ._setup import ActivationSetupRegistry, ContinuableSetup
 from ._types import (
@@ -36,6 +38,8 @@ from ._types import (
     ResolvedSubagentStartRequest,
     SharedResult,
     SubagentFollowupOptions,
+    SubagentDescendantListEntry,
+    SubagentListEntry,
     SubagentProvider,
     SubagentRun,
     SubagentRunEndInfo,
@@ -62,6 +66,8 @@ class SubagentState:
         #: The continuation manager; unloading the service drains it first (DRN-1).
         self.continuation = ContinuationManager(self)
         ctx.fiber.add(self.continuation.drain)
+        #: Listing entries by child id, reused while the child's scan is unchanged.
+        self.listing_memo = ListingMemo()
 
     def __dsh_bind__(self, ctx: Context) -> SubagentService:
         return SubagentService(self, ctx)
@@ -236,6 +242,38 @@ class SubagentService:
         (REG-4); a failing disposer surfaces as ``ACTIVATION_SETUP_RELEASE_FAILED`` (REG-5).
         """
         return self._state.setups.register(setup, self._ctx)
+
+    # -- durable listing (LIST-S, LIST-3, LIST-5, LIST-6) ------------------------------------
+
+    async def list_children(
+        self, parent_session_id: str, signal: AbortSignal | None = None
+    ) -> builtins.list[SubagentListEntry]:
+        """The session-backed subagents directly under ``parent_session_id``, from one
+        ``ctx.session_query`` trace; no agent is loaded or resumed (LIST-S).
+
+        Candidates are the traced direct descendants, ordered by ``created_at``, then id. One
+        supported ``subagent/descriptor`` in a child's own suffix (after its seed) makes it a
+        ``SubagentChildEntry`` (``running`` if its session is live, else ``inactive``); none
+        leaves it out; more than one or a malformed one is a ``corrupt`` diagnostic, an
+        unknown version ``unsupported``, a failed read ``unavailable`` (or ``corrupt`` /
+        ``unsupported`` as the store judged the log). A trace failure fails the call; one
+        child's never does. No session query: ``SUBAGENT_CONTROL_SESSION_QUERY_UNAVAILABLE``;
+        an abort: ``CANCELLED``, never a partial result.
+        """
+        return await list_children(self._ctx, self._state.listing_memo, parent_session_id, signal)
+
+    async def list_descendants(
+        self, root_session_id: str, signal: AbortSignal | None = None
+    ) -> builtins.list[SubagentDescendantListEntry]:
+        """Every subagent below ``root_session_id``, in stable pre-order (siblings as
+        ``list_children`` orders them), each with its durable direct ``parent_id`` and its
+        ``depth`` (children: 1) (LIST-6).
+
+        Ordinary sessions and children without a descriptor give no row but are walked
+        through; the walk is iterative and meets each session once, so a parent cycle ends
+        there. Entries, errors and cancellation are those of :meth:`list_children`.
+        """
+        return await list_descendants(self._ctx, self._state.listing_memo, root_session_id, signal)
 
 
 def _check_fields(request: SubagentStartRequest) -> None:

@@ -431,7 +431,8 @@ class SubagentRunEndInfo:
 
 @attrs.frozen(kw_only=True)
 class SubagentChildEntry:
-    """A listed child with a valid descriptor. ``label`` is always present when continuable."""
+    """A listed child with a valid descriptor. ``label`` is always present when continuable;
+    ``has_children``: some direct descendant's header says ``origin: subagent`` (LIST-3)."""
 
     id: str
     mode: Literal["one-shot", "continuable"]
@@ -443,10 +444,12 @@ class SubagentChildEntry:
 
 @attrs.frozen(kw_only=True)
 class SubagentDiagnosticEntry:
-    """A child that could not be classified; one broken sibling never hides healthy ones."""
+    """A child that could not be classified; one broken sibling never hides healthy ones.
+    ``has_children`` as on a child entry (its own children may still be listed)."""
 
     id: str
     reason: Literal["corrupt", "unsupported", "unavailable"]
+    has_children: bool = False
     kind: Literal["diagnostic"] = "diagnostic"
 
 
