@@ -23,9 +23,8 @@ from typing import TYPE_CHECKING, Literal, TypeVar
 import attrs
 
 from ._abort import AbortController, AbortedError, AbortSignal, fuse, race_abort
-from ._codec import Unfit, class_checker, union_checkers
+from ._codec import Unfit, _check_json, checked_builder, class_checker, type_checker
 from ._content import (
-    CHUNKS,
     ContentBlock,
     Finish,
     LlmError,
@@ -33,8 +32,11 @@ from ._content import (
     Message,
     ModelSource,
     PluginSource,
+    ReasoningDelta,
     StreamChunk,
+    TextDelta,
     ToolCallBlock,
+    ToolCallDelta,
     new_id,
     user_message,
 )
@@ -64,7 +66,7 @@ from ._inbox import Inbox, InboxTarget
 from ._json import MAX_NESTING, JsonValue, freeze_json
 from ._llm import BlockAssembler, GenerateOptions, failure_of
 from ._prompt import AssembleContext, PromptAssembly
-from ._tools import ToolExecutionInput, ToolRegistry, failure
+from ._tools import ToolExecutionInput, ToolExecutionResult, ToolRegistry, failure
 
 if TYPE_CHECKING:
     from ._sessions import Session
@@ -105,13 +107,32 @@ _generate_options = builder(GenerateOptions)
 _message = builder(Message)
 _assistant_message = builder(AssistantMessageData)
 _chunk_data = builder(AssistantChunkData)
-#: The check of an adapter's chunk (see Agent._stream): by class, and the resolver of a miss.
-_chunk_checks, _chunk_check = union_checkers(CHUNKS)
 #: How many levels a chunk may nest: two less than a payload (its event's data, and the spare
 #: level a ``BlockEnd``'s block needs inside the assembled ``assistant/message``).
 _CHUNK_LEVELS = MAX_NESTING - 2
+
+
+def _unchecked(**_: object) -> AssistantChunkData:
+    raise Unfit
+
+
+#: The chunk payload's builder that first checks an adapter's chunk (see Agent._stream), the
+#: most frequent chunk classes tested first.
+_checked_chunk_data = (
+    checked_builder(
+        AssistantChunkData,
+        "chunk",
+        _CHUNK_LEVELS,
+        (TextDelta, ReasoningDelta, ToolCallDelta, Finish),
+    )
+    or _unchecked
+)
 _tool_call = builder(ToolCallData)
 _tool_result = builder(ToolResultData)
+#: The check of a tool's content blocks where a ``tool/result`` holds them: inside the payload,
+#: its message, the message's content, the result block and that block's content.
+_check_blocks = type_checker(tuple[ContentBlock, ...])
+_RESULT_BLOCK_LEVELS = MAX_NESTING - 4
 _execution_input = builder(ToolExecutionInput)
 
 
@@ -449,9 +470,10 @@ class Agent:
                     _assemble_context(scope=self._scope, signal=signal, agent=self)
                 )
                 entered = self._with_snapshot(batch, assembly)
-                # The first ``trusted`` entered messages are the inbox's: checked when they
-                # entered it (Inbox.insert), so not again when logged (hardening 11.1).
-                trusted = len(batch)
+                # The entered messages are not checked again when logged (hardening 11.1): the
+                # inbox's were checked when they entered it (Inbox.insert), and a snapshot is
+                # built here around the context text (a plain string, or all are checked).
+                trusted = assembly.context.__class__ is str
                 if "agent/pre-step" in self._listeners:
                     decision: PreStepDecision = await self.ctx.waterfall(
                         "agent/pre-step",
@@ -461,18 +483,19 @@ class Agent:
                     if signal.aborted:
                         raise _TurnAborted
                     if decision.kind == "reject":
-                        reason = TurnEndReason(kind="blocked")
+                        reason = _BLOCKED
                         break
-                    entered = decision.messages
-                    trusted = 0  # a listener's messages enter here: checked at the append
+                    if decision.messages is not entered:
+                        entered = decision.messages
+                        trusted = False  # a listener's messages enter here: checked at the append
                 if not entered and step_no == 1:
                     break
                 step = step_no
                 step_data = _step_data(turn=turn, step=step)
                 session.append("step/start", step_data, _vouched=True)
                 open_step = True
-                for i, m in enumerate(entered):
-                    session.append("user/message", m, source_event_seqs=(), _vouched=i < trusted)
+                for m in entered:
+                    session.append("user/message", m, source_event_seqs=(), _vouched=trusted)
                     if _is_snapshot(m):
                         self._snapshot = m.text
                 outcome = await self._step(turn, step, signal, assembly)
@@ -512,13 +535,16 @@ class Agent:
             self.ctx.emit("agent/error", self, exc)
         else:
             if max_tokens and reason.kind == "completed":
-                reason = TurnEndReason(kind="max-tokens")
+                reason = _MAX_TOKENS
         self._close_turn(turn, step if open_step else None, reason)
 
     def _close_turn(self, turn: int, open_step: int | None, reason: TurnEndReason) -> None:
         if open_step is not None:
             self.session.append("step/end", _step_data(turn=turn, step=open_step), _vouched=True)
-        self.session.append("turn/end", _turn_end(turn=turn, reason=reason))
+        # The loop's own reasons are constants of plain strings; any other (an error's, a
+        # cancel cause's) is checked at the append.
+        vouched = reason is _COMPLETED or reason is _BLOCKED or reason is _MAX_TOKENS
+        self.session.append("turn/end", _turn_end(turn=turn, reason=reason), _vouched=vouched)
 
     def _with_snapshot(
         self, batch: tuple[Message, ...], assembly: PromptAssembly
@@ -702,11 +728,11 @@ class Agent:
 
         def sink(chunk: StreamChunk) -> bool:
             nonlocal vouched
-            data = _chunk_data(turn=turn, step=step, chunk=chunk)
             try:
-                (_chunk_checks.get(chunk.__class__) or _chunk_check(chunk))(chunk, _CHUNK_LEVELS)
+                data = _checked_chunk_data(turn=turn, step=step, chunk=chunk)
             except Unfit:
                 vouched = False
+                data = _chunk_data(turn=turn, step=step, chunk=chunk)
                 seqs.append(session.append("assistant/chunk", data).seq)  # the verdict, or raises
             else:
                 seqs.append(session.append("assistant/chunk", data, _vouched=True).seq)
@@ -776,18 +802,20 @@ class Agent:
                     )
                 )
             for c, seq, result in zip(group, call_seqs, results, strict=True):
+                data = _tool_result(
+                    turn=turn,
+                    step=step,
+                    message=result.message(c.id),
+                    error=ToolResultError(name=c.name, code=result.error.code)
+                    if result.error is not None
+                    else None,
+                    meta=result.meta,
+                )
                 session.append(
                     "tool/result",
-                    _tool_result(
-                        turn=turn,
-                        step=step,
-                        message=result.message(c.id),
-                        error=ToolResultError(name=c.name, code=result.error.code)
-                        if result.error is not None
-                        else None,
-                        meta=result.meta,
-                    ),
+                    data,
                     source_event_seqs=(seq,),
+                    _vouched=_result_vouched(result, data),
                 )
                 for extra in result.additional_contexts:
                     self.inbox.insert("next-step", extra)
@@ -802,6 +830,8 @@ class Agent:
 
 
 _COMPLETED = TurnEndReason(kind="completed")
+_BLOCKED = TurnEndReason(kind="blocked")
+_MAX_TOKENS = TurnEndReason(kind="max-tokens")
 
 
 @functools.lru_cache(maxsize=64)
@@ -830,6 +860,27 @@ def _epoch_header(
     ):
         return current
     return EpochHeader(config=config, system=system, tools=tools)
+
+
+def _result_vouched(result: ToolExecutionResult, data: ToolResultData) -> bool:
+    """Whether the loop vouches for the ``tool/result`` it built around ``result`` (hardening
+    11.1): a plain ``ToolExecutionResult`` builds its message from the call's id (a block of
+    the logged answer) and literals, so only what the tool (or a listener) supplied is checked
+    here: the content blocks, the error code and the meta. Anything else takes the append's
+    check."""
+    if result.__class__ is not ToolExecutionResult or _check_blocks is None:
+        return False
+    error = data.error
+    if error is not None and error.code.__class__ is not str:
+        return False
+    meta = data.meta
+    try:
+        _check_blocks(result.content, _RESULT_BLOCK_LEVELS)
+        if meta is not None:
+            _check_json(meta, MAX_NESTING - 1)
+    except Unfit:
+        return False
+    return True
 
 
 def _loggable_header(header: EpochHeader) -> bool:
