@@ -237,6 +237,13 @@ class Message:
         return blocks_text(self.content)
 
 
+#: The message :func:`user_message` built last from a plain ``str`` with a fresh id and the
+#: default source: every field of it is a literal, a fresh id or that ``str``, so the log can
+#: hold it by construction, and an inbox that is handed this very object need not check it
+#: again (see ``Inbox.insert``, hardening 11.1). One slot: only the latest such message is known.
+plain_user_message: Message | None = None
+
+
 def user_message(
     content: str | Iterable[ContentBlock],
     *,
@@ -244,6 +251,12 @@ def user_message(
     id: MessageId | None = None,
 ) -> Message:
     """A user-role message with a fresh id."""
+    if content.__class__ is str and source is _USER and id is None:
+        global plain_user_message
+        built = plain_user_message = _message(
+            id=new_id(), role="user", content=(_text_block(text=content),), source=_USER
+        )
+        return built
     blocks = text_blocks(content) if isinstance(content, str) else tuple(content)
     return _message(id=id or new_id(), role="user", content=blocks, source=source)
 
