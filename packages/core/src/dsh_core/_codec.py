@@ -905,13 +905,14 @@ def checked_builder(
         if shape is None:
             return None
         signature, steps, env = plan
-        env.update({"Unfit": Unfit, "hi": _INT_HI, "_levels": levels, "_new": object.__new__})
+        env.update({"Unfit": Unfit, "hi": _INT_HI, "_new": object.__new__})
         env["_open"], env["_cls"] = open_twin(cls), cls
         body = [f"_v = {name}"]
+        # The levels as a literal: the compiler folds the tests and sums on it.
         if shape[0] == "union":
-            body += _union_chain(shape[1], first, env)
+            body += _union_chain(shape[1], first, env, str(int(levels)))
         else:
-            body += _check_lines(shape, "_v", env, "_levels", frozenset({cls}))
+            body += _check_lines(shape, "_v", env, str(int(levels)), frozenset({cls}))
         body.append("_o = _new(_open)")
         body += (step if isinstance(step, str) else f"_o.{step[1]} = {step[2]}" for step in steps)
         body += ["_o.__class__ = _cls", "return _o"]
@@ -923,9 +924,9 @@ def checked_builder(
 
 
 def _union_chain(
-    union: TaggedUnion[Any], first: tuple[type, ...], env: dict[str, Any]
+    union: TaggedUnion[Any], first: tuple[type, ...], env: dict[str, Any], d: str
 ) -> list[str]:
-    """Statements checking ``_v`` as a member of ``union`` with ``_levels`` left (see
+    """Statements checking ``_v`` as a member of ``union`` with ``d`` levels left (see
     :func:`checked_builder`)."""
     dispatch = _dispatch_of(union)
     env["_by_class"], env["_resolve"] = dispatch.checkers, dispatch.checker
@@ -937,11 +938,11 @@ def _union_chain(
             continue
         w = f"_w{j}"
         env[f"_c{j}"] = cls
-        body = _class_lines(cls, plan, w, env, "_levels", frozenset())[1:]  # its class is known
+        body = _class_lines(cls, plan, w, env, d, frozenset())[1:]  # its class is known
         lines.append(f"{'elif' if len(lines) > 1 else 'if'} _c is _c{j}:")
-        lines += ["    if _levels < 1: raise Unfit", f"    {w} = _v"]
+        lines += [f"    if {d} < 1: raise Unfit", f"    {w} = _v"]
         lines += [f"    {line}" for line in body]
-    call = "(_by_class.get(_c) or _resolve(_v))(_v, _levels)"
+    call = f"(_by_class.get(_c) or _resolve(_v))(_v, {d})"
     return [*lines, "else:", f"    {call}"] if len(lines) > 1 else [*lines, call]
 
 
