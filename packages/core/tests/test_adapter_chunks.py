@@ -19,6 +19,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from dsh_core import (
+    AgentOptions,
     BlockEnd,
     BlockStart,
     EventTypeRegistry,
@@ -469,3 +470,41 @@ async def test_whatever_result_a_tool_listener_gives_is_logged_only_if_the_log_c
         loggable = False
     event("logged" if logged else "refused")
     assert bool(logged) == loggable
+
+
+class _Name(str):
+    """A ``str`` subclass: equal to a plain string, not one."""
+
+
+@pytest.mark.parametrize("store", BACKENDS)
+@pytest.mark.parametrize(
+    "route",
+    [
+        {"provider": "scripted", "model": "echo", "max_tokens": True},
+        {"provider": "scripted", "model": "echo", "max_tokens": 10**5000},
+        {"provider": _Name("scripted"), "model": "echo"},
+        {"provider": "scripted", "model": ["echo"]},
+    ],
+    ids=["bool-max-tokens", "huge-max-tokens", "str-subclass", "unhashable-model"],
+)
+async def test_an_agents_own_route_is_vouched_for_only_when_the_log_can_hold_it(
+    tmp_path: Path, store: Literal["memory", "jsonl"], route: dict[str, Any]
+) -> None:
+    """hardening 11.1, host-core §9: the loop checks an agent's own route once (shared by the
+    agents on the same route) and vouches for its header only if the log can hold it; any other
+    route's header gets the append's check, and whatever is logged reads back equal."""
+    async with scripted_host(model=lambda _: "ok", store=store, store_root=tmp_path) as host:
+        for options in (AgentOptions(**route), AgentOptions(**route)):  # the cached verdict too
+            handle = await host.create_agent(options=options)
+            agent = handle.agent
+            agent.followup(user_message("go"))
+            async with asyncio.timeout(10):
+                await agent.when_idle()
+            await host.ctx.sessions.flush(agent.session)
+            _, stored = await host.ctx.session_persistence.inspect(agent.session.id)
+            assert stored == agent.session.events
+            headers = [e.data.header.config for e in stored if e.type == "request/header"]
+            assert all(h.max_tokens is None or type(h.max_tokens) is int for h in headers)
+            end = next(e for e in stored if e.type == "turn/end")
+            assert end.data.reason.kind in ("completed", "error")
+            await handle.dispose()

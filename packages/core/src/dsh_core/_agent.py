@@ -17,8 +17,16 @@ import contextvars
 import functools
 import inspect
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Literal, TypeVar
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Coroutine,
+    Iterator,
+    Mapping,
+    Sequence,
+)
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import attrs
 
@@ -133,6 +141,7 @@ _tool_result = builder(ToolResultData)
 #: its message, the message's content, the result block and that block's content.
 _check_blocks = type_checker(tuple[ContentBlock, ...])
 _RESULT_BLOCK_LEVELS = MAX_NESTING - 4
+_check_config = class_checker(LlmCallConfig)  # a request header's route (see _loggable_header)
 _execution_input = builder(ToolExecutionInput)
 
 
@@ -269,6 +278,7 @@ class Agent:
         "_latch",
         "_listeners",
         "_route",
+        "_route_ok",
         "_scope",
         "_service",
         "_snapshot",
@@ -306,6 +316,7 @@ class Agent:
         self._disposed = False
         self._header_written = False
         self._route: LlmCallConfig | None = None
+        self._route_ok = False  # whether the log can hold ``_route`` (see _route_of)
         self._turn = _last_turn(session)
         self._snapshot = _last_snapshot(session)
 
@@ -671,9 +682,8 @@ class Agent:
             o = self.options
             if not o.provider or not o.model:
                 return None
-            cached = self._route = LlmCallConfig(
-                provider=o.provider, model=o.model, max_tokens=o.max_tokens
-            )
+            cached, self._route_ok = _route_of(o.provider, o.model, o.max_tokens)
+            self._route = cached
         return cached
 
     def _write_header(self, header: EpochHeader) -> None:
@@ -691,7 +701,7 @@ class Agent:
         session.append(
             "request/header",
             RequestHeaderData(header=header, reason=reason),
-            _vouched=_loggable_header(header),
+            _vouched=_loggable_header(header, self._route if self._route_ok else None),
         )
 
     async def _stream(
@@ -883,18 +893,39 @@ def _result_vouched(result: ToolExecutionResult, data: ToolResultData) -> bool:
     return True
 
 
-def _loggable_header(header: EpochHeader) -> bool:
+def _route_of(provider: str, model: str, max_tokens: int | None) -> tuple[LlmCallConfig, bool]:
+    """An agent's own route, and whether the log can hold it (hardening 11.1): one immutable
+    value per route, shared by the agents on it and checked once (typed: ``1`` and ``True``,
+    a ``str`` and a subclass are different routes)."""
+    try:
+        return _cached_route(provider, model, max_tokens)
+    except TypeError:  # an unhashable field: no cache, and the append will check it
+        return LlmCallConfig(provider=provider, model=model, max_tokens=max_tokens), False
+
+
+@functools.lru_cache(maxsize=64, typed=True)
+def _cached_route(provider: str, model: str, max_tokens: int | None) -> tuple[LlmCallConfig, bool]:
+    config = LlmCallConfig(provider=provider, model=model, max_tokens=max_tokens)
+    try:
+        if _check_config is None:
+            raise Unfit
+        _check_config(config, MAX_NESTING - 2)  # inside the payload and the header
+    except Unfit:
+        return config, False
+    return config, True
+
+
+def _loggable_header(header: EpochHeader, checked: LlmCallConfig | None) -> bool:
     """Whether the loop vouches for its own header (hardening 11.1): its tools come from the
     registry, which checked each schema at registration; its route (an ``agent/request``
     listener may replace it) and system prompt (a section's text) are checked here."""
     system = header.system
-    if system is not None and system.__class__ is not str:
+    if (system is not None and system.__class__ is not str) or _check_config is None:
         return False
-    check = class_checker(LlmCallConfig)
-    if check is None:
-        return False
+    if header.config is checked:  # the agent's own route, checked once (see _route_of)
+        return True
     try:
-        check(header.config, MAX_NESTING - 2)  # inside the payload and the header
+        _check_config(header.config, MAX_NESTING - 2)  # inside the payload and the header
     except Unfit:
         return False
     return True
@@ -982,19 +1013,23 @@ class AgentHandle:
         """Whether disposal has started."""
         return self._disposal.started
 
-    async def dispose(self) -> None:
-        """Release the agent (see the class docstring for the order). A caller that stops
-        waiting never stops the release (hardening 11.8)."""
-        await self._disposal.run(self._release)
+    def dispose(self) -> Coroutine[Any, Any, None]:
+        """Release the agent (see the class docstring for the order): ``await
+        handle.dispose()``. A caller that stops waiting never stops the release (hardening
+        11.8). (The shared disposal's coroutine itself, one coroutine less per disposal.)"""
+        return self._disposal.run(self._release)
 
-    async def _release(self) -> None:
-        try:
-            await _teardown(self.agent, self._service, self._detach_session, announced=True)
-        finally:
-            detach = self._detach_owner
-            self._detach_owner = None
-            if detach is not None:
-                detach.forget()
+    def _release(self) -> Coroutine[Any, Any, None]:
+        # The teardown's coroutine itself (no coroutine of its own around it).
+        return _teardown(
+            self.agent, self._service, self._detach_session, announced=True, then=self._forget
+        )
+
+    def _forget(self) -> None:
+        detach = self._detach_owner
+        self._detach_owner = None
+        if detach is not None:
+            detach.forget()
 
 
 async def _teardown(
@@ -1003,25 +1038,33 @@ async def _teardown(
     detach_session: Callable[[], None] | None,
     *,
     announced: bool,
+    then: Callable[[], None] | None = None,
 ) -> None:
-    agent.cancel(AgentCancelCause(kind="disposed"))
-    agent._disposed = True
-    await agent.when_idle()
-    await agent.ctx.fiber.dispose()
-    entry = service.agents.get(agent.id)
-    if entry is not None and entry.agent is agent:
-        del service.agents[agent.id]
-        if announced:
-            agent.ctx.emit("agent/disposed", agent)
-    if detach_session is not None:
-        detach_session()
-        # Persistence drains and unlocks a disposed session in a task of its own: wait for it,
-        # so the log is complete and unlocked once dispose returns (hardening 11.10).
-        persistence = service.host_ctx.get("session_persistence")
-        released = getattr(persistence, "released", None)
-        if released is not None:
-            await released(agent.id)
-    agent.ctx._bound.clear()  # views refer back to the context: let refcounting free them
+    """Cancel, wait for idle, dispose the scope, unregister, detach the session and wait for
+    persistence to let go of it; ``then`` runs at the end, whatever happened."""
+    try:
+        agent.cancel(AgentCancelCause(kind="disposed"))
+        agent._disposed = True
+        if agent._driver is not None:  # idle already: no coroutine to wait on
+            await agent.when_idle()
+        await agent.ctx.fiber.dispose()
+        entry = service.agents.get(agent.id)
+        if entry is not None and entry.agent is agent:
+            del service.agents[agent.id]
+            if announced:
+                agent.ctx.emit("agent/disposed", agent)
+        if detach_session is not None:
+            detach_session()
+            # Persistence drains and unlocks a disposed session in a task of its own: wait for
+            # it, so the log is complete and unlocked once dispose returns (hardening 11.10).
+            persistence = service.host_ctx.get("session_persistence")
+            released = getattr(persistence, "released", None)
+            if released is not None:
+                await released(agent.id)
+        agent.ctx._bound.clear()  # views refer back to the context: let refcounting free them
+    finally:
+        if then is not None:
+            then()
 
 
 @attrs.define(eq=False)
