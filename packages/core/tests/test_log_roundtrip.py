@@ -42,6 +42,7 @@ from dsh_core import (
     UserSource,
     _agent,
     _content,
+    text_blocks,
     user_message,
 )
 from dsh_core._codec import class_checker
@@ -552,8 +553,9 @@ class Text(str):
 
 def test_only_a_plain_text_user_message_is_known_loggable_by_construction() -> None:
     """hardening 11.1, host-core §9: ``user_message`` marks the message it builds from a plain
-    ``str`` with a fresh id and the user source, and nothing else, as the one an inbox need not
-    check (a ``str`` subclass, an id, a source or blocks keep the check)."""
+    ``str`` (or from the blocks ``text_blocks`` just built from one) with a fresh id and the
+    user source, and nothing else, as the one an inbox need not check (a ``str`` subclass, an
+    id, a source or other blocks keep the check)."""
     plain = user_message("hi")
     assert _content.plain_user_message is plain
     for other in (
@@ -561,9 +563,14 @@ def test_only_a_plain_text_user_message_is_known_loggable_by_construction() -> N
         user_message("hi", id="m-1"),
         user_message("hi", source=PluginSource(plugin="p")),
         user_message([TextBlock(text="hi")]),
+        user_message(text_blocks(Text("hi"))),
+        user_message([*text_blocks("hi")]),  # equal blocks, not the tuple built
     ):
         assert _content.plain_user_message is plain
         assert other is not plain
+    blocks = text_blocks("hi")
+    assert _content.plain_text_blocks is blocks
+    assert user_message(blocks) is _content.plain_user_message
 
 
 def test_the_loops_own_turn_end_reasons_are_loggable() -> None:

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import attrs
 
+from . import _tools
 from ._abort import AbortController, AbortedError, AbortSignal, fuse, race_abort
 from ._codec import Unfit, _check_json, checked_builder, class_checker, type_checker
 from ._content import (
@@ -825,7 +826,7 @@ class Agent:
                     "tool/result",
                     data,
                     source_event_seqs=(seq,),
-                    _vouched=_result_vouched(result, data),
+                    _vouched=result is _tools.plain_result or _result_vouched(result, data),
                 )
                 for extra in result.additional_contexts:
                     self.inbox.insert("next-step", extra)
@@ -877,7 +878,8 @@ def _result_vouched(result: ToolExecutionResult, data: ToolResultData) -> bool:
     11.1): a plain ``ToolExecutionResult`` builds its message from the call's id (a block of
     the logged answer) and literals, so only what the tool (or a listener) supplied is checked
     here: the content blocks, the error code and the meta. Anything else takes the append's
-    check."""
+    check. (The result the registry just built from a plain string, ``_tools.plain_result``,
+    needs not even that: the caller tests it first.)"""
     if result.__class__ is not ToolExecutionResult or _check_blocks is None:
         return False
     error = data.error
