@@ -19,8 +19,10 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from dsh_core import (
+    AgentOptions,
     BlockEnd,
     BlockStart,
+    EventTypeRegistry,
     Finish,
     LlmCallConfig,
     LlmFailure,
@@ -29,6 +31,7 @@ from dsh_core import (
     PreStepDecision,
     ReasoningDelta,
     ScriptedReply,
+    SessionError,
     SessionEvent,
     TextBlock,
     TextDelta,
@@ -37,7 +40,11 @@ from dsh_core import (
     ToolCallDelta,
     ToolDefinition,
     ToolError,
+    ToolExecutionResult,
+    ToolFailure,
     ToolResultBlock,
+    ToolResultData,
+    ToolResultError,
     ToolRunContext,
     UnknownBlock,
     UnknownChunk,
@@ -49,6 +56,7 @@ from dsh_core._tools import SCHEMA_NESTING
 from dsh_core.testing import TestHost, scripted_host
 
 BACKENDS: list[Literal["memory", "jsonl"]] = ["memory", "jsonl"]
+TYPES = EventTypeRegistry()
 
 # -- arbitrary field values ----------------------------------------------------------------------
 
@@ -405,3 +413,98 @@ async def test_a_route_an_agent_request_listener_breaks_is_checked_at_the_append
     end = next(e for e in stored if e.type == "turn/end")
     assert end.data.reason.kind == "error"
     assert "SESSION_EVENT_" in end.data.reason.error.message
+
+
+# -- tool results: the loop checks what the tool supplied, the append the rest --------------------
+
+#: Results of any shape, mostly loggable: block chains near the depth limit, JSON meta of any
+#: depth, error codes of any type.
+_results = st.builds(
+    ToolExecutionResult,
+    content=_mostly(st.lists(st.builds(TextBlock, text=_strings) | _blocks, max_size=2).map(tuple)),
+    error=st.none() | st.builds(ToolFailure, message=st.just("failed"), code=_text),
+    meta=st.none() | _json_ish,
+)
+
+
+@pytest.mark.parametrize("store", BACKENDS)
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(result=_results)
+async def test_whatever_result_a_tool_listener_gives_is_logged_only_if_the_log_can_hold_it(
+    store: Literal["memory", "jsonl"], result: ToolExecutionResult
+) -> None:
+    """hardening 11.1, host-core §7/§9: the loop checks a result's content, error code and meta
+    itself and builds the rest of ``tool/result``; whatever a ``tools/post-execute`` listener
+    returns, the result is logged exactly when the payload's full check takes it, the agent
+    goes on and the log reads back equal."""
+    chunks = [
+        ToolCallDelta(index=0, id="call-1", name="echo", arguments_delta="{}"),
+        Finish(reason="tool-calls"),
+    ]
+
+    async def replace(call: Any, outcome: Any, next_: Callable[..., Awaitable[Any]]) -> Any:
+        await next_()
+        return result
+
+    with tempfile.TemporaryDirectory() as tmp:
+        async with scripted_host(model=_model(chunks), store=store, store_root=Path(tmp)) as host:
+            host.ctx.tools.register(ECHO)
+            host.ctx.on("tools/post-execute", replace)
+            stored = await _run(host, chunks)
+    logged = [e.data for e in stored if e.type == "tool/result"]
+    try:
+        data = ToolResultData(
+            turn=1,
+            step=1,
+            message=result.message("call-1"),
+            error=None
+            if result.error is None
+            else ToolResultError(name="echo", code=result.error.code),
+            meta=result.meta,
+        )
+        spec = TYPES.get("tool/result")
+        assert spec is not None
+        TYPES.snapshot(spec, "tool/result", data)
+        loggable = True
+    except (NotJsonError, SessionError):
+        loggable = False
+    event("logged" if logged else "refused")
+    assert bool(logged) == loggable
+
+
+class _Name(str):
+    """A ``str`` subclass: equal to a plain string, not one."""
+
+
+@pytest.mark.parametrize("store", BACKENDS)
+@pytest.mark.parametrize(
+    "route",
+    [
+        {"provider": "scripted", "model": "echo", "max_tokens": True},
+        {"provider": "scripted", "model": "echo", "max_tokens": 10**5000},
+        {"provider": _Name("scripted"), "model": "echo"},
+        {"provider": "scripted", "model": ["echo"]},
+    ],
+    ids=["bool-max-tokens", "huge-max-tokens", "str-subclass", "unhashable-model"],
+)
+async def test_an_agents_own_route_is_vouched_for_only_when_the_log_can_hold_it(
+    tmp_path: Path, store: Literal["memory", "jsonl"], route: dict[str, Any]
+) -> None:
+    """hardening 11.1, host-core §9: the loop checks an agent's own route once (shared by the
+    agents on the same route) and vouches for its header only if the log can hold it; any other
+    route's header gets the append's check, and whatever is logged reads back equal."""
+    async with scripted_host(model=lambda _: "ok", store=store, store_root=tmp_path) as host:
+        for options in (AgentOptions(**route), AgentOptions(**route)):  # the cached verdict too
+            handle = await host.create_agent(options=options)
+            agent = handle.agent
+            agent.followup(user_message("go"))
+            async with asyncio.timeout(10):
+                await agent.when_idle()
+            await host.ctx.sessions.flush(agent.session)
+            _, stored = await host.ctx.session_persistence.inspect(agent.session.id)
+            assert stored == agent.session.events
+            headers = [e.data.header.config for e in stored if e.type == "request/header"]
+            assert all(h.max_tokens is None or type(h.max_tokens) is int for h in headers)
+            end = next(e for e in stored if e.type == "turn/end")
+            assert end.data.reason.kind in ("completed", "error")
+            await handle.dispose()

@@ -17,11 +17,14 @@ from hypothesis import strategies as st
 
 from dsh_core import (
     AssistantChunkData,
+    ContentBlock,
     Context,
     EventTypeRegistry,
+    Finish,
     Host,
     Message,
     PluginSource,
+    ReasoningDelta,
     SessionError,
     SessionEvent,
     SessionStoreService,
@@ -35,7 +38,14 @@ from dsh_core import (
     UnknownChunk,
     dumps,
 )
-from dsh_core._codec import class_checker, class_decoder, class_encoder
+from dsh_core._codec import (
+    Unfit,
+    checked_builder,
+    class_checker,
+    class_decoder,
+    class_encoder,
+    type_checker,
+)
 from dsh_core._content import CHUNKS
 from dsh_core._converter import converter
 from dsh_core._events import CORE_EVENT_TYPES, make_event
@@ -455,3 +465,55 @@ def exact(a: Any, b: Any) -> bool:
     if isinstance(a, Mapping):
         return a.keys() == b.keys() and all(exact(a[k], b[k]) for k in a)
     return same(a, b)
+
+
+@pytest.mark.parametrize("tag", [Text("text"), "other", 5])
+def test_a_checker_passes_a_tag_only_as_its_own_plain_string(tag: Any) -> None:
+    """hardening 11.1, host-core §5: the checker's identity shortcut for a variant's tag (the
+    default string attrs stores) never passes an equal ``str`` subclass or another value."""
+    check = class_checker(Message)
+    assert check is not None
+    block = TextBlock(text="t")
+    check(Message(id="m", role="user", content=(block,)), MAX_NESTING)
+    with pytest.raises(Unfit):
+        check(Message(id="m", role="user", content=(_replace(block, "type", tag),)), MAX_NESTING)
+
+
+@given(odd_payloads().filter(lambda case: case[0] is AssistantChunkData))
+def test_a_checked_builder_vouches_exactly_as_the_class_checker(case: tuple[type, Any]) -> None:
+    """hardening 11.1, host-core §3: the chunk payload's checked builder (one call for the
+    build and the check of an adapter's chunk) passes exactly the chunks the payload's class
+    checker passes with one level more, and builds the same payload."""
+    _, value = case
+    levels = MAX_NESTING - 2
+    build = checked_builder(
+        AssistantChunkData, "chunk", levels, (TextDelta, ReasoningDelta, ToolCallDelta, Finish)
+    )
+    check = class_checker(AssistantChunkData)
+    assert build is not None and check is not None
+    chunk = getattr(value, "chunk", value)
+    expected = AssistantChunkData(turn=1, step=2, chunk=chunk)
+    built_ok, built = outcome(lambda: build(turn=1, step=2, chunk=chunk))
+    checked_ok, _ = outcome(check, expected, levels + 1)
+    assert built_ok == checked_ok
+    if built_ok:
+        assert exact(built, expected)
+
+
+@given(odd_payloads())
+def test_a_type_checker_checks_a_field_value_as_its_class_checker(
+    case: tuple[type, Any],
+) -> None:
+    """hardening 11.1, host-core §3: ``type_checker(tuple[ContentBlock, ...])`` passes a value
+    with ``d`` levels left exactly when a message's checker passes it as the content with
+    ``d + 1`` levels left (what the loop relies on to check a tool's content alone)."""
+    _, value = case
+    blocks = getattr(getattr(value, "message", value), "content", value)
+    check_blocks = type_checker(tuple[ContentBlock, ...])
+    check_message = class_checker(Message)
+    assert check_blocks is not None and check_message is not None
+    for levels in (3, MAX_NESTING - 4):
+        message = _replace(Message(id="m", role="user", content=()), "content", blocks)
+        alone, _ = outcome(check_blocks, blocks, levels)
+        inside, _ = outcome(check_message, message, levels + 1)
+        assert alone == inside

@@ -40,9 +40,14 @@ from dsh_core import (
     TurnStartData,
     UnknownBlock,
     UserSource,
+    _agent,
+    _content,
+    text_blocks,
     user_message,
 )
-from dsh_core._events import make_event
+from dsh_core._codec import class_checker
+from dsh_core._events import TurnEndData, make_event
+from dsh_core._inbox import Inbox
 from dsh_core._json import MAX_INT_DIGITS, MAX_NESTING
 from dsh_core._persistence import install_jsonl_persistence, install_memory_persistence
 from dsh_core.testing import scripted_host
@@ -493,3 +498,85 @@ async def test_a_header_is_refused_or_read_back_equal(fields: dict[str, Any]) ->
             assert listed == [session.header]
         finally:
             await env.close()
+
+
+# -- the inbox checks the message it takes, the append the splice around it -----------------------
+
+
+def _hashable(value: object) -> bool:
+    """Whether ``value`` can be an inbox's pending id at all (an unhashable one fails first)."""
+    try:
+        hash(value)
+    except TypeError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("kind", BACKENDS)
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(message=_messages.filter(lambda m: _hashable(m.id)), plain=st.booleans())
+async def test_an_inbox_takes_a_message_exactly_when_the_append_would(
+    kind: str, message: Message, plain: bool
+) -> None:
+    """hardening 11.1, host-core §3/§9: ``Inbox.insert`` checks the message alone (or not at
+    all for the one ``user_message`` just built from a plain string) and the append the rest;
+    it refuses exactly what the append's full check refuses, with the same code, and what it
+    takes is stored and read back equal."""
+    if plain:
+        user_message("just built")  # another message is the one just built: no shortcut
+    with tempfile.TemporaryDirectory() as tmp:
+        env = Env(kind, Path(tmp))
+        inbox = Inbox(env.owner.sessions.create("s"), lambda name, m: None)
+        reference = env.owner.sessions.create("r")
+        data = InboxSplicedData(target="next-turn", start=0, inserted=(message,))
+        codes = []
+        for insert in (
+            lambda: inbox.insert("next-turn", message),
+            lambda: reference.append("agent/inbox/spliced", data),
+        ):
+            try:
+                insert()
+                codes.append("accepted")
+            except SessionError as exc:
+                codes.append(exc.code)
+        assert codes[0] == codes[1]
+        event(codes[0])
+        session = inbox._session
+        await env.owner.sessions.flush(session)
+        assert await env.reloaded("s") == session.events
+        await env.close()
+
+
+class Text(str):
+    """A ``str`` subclass: equal to a plain string, not one."""
+
+
+def test_only_a_plain_text_user_message_is_known_loggable_by_construction() -> None:
+    """hardening 11.1, host-core §9: ``user_message`` marks the message it builds from a plain
+    ``str`` (or from the blocks ``text_blocks`` just built from one) with a fresh id and the
+    user source, and nothing else, as the one an inbox need not check (a ``str`` subclass, an
+    id, a source or other blocks keep the check)."""
+    plain = user_message("hi")
+    assert _content.plain_user_message is plain
+    for other in (
+        user_message(Text("hi")),
+        user_message("hi", id="m-1"),
+        user_message("hi", source=PluginSource(plugin="p")),
+        user_message([TextBlock(text="hi")]),
+        user_message(text_blocks(Text("hi"))),
+        user_message([*text_blocks("hi")]),  # equal blocks, not the tuple built
+    ):
+        assert _content.plain_user_message is plain
+        assert other is not plain
+    blocks = text_blocks("hi")
+    assert _content.plain_text_blocks is blocks
+    assert user_message(blocks) is _content.plain_user_message
+
+
+def test_the_loops_own_turn_end_reasons_are_loggable() -> None:
+    """hardening 11.1, host-core §9: the turn-end reasons the loop logs without a check (its
+    constants: completed, blocked, max-tokens) pass the payload's compiled check."""
+    check = class_checker(TurnEndData)
+    assert check is not None
+    for reason in (_agent._COMPLETED, _agent._BLOCKED, _agent._MAX_TOKENS):
+        check(TurnEndData(turn=1, reason=reason), MAX_NESTING)

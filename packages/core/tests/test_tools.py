@@ -16,6 +16,7 @@ from dsh_core import (
     ContextError,
     Scope,
     TextBlock,
+    _tools,
     blocks_text,
 )
 from dsh_core._tools import (
@@ -540,3 +541,32 @@ async def test_tools_inherited_from_an_ancestor_scope_can_be_restricted() -> Non
         assert sorted(names(child)) == ["global_tool", "own_tool"]
         assert code(await child.tools.execute(call("parent_tool"))) == "UNKNOWN_TOOL"
         assert "parent_tool" in names(parent)
+
+
+class _Text(str):
+    """A ``str`` subclass: equal to a plain string, not one."""
+
+
+@pytest.mark.parametrize(
+    ("answer", "render", "plain"),
+    [
+        ("hi", False, True),
+        ({"a": [1, 2]}, False, True),
+        (_Text("hi"), False, False),  # not JSON: a failure, checked as any other
+        ("hi", True, False),
+    ],
+    ids=["str", "json", "str-subclass", "rendered"],
+)
+async def test_only_a_plain_text_result_is_known_loggable_by_construction(
+    answer: Any, render: bool, plain: bool
+) -> None:
+    """hardening 11.1, host-core §7: the registry marks the result it just built from a tool's
+    value as one the loop need not check only when its content is one text block of a plain
+    ``str`` (the value, or its JSON text) and it has no meta; a renderer's blocks are not."""
+    output = ToolOutput(render=lambda value, run: (TextBlock(text=str(value)),)) if render else None
+    async with scripted_host() as h:
+        h.ctx.tools.register(tool("t", answer, output=output))
+        result = await h.ctx.tools.execute(call("t"))
+    (block,) = result.content
+    assert isinstance(block, TextBlock)
+    assert (result is _tools.plain_result) == plain

@@ -17,15 +17,23 @@ import contextvars
 import functools
 import inspect
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Literal, TypeVar
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Coroutine,
+    Iterator,
+    Mapping,
+    Sequence,
+)
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import attrs
 
+from . import _tools
 from ._abort import AbortController, AbortedError, AbortSignal, fuse, race_abort
-from ._codec import Unfit, class_checker, union_checkers
+from ._codec import Unfit, _check_json, checked_builder, class_checker, type_checker
 from ._content import (
-    CHUNKS,
     ContentBlock,
     Finish,
     LlmError,
@@ -33,8 +41,11 @@ from ._content import (
     Message,
     ModelSource,
     PluginSource,
+    ReasoningDelta,
     StreamChunk,
+    TextDelta,
     ToolCallBlock,
+    ToolCallDelta,
     new_id,
     user_message,
 )
@@ -64,7 +75,7 @@ from ._inbox import Inbox, InboxTarget
 from ._json import MAX_NESTING, JsonValue, freeze_json
 from ._llm import BlockAssembler, GenerateOptions, failure_of
 from ._prompt import AssembleContext, PromptAssembly
-from ._tools import ToolExecutionInput, ToolRegistry, failure
+from ._tools import ToolExecutionInput, ToolExecutionResult, ToolRegistry, failure
 
 if TYPE_CHECKING:
     from ._sessions import Session
@@ -105,13 +116,33 @@ _generate_options = builder(GenerateOptions)
 _message = builder(Message)
 _assistant_message = builder(AssistantMessageData)
 _chunk_data = builder(AssistantChunkData)
-#: The check of an adapter's chunk (see Agent._stream): by class, and the resolver of a miss.
-_chunk_checks, _chunk_check = union_checkers(CHUNKS)
 #: How many levels a chunk may nest: two less than a payload (its event's data, and the spare
 #: level a ``BlockEnd``'s block needs inside the assembled ``assistant/message``).
 _CHUNK_LEVELS = MAX_NESTING - 2
+
+
+def _unchecked(**_: object) -> AssistantChunkData:
+    raise Unfit
+
+
+#: The chunk payload's builder that first checks an adapter's chunk (see Agent._stream), the
+#: most frequent chunk classes tested first.
+_checked_chunk_data = (
+    checked_builder(
+        AssistantChunkData,
+        "chunk",
+        _CHUNK_LEVELS,
+        (TextDelta, ReasoningDelta, ToolCallDelta, Finish),
+    )
+    or _unchecked
+)
 _tool_call = builder(ToolCallData)
 _tool_result = builder(ToolResultData)
+#: The check of a tool's content blocks where a ``tool/result`` holds them: inside the payload,
+#: its message, the message's content, the result block and that block's content.
+_check_blocks = type_checker(tuple[ContentBlock, ...])
+_RESULT_BLOCK_LEVELS = MAX_NESTING - 4
+_check_config = class_checker(LlmCallConfig)  # a request header's route (see _loggable_header)
 _execution_input = builder(ToolExecutionInput)
 
 
@@ -248,6 +279,7 @@ class Agent:
         "_latch",
         "_listeners",
         "_route",
+        "_route_ok",
         "_scope",
         "_service",
         "_snapshot",
@@ -285,6 +317,7 @@ class Agent:
         self._disposed = False
         self._header_written = False
         self._route: LlmCallConfig | None = None
+        self._route_ok = False  # whether the log can hold ``_route`` (see _route_of)
         self._turn = _last_turn(session)
         self._snapshot = _last_snapshot(session)
 
@@ -449,9 +482,10 @@ class Agent:
                     _assemble_context(scope=self._scope, signal=signal, agent=self)
                 )
                 entered = self._with_snapshot(batch, assembly)
-                # The first ``trusted`` entered messages are the inbox's: checked when they
-                # entered it (Inbox.insert), so not again when logged (hardening 11.1).
-                trusted = len(batch)
+                # The entered messages are not checked again when logged (hardening 11.1): the
+                # inbox's were checked when they entered it (Inbox.insert), and a snapshot is
+                # built here around the context text (a plain string, or all are checked).
+                trusted = assembly.context.__class__ is str
                 if "agent/pre-step" in self._listeners:
                     decision: PreStepDecision = await self.ctx.waterfall(
                         "agent/pre-step",
@@ -461,18 +495,19 @@ class Agent:
                     if signal.aborted:
                         raise _TurnAborted
                     if decision.kind == "reject":
-                        reason = TurnEndReason(kind="blocked")
+                        reason = _BLOCKED
                         break
-                    entered = decision.messages
-                    trusted = 0  # a listener's messages enter here: checked at the append
+                    if decision.messages is not entered:
+                        entered = decision.messages
+                        trusted = False  # a listener's messages enter here: checked at the append
                 if not entered and step_no == 1:
                     break
                 step = step_no
                 step_data = _step_data(turn=turn, step=step)
                 session.append("step/start", step_data, _vouched=True)
                 open_step = True
-                for i, m in enumerate(entered):
-                    session.append("user/message", m, source_event_seqs=(), _vouched=i < trusted)
+                for m in entered:
+                    session.append("user/message", m, source_event_seqs=(), _vouched=trusted)
                     if _is_snapshot(m):
                         self._snapshot = m.text
                 outcome = await self._step(turn, step, signal, assembly)
@@ -512,13 +547,16 @@ class Agent:
             self.ctx.emit("agent/error", self, exc)
         else:
             if max_tokens and reason.kind == "completed":
-                reason = TurnEndReason(kind="max-tokens")
+                reason = _MAX_TOKENS
         self._close_turn(turn, step if open_step else None, reason)
 
     def _close_turn(self, turn: int, open_step: int | None, reason: TurnEndReason) -> None:
         if open_step is not None:
             self.session.append("step/end", _step_data(turn=turn, step=open_step), _vouched=True)
-        self.session.append("turn/end", _turn_end(turn=turn, reason=reason))
+        # The loop's own reasons are constants of plain strings; any other (an error's, a
+        # cancel cause's) is checked at the append.
+        vouched = reason is _COMPLETED or reason is _BLOCKED or reason is _MAX_TOKENS
+        self.session.append("turn/end", _turn_end(turn=turn, reason=reason), _vouched=vouched)
 
     def _with_snapshot(
         self, batch: tuple[Message, ...], assembly: PromptAssembly
@@ -645,9 +683,8 @@ class Agent:
             o = self.options
             if not o.provider or not o.model:
                 return None
-            cached = self._route = LlmCallConfig(
-                provider=o.provider, model=o.model, max_tokens=o.max_tokens
-            )
+            cached, self._route_ok = _route_of(o.provider, o.model, o.max_tokens)
+            self._route = cached
         return cached
 
     def _write_header(self, header: EpochHeader) -> None:
@@ -665,7 +702,7 @@ class Agent:
         session.append(
             "request/header",
             RequestHeaderData(header=header, reason=reason),
-            _vouched=_loggable_header(header),
+            _vouched=_loggable_header(header, self._route if self._route_ok else None),
         )
 
     async def _stream(
@@ -702,11 +739,11 @@ class Agent:
 
         def sink(chunk: StreamChunk) -> bool:
             nonlocal vouched
-            data = _chunk_data(turn=turn, step=step, chunk=chunk)
             try:
-                (_chunk_checks.get(chunk.__class__) or _chunk_check(chunk))(chunk, _CHUNK_LEVELS)
+                data = _checked_chunk_data(turn=turn, step=step, chunk=chunk)
             except Unfit:
                 vouched = False
+                data = _chunk_data(turn=turn, step=step, chunk=chunk)
                 seqs.append(session.append("assistant/chunk", data).seq)  # the verdict, or raises
             else:
                 seqs.append(session.append("assistant/chunk", data, _vouched=True).seq)
@@ -776,18 +813,20 @@ class Agent:
                     )
                 )
             for c, seq, result in zip(group, call_seqs, results, strict=True):
+                data = _tool_result(
+                    turn=turn,
+                    step=step,
+                    message=result.message(c.id),
+                    error=ToolResultError(name=c.name, code=result.error.code)
+                    if result.error is not None
+                    else None,
+                    meta=result.meta,
+                )
                 session.append(
                     "tool/result",
-                    _tool_result(
-                        turn=turn,
-                        step=step,
-                        message=result.message(c.id),
-                        error=ToolResultError(name=c.name, code=result.error.code)
-                        if result.error is not None
-                        else None,
-                        meta=result.meta,
-                    ),
+                    data,
                     source_event_seqs=(seq,),
+                    _vouched=result is _tools.plain_result or _result_vouched(result, data),
                 )
                 for extra in result.additional_contexts:
                     self.inbox.insert("next-step", extra)
@@ -802,6 +841,8 @@ class Agent:
 
 
 _COMPLETED = TurnEndReason(kind="completed")
+_BLOCKED = TurnEndReason(kind="blocked")
+_MAX_TOKENS = TurnEndReason(kind="max-tokens")
 
 
 @functools.lru_cache(maxsize=64)
@@ -832,18 +873,61 @@ def _epoch_header(
     return EpochHeader(config=config, system=system, tools=tools)
 
 
-def _loggable_header(header: EpochHeader) -> bool:
+def _result_vouched(result: ToolExecutionResult, data: ToolResultData) -> bool:
+    """Whether the loop vouches for the ``tool/result`` it built around ``result`` (hardening
+    11.1): a plain ``ToolExecutionResult`` builds its message from the call's id (a block of
+    the logged answer) and literals, so only what the tool (or a listener) supplied is checked
+    here: the content blocks, the error code and the meta. Anything else takes the append's
+    check. (The result the registry just built from a plain string, ``_tools.plain_result``,
+    needs not even that: the caller tests it first.)"""
+    if result.__class__ is not ToolExecutionResult or _check_blocks is None:
+        return False
+    error = data.error
+    if error is not None and error.code.__class__ is not str:
+        return False
+    meta = data.meta
+    try:
+        _check_blocks(result.content, _RESULT_BLOCK_LEVELS)
+        if meta is not None:
+            _check_json(meta, MAX_NESTING - 1)
+    except Unfit:
+        return False
+    return True
+
+
+def _route_of(provider: str, model: str, max_tokens: int | None) -> tuple[LlmCallConfig, bool]:
+    """An agent's own route, and whether the log can hold it (hardening 11.1): one immutable
+    value per route, shared by the agents on it and checked once (typed: ``1`` and ``True``,
+    a ``str`` and a subclass are different routes)."""
+    try:
+        return _cached_route(provider, model, max_tokens)
+    except TypeError:  # an unhashable field: no cache, and the append will check it
+        return LlmCallConfig(provider=provider, model=model, max_tokens=max_tokens), False
+
+
+@functools.lru_cache(maxsize=64, typed=True)
+def _cached_route(provider: str, model: str, max_tokens: int | None) -> tuple[LlmCallConfig, bool]:
+    config = LlmCallConfig(provider=provider, model=model, max_tokens=max_tokens)
+    try:
+        if _check_config is None:
+            raise Unfit
+        _check_config(config, MAX_NESTING - 2)  # inside the payload and the header
+    except Unfit:
+        return config, False
+    return config, True
+
+
+def _loggable_header(header: EpochHeader, checked: LlmCallConfig | None) -> bool:
     """Whether the loop vouches for its own header (hardening 11.1): its tools come from the
     registry, which checked each schema at registration; its route (an ``agent/request``
     listener may replace it) and system prompt (a section's text) are checked here."""
     system = header.system
-    if system is not None and system.__class__ is not str:
+    if (system is not None and system.__class__ is not str) or _check_config is None:
         return False
-    check = class_checker(LlmCallConfig)
-    if check is None:
-        return False
+    if header.config is checked:  # the agent's own route, checked once (see _route_of)
+        return True
     try:
-        check(header.config, MAX_NESTING - 2)  # inside the payload and the header
+        _check_config(header.config, MAX_NESTING - 2)  # inside the payload and the header
     except Unfit:
         return False
     return True
@@ -931,19 +1015,23 @@ class AgentHandle:
         """Whether disposal has started."""
         return self._disposal.started
 
-    async def dispose(self) -> None:
-        """Release the agent (see the class docstring for the order). A caller that stops
-        waiting never stops the release (hardening 11.8)."""
-        await self._disposal.run(self._release)
+    def dispose(self) -> Coroutine[Any, Any, None]:
+        """Release the agent (see the class docstring for the order): ``await
+        handle.dispose()``. A caller that stops waiting never stops the release (hardening
+        11.8). (The shared disposal's coroutine itself, one coroutine less per disposal.)"""
+        return self._disposal.run(self._release)
 
-    async def _release(self) -> None:
-        try:
-            await _teardown(self.agent, self._service, self._detach_session, announced=True)
-        finally:
-            detach = self._detach_owner
-            self._detach_owner = None
-            if detach is not None:
-                detach.forget()
+    def _release(self) -> Coroutine[Any, Any, None]:
+        # The teardown's coroutine itself (no coroutine of its own around it).
+        return _teardown(
+            self.agent, self._service, self._detach_session, announced=True, then=self._forget
+        )
+
+    def _forget(self) -> None:
+        detach = self._detach_owner
+        self._detach_owner = None
+        if detach is not None:
+            detach.forget()
 
 
 async def _teardown(
@@ -952,25 +1040,33 @@ async def _teardown(
     detach_session: Callable[[], None] | None,
     *,
     announced: bool,
+    then: Callable[[], None] | None = None,
 ) -> None:
-    agent.cancel(AgentCancelCause(kind="disposed"))
-    agent._disposed = True
-    await agent.when_idle()
-    await agent.ctx.fiber.dispose()
-    entry = service.agents.get(agent.id)
-    if entry is not None and entry.agent is agent:
-        del service.agents[agent.id]
-        if announced:
-            agent.ctx.emit("agent/disposed", agent)
-    if detach_session is not None:
-        detach_session()
-        # Persistence drains and unlocks a disposed session in a task of its own: wait for it,
-        # so the log is complete and unlocked once dispose returns (hardening 11.10).
-        persistence = service.host_ctx.get("session_persistence")
-        released = getattr(persistence, "released", None)
-        if released is not None:
-            await released(agent.id)
-    agent.ctx._bound.clear()  # views refer back to the context: let refcounting free them
+    """Cancel, wait for idle, dispose the scope, unregister, detach the session and wait for
+    persistence to let go of it; ``then`` runs at the end, whatever happened."""
+    try:
+        agent.cancel(AgentCancelCause(kind="disposed"))
+        agent._disposed = True
+        if agent._driver is not None:  # idle already: no coroutine to wait on
+            await agent.when_idle()
+        await agent.ctx.fiber.dispose()
+        entry = service.agents.get(agent.id)
+        if entry is not None and entry.agent is agent:
+            del service.agents[agent.id]
+            if announced:
+                agent.ctx.emit("agent/disposed", agent)
+        if detach_session is not None:
+            detach_session()
+            # Persistence drains and unlocks a disposed session in a task of its own: wait for
+            # it, so the log is complete and unlocked once dispose returns (hardening 11.10).
+            persistence = service.host_ctx.get("session_persistence")
+            released = getattr(persistence, "released", None)
+            if released is not None:
+                await released(agent.id)
+        agent.ctx._bound.clear()  # views refer back to the context: let refcounting free them
+    finally:
+        if then is not None:
+            then()
 
 
 @attrs.define(eq=False)

@@ -38,16 +38,19 @@ from typing import Any, Literal, cast
 import attrs
 
 from ._converter import converter, tagged_unions
+from ._frozen import _plan as _builder_plan
 from ._frozen import filled_fields, open_twin, slot_setter
 from ._json import _INT_HI, dumps, freeze_json
 from ._tagged import TaggedUnion
 
 __all__ = [
     "Unfit",
+    "checked_builder",
     "checkers",
     "class_checker",
     "class_decoder",
     "class_encoder",
+    "type_checker",
     "union_checkers",
 ]
 
@@ -793,6 +796,9 @@ def _class_lines(
     env[f"{v}_cls"] = cls
     lines = [f"if {v}.__class__ is not {v}_cls or {d} < 1: raise Unfit"]
     inner = f"({d} - 1)"
+    if any(_inline_test(_scalar(shape), "") is None for _, shape in fields):
+        lines.append(f"{v}_d = {inner}")  # the levels left inside, counted once
+        inner = f"{v}_d"
     for i, (name, shape) in enumerate(fields):
         fv = f"{v}_{i}"
         lines.append(f"{fv} = {v}.{name}")
@@ -800,7 +806,11 @@ def _class_lines(
     if tag is not None:
         key, value = tag
         env[f"{v}_tag"] = value
-        lines.append(f"if {v}.{key}.__class__ is not str or {v}.{key} != {v}_tag: raise Unfit")
+        # Usually the very default string (attrs stores the default object): one identity test.
+        lines.append(
+            f"if {v}.{key} is not {v}_tag and ({v}.{key}.__class__ is not str or "
+            f"{v}.{key} != {v}_tag): raise Unfit"
+        )
     return lines
 
 
@@ -850,14 +860,101 @@ def _check_lines(
         return [*lines, "else:", f"    {call}"]
     if kind == "tuple" and (shape[1][0] == "union" or _inline_test(shape[1][0], "") is not None):
         e = f"{v}_e"
-        item = _check_lines(shape[1], e, env, f"({d} - 1)", inlined)
-        return [f"if {v}.__class__ is not tuple or {d} < 1: raise Unfit", f"for {e} in {v}:"] + [
-            f"    {line}" for line in item
-        ]
+        item = _check_lines(shape[1], e, env, f"{e}_d", inlined)
+        head = [f"if {v}.__class__ is not tuple or {d} < 1: raise Unfit", f"{e}_d = {d} - 1"]
+        return [*head, f"for {e} in {v}:"] + [f"    {line}" for line in item]
     env[f"{v}_check"] = _checker(shape)
     if kind == "json":  # usually absent (None): no call for that
         return [f"if {v} is not None: {v}_check({v}, {d})"]
     return [f"{v}_check({v}, {d})"]
+
+
+def type_checker(tp: Any) -> Checker | None:
+    """The compiled checker of a value of field type ``tp`` (a ``tuple[ContentBlock, ...]``,
+    say): ``check(value, d)`` as a class checker checks a field of that type with ``d`` levels
+    left at the field's value. ``None`` if ``tp`` has no shape the checkers model. Lets a
+    caller that built a payload around such a value check that value alone."""
+    shape = _shape(tp)
+    if shape is None:
+        return None
+    with _compiling:
+        env: dict[str, Any] = {"Unfit": Unfit, "hi": _INT_HI}
+        body = _check_lines(shape, "o", env, "d", frozenset())
+        return _exec_checker(body, env, f"<dsh codec check {tp!r}>")
+
+
+def checked_builder(
+    cls: type, name: str, levels: int, first: tuple[type, ...] = ()
+) -> Callable[..., Any] | None:
+    """A builder of frozen ``cls`` (as :func:`dsh_core._frozen.builder`'s) that first checks
+    the value given for its field ``name`` as a class checker checks a field, with ``levels``
+    left at the value, and raises :class:`Unfit` (building nothing) unless it vouches for it.
+
+    One call where a build and a check took two, for a value that enters on a hot path (an
+    adapter's chunk). A tagged-union field is checked inline for the variants whose fields
+    are scalars or classes of scalars, ``first`` first (a test of the class each, in order),
+    any other through the union's dispatch. ``None`` if either part does not compile.
+    """
+    plan = _builder_plan(cls)
+    field = attrs.fields_dict(cls).get(name) if attrs.has(cls) else None
+    if plan is None or field is None:
+        return None
+    with _compiling:
+        attrs.resolve_types(cls)
+        shape = _check_shape(attrs.fields_dict(cls)[name])
+        if shape is None:
+            return None
+        signature, steps, env = plan
+        env.update({"Unfit": Unfit, "hi": _INT_HI, "_new": object.__new__})
+        env["_open"], env["_cls"] = open_twin(cls), cls
+        body = [f"_v = {name}"]
+        # The levels as a literal: the compiler folds the tests and sums on it.
+        if shape[0] == "union":
+            body += _union_chain(shape[1], first, env, str(int(levels)))
+        else:
+            body += _check_lines(shape, "_v", env, str(int(levels)), frozenset({cls}))
+        body.append("_o = _new(_open)")
+        body += (step if isinstance(step, str) else f"_o.{step[1]} = {step[2]}" for step in steps)
+        body += ["_o.__class__ = _cls", "return _o"]
+        source = f"def build({signature}):\n" + "".join(f"    {line}\n" for line in body)
+        filename = f"<dsh checked builder {cls.__module__}.{cls.__qualname__}>"
+        exec(compile(source, filename, "exec"), env)
+        linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)
+        return cast("Callable[..., Any]", env["build"])
+
+
+def _union_chain(
+    union: TaggedUnion[Any], first: tuple[type, ...], env: dict[str, Any], d: str
+) -> list[str]:
+    """Statements checking ``_v`` as a member of ``union`` with ``d`` levels left (see
+    :func:`checked_builder`)."""
+    dispatch = _dispatch_of(union)
+    env["_by_class"], env["_resolve"] = dispatch.checkers, dispatch.checker
+    variants = [*first, *(c for c in union.variants.values() if c not in first)]
+    lines = ["_c = _v.__class__"]
+    for j, cls in enumerate(variants):
+        plan = _check_plan(cls)
+        if plan is None or not all(_flat(f) for _, f in plan[0]):
+            continue
+        w = f"_w{j}"
+        env[f"_c{j}"] = cls
+        body = _class_lines(cls, plan, w, env, d, frozenset())[1:]  # its class is known
+        lines.append(f"{'elif' if len(lines) > 1 else 'if'} _c is _c{j}:")
+        lines += [f"    if {d} < 1: raise Unfit", f"    {w} = _v"]
+        lines += [f"    {line}" for line in body]
+    call = f"(_by_class.get(_c) or _resolve(_v))(_v, {d})"
+    return [*lines, "else:", f"    {call}"] if len(lines) > 1 else [*lines, call]
+
+
+def _flat(shape: Shape) -> bool:
+    """Whether ``shape`` is a scalar, or an (optional) class whose fields are all scalars."""
+    if _inline_test(_scalar(shape), "") is not None:
+        return True
+    inner = shape[1] if shape[0] == "opt" else shape
+    if inner[0] != "class":
+        return False
+    plan = _check_plan(inner[1])
+    return plan is not None and all(_inline_test(_scalar(f), "") is not None for _, f in plan[0])
 
 
 def _exec_checker(body: list[str], env: dict[str, Any], filename: str) -> Checker:

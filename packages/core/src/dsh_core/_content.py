@@ -144,9 +144,19 @@ for _cls in (TextBlock, ReasoningBlock, ToolCallBlock, ToolResultBlock):
     BLOCKS.register(_cls)
 
 
+#: The blocks :func:`text_blocks` built last from a plain ``str``: a message of them and
+#: otherwise fresh values is as loggable as one built from that string (see
+#: ``plain_user_message``). One slot: only the latest such tuple is known.
+plain_text_blocks: tuple[ContentBlock, ...] | None = None
+
+
 def text_blocks(text: str) -> tuple[ContentBlock, ...]:
     """``(TextBlock(text),)``."""
-    return (_text_block(text=text),)
+    blocks = (_text_block(text=text),)
+    if text.__class__ is str:
+        global plain_text_blocks
+        plain_text_blocks = blocks
+    return blocks
 
 
 def blocks_text(blocks: Iterable[ContentBlock]) -> str:
@@ -237,6 +247,14 @@ class Message:
         return blocks_text(self.content)
 
 
+#: The message :func:`user_message` built last from a plain ``str`` (or the blocks
+#: :func:`text_blocks` built last from one) with a fresh id and the default source: every
+#: field of it is a literal, a fresh id or that ``str``, so the log can hold it by
+#: construction, and an inbox that is handed this very object need not check it again (see
+#: ``Inbox.insert``, hardening 11.1). One slot: only the latest such message is known.
+plain_user_message: Message | None = None
+
+
 def user_message(
     content: str | Iterable[ContentBlock],
     *,
@@ -244,7 +262,18 @@ def user_message(
     id: MessageId | None = None,
 ) -> Message:
     """A user-role message with a fresh id."""
-    blocks = text_blocks(content) if isinstance(content, str) else tuple(content)
+    if isinstance(content, str):
+        blocks: tuple[ContentBlock, ...] = (_text_block(text=content),)
+        plain = content.__class__ is str
+    else:
+        blocks = tuple(content)
+        plain = blocks is plain_text_blocks
+    if plain and source is _USER and id is None:
+        global plain_user_message
+        built = plain_user_message = _message(
+            id=new_id(), role="user", content=blocks, source=_USER
+        )
+        return built
     return _message(id=id or new_id(), role="user", content=blocks, source=source)
 
 

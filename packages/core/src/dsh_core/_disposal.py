@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from typing import cast
 
 __all__ = ["SharedDisposal"]
 
@@ -23,7 +24,9 @@ class SharedDisposal:
     __slots__ = ("_done", "_task")
 
     def __init__(self) -> None:
-        self._done: asyncio.Future[None] | None = None
+        # None (not started), _RUNNING (running and nobody else waits: no future yet, as on
+        # every delegation's path), _DONE (finished), or the future the others wait on.
+        self._done: asyncio.Future[None] | object | None = None
         self._task: asyncio.Task[None] | None = None
 
     @property
@@ -35,24 +38,42 @@ class SharedDisposal:
         """Start ``op`` (first call) or wait for it; raise what it raised, every caller alike."""
         done = self._done
         if done is not None:
-            await asyncio.shield(done)
+            if done is _DONE:
+                return
+            if done is _RUNNING:
+                done = self._done = asyncio.get_running_loop().create_future()
+            await asyncio.shield(cast("asyncio.Future[None]", done))
             return
-        done = self._done = asyncio.get_running_loop().create_future()
+        self._done = _RUNNING
         try:
             await op()
         except asyncio.CancelledError:
             task = asyncio.current_task()
             if task is None or not task.cancelling():
-                _settle(done, asyncio.CancelledError())
+                _settle(self._future(), asyncio.CancelledError())
                 raise
             # This caller stopped waiting; the teardown does not stop with it.
-            self._task = asyncio.ensure_future(_finish(op, done))
+            self._task = asyncio.ensure_future(_finish(op, self._future()))
             raise
         except BaseException as exc:
-            _settle(done, exc)
+            _settle(self._future(), exc)
             raise
         else:
-            done.set_result(None)
+            done = self._done
+            self._done = _DONE
+            if done is not _RUNNING:  # others wait on it
+                cast("asyncio.Future[None]", done).set_result(None)
+
+    def _future(self) -> asyncio.Future[None]:
+        """The future later callers wait on (made now if nobody waits yet)."""
+        done = self._done
+        if done is _RUNNING:
+            done = self._done = asyncio.get_running_loop().create_future()
+        return cast("asyncio.Future[None]", done)
+
+
+_RUNNING = object()
+_DONE = object()
 
 
 async def _finish(op: Callable[[], Awaitable[None]], done: asyncio.Future[None]) -> None:

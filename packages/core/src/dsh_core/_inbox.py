@@ -11,10 +11,13 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Literal
 
+from . import _content
+from ._codec import Unfit, class_checker
 from ._content import Message
 from ._errors import DshError
 from ._events import InboxSplicedData, SessionEvent
 from ._frozen import builder
+from ._json import MAX_NESTING
 
 if TYPE_CHECKING:
     from ._sessions import Session
@@ -22,6 +25,9 @@ if TYPE_CHECKING:
 __all__ = ["Inbox", "InboxError", "InboxTarget", "replay_inbox"]
 
 _spliced = builder(InboxSplicedData)  # one per inbox change: see dsh_core._frozen.builder
+#: The check of a message where a splice holds it: inside the payload and its ``inserted``.
+_check_message = class_checker(Message)
+_MESSAGE_LEVELS = MAX_NESTING - 2
 
 InboxTarget = Literal["next-turn", "next-step"]
 
@@ -69,10 +75,25 @@ class Inbox:
         """Whether ``message_id`` is pending."""
         return message_id in self._pending
 
-    def _splice(self, data: InboxSplicedData) -> None:
-        """Log and apply a splice that inserts messages: where a message enters the inbox,
-        the append checks it (hardening 11.1), once; the loop logs it later unchecked."""
-        self._session.append("agent/inbox/spliced", data)
+    def _splice(self, data: InboxSplicedData, message: Message) -> None:
+        """Log and apply a splice that inserts ``message``: where a message enters the inbox
+        it is checked (hardening 11.1), once; the loop logs it later unchecked.
+
+        The splice around it is built here from a target that named one of our lists and our
+        own counts, so the message alone is checked (not even that if it is the message
+        ``user_message`` just built from a plain string, which the log holds by construction);
+        should that check not vouch for it, the append's full check gives the verdict (or the
+        error)."""
+        target: object = data.target  # as given to insert: any value that named a list
+        try:
+            if target.__class__ is not str or _check_message is None:
+                raise Unfit
+            if message is not _content.plain_user_message:
+                _check_message(message, _MESSAGE_LEVELS)
+        except Unfit:
+            self._session.append("agent/inbox/spliced", data)
+        else:
+            self._session.append("agent/inbox/spliced", data, _vouched=True)
         _apply(self._lists, data)
 
     def _delete(self, data: InboxSplicedData) -> None:
@@ -86,7 +107,7 @@ class Inbox:
         if message.id in self._pending:
             raise InboxError(f"message {message.id!r} is already pending", code="DUPLICATE_PENDING")
         lst = self._lists[target]
-        self._splice(_spliced(target=target, start=len(lst), inserted=(message,)))
+        self._splice(_spliced(target=target, start=len(lst), inserted=(message,)), message)
         self._pending.add(message.id)
         self._notify("agent/inbox/inserted", message)
 
@@ -116,7 +137,8 @@ class Inbox:
             raise InboxError(f"message {message_id!r} is not pending", code="NOT_PENDING")
         target, i, m = found
         self._splice(
-            _spliced(target=target, start=i, removed_count=1, inserted=(new,), outcome="canceled")
+            _spliced(target=target, start=i, removed_count=1, inserted=(new,), outcome="canceled"),
+            new,
         )
         self._pending.discard(message_id)
         self._pending.add(new.id)

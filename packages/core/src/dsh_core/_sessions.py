@@ -514,22 +514,24 @@ _MAX_SAFE = 2**53 - 1
 def _check_meta(meta: SessionMeta) -> None:
     """Refuse header fields the log could not write and read back (``SESSION_META_INVALID``,
     hardening 11.1): the header is the first line of the file, and a wrong type there made the
-    whole session unreadable."""
-    for name in ("cwd", "parent_session"):
-        value = getattr(meta, name)
-        if value is not None and type(value) is not str:
-            _bad_meta(name, "a string", value)
-    for name in ("seed_length", "delegation_depth"):
-        value = getattr(meta, name)
-        if value is not None and (type(value) is not int or not 0 <= value <= _MAX_SAFE):
-            _bad_meta(name, "a non-negative safe integer", value)
+    whole session unreadable. (Unrolled: it runs for every child a delegation creates.)"""
+    cwd, parent = meta.cwd, meta.parent_session
+    seed, depth = meta.seed_length, meta.delegation_depth
+    if cwd is not None and type(cwd) is not str:
+        _bad_meta("cwd", "a string", cwd)
+    if parent is not None and type(parent) is not str:
+        _bad_meta("parent_session", "a string", parent)
+    if seed is not None and (type(seed) is not int or not 0 <= seed <= _MAX_SAFE):
+        _bad_meta("seed_length", "a non-negative safe integer", seed)
+    if depth is not None and (type(depth) is not int or not 0 <= depth <= _MAX_SAFE):
+        _bad_meta("delegation_depth", "a non-negative safe integer", depth)
     if meta.origin is not None and meta.origin != "subagent":
         _bad_meta("origin", "'subagent'", meta.origin)
-    if meta.parent_session is not None:
+    if parent is not None:
         try:
-            check_session_id(meta.parent_session)
+            check_session_id(parent)
         except SessionError:
-            _bad_meta("parent_session", "a session id", meta.parent_session)
+            _bad_meta("parent_session", "a session id", parent)
 
 
 def _bad_meta(name: str, expected: str, value: object) -> NoReturn:

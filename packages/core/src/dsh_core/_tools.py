@@ -534,15 +534,27 @@ class ToolRegistry:
             except fastjsonschema.JsonSchemaException as exc:
                 return failure(f"tool output is invalid: {exc}", "INVALID_TOOL_OUTPUT")
         render = entry.definition.output.render
+        plain = False  # one text block of a plain string (see plain_result)
         if render is not None:
             content = render(frozen, run)
-        elif isinstance(frozen, str):
-            content = (_text_block(text=frozen),)
         else:
-            content = (_text_block(text=dumps(frozen)),)
-        return _execution_result(
+            text = frozen if isinstance(frozen, str) else dumps(frozen)
+            content = (_text_block(text=text),)
+            plain = text.__class__ is str and outcome.meta is None
+        result = _execution_result(
             value=frozen, content=content, concludes_turn=run._concludes, meta=outcome.meta
         )
+        if plain:
+            global plain_result
+            plain_result = result
+        return result
+
+
+#: The result :meth:`ToolRegistry._finish` built last whose content is one text block of a
+#: plain ``str`` (the tool's string, or its value as JSON text) and which has no ``meta``: the
+#: log holds it by construction, so the agent loop need not check it again (hardening 11.1).
+#: One slot: only the latest such result is known; a listener's replacement is checked.
+plain_result: ToolExecutionResult | None = None
 
 
 async def _invoke(

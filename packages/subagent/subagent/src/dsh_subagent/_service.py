@@ -284,7 +284,7 @@ def _check_fields(request: SubagentStartRequest) -> None:
     prompt.
     """
     prompt = request.prompt
-    if not isinstance(prompt, tuple | list):
+    if not isinstance(prompt, (tuple, list)):  # a tuple: no union object built per call
         raise _mistyped("prompt", "a sequence of content blocks (see text_blocks)", prompt)
     for i, block in enumerate(prompt):
         if not isinstance(block, ContentBlock):

@@ -7,7 +7,7 @@ awaits ``result`` and always calls ``dispose()``.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Generator
+from collections.abc import Awaitable, Callable, Coroutine, Generator
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeAlias, runtime_checkable
 
 import attrs
@@ -150,8 +150,10 @@ class ResultFuture(asyncio.Future["SubagentResult"]):
 
     def set_result(self, result: SubagentResult) -> None:
         super().set_result(result)
-        for waiter in self._release():
-            waiter.set_result(result)
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:  # usually one, or none: _release inline
+            if not waiter.done():
+                waiter.set_result(result)
 
     def set_exception(self, exception: type | BaseException) -> None:
         super().set_exception(exception)
@@ -252,15 +254,16 @@ class SubagentRun:
         self._dispose = dispose
         self._disposal = SharedDisposal()
 
-    async def dispose(self) -> None:
-        """Cancel remaining work, reach quiescence, release resources.
+    def dispose(self) -> Coroutine[Any, Any, None]:
+        """Cancel remaining work, reach quiescence, release resources (``await run.dispose()``;
+        the shared disposal's coroutine itself, one coroutine less per delegation).
 
         Memoised: the first call runs the provider's disposal and every call (concurrent or
         later) waits for that same disposal and sees its outcome. A caller that stops waiting
         never stops the disposal: it goes on in a task of its own, calling the provider's
         (idempotent) dispose again (hardening 11.8).
         """
-        await self._disposal.run(self._dispose)
+        return self._disposal.run(self._dispose)
 
     def __repr__(self) -> str:
         return f"SubagentRun({self.id!r}, local={self.local_agent is not None})"
