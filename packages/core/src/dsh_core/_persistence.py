@@ -25,7 +25,7 @@ import os
 import stat
 import sys
 import threading
-from collections.abc import Awaitable, Callable, Hashable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Generator, Hashable, Iterable, Mapping, Sequence
 from itertools import compress, islice
 from json.encoder import encode_basestring
 from pathlib import Path
@@ -967,13 +967,16 @@ class SessionPersistence:
                 out.append(failed)
         return out
 
-    async def released(self, id: str) -> None:
+    def released(self, id: str) -> Awaitable[None]:
         """Wait until this backend's hold on ``id`` from a disposed session is let go (its
         last drain written, its lock released); returns at once when nothing is pending.
 
         The last write's ``fsync`` may still be running: the backend's shutdown waits for it.
+        Every disposal awaits this, so with nothing pending no coroutine is made.
         """
-        await self._quiesce(id)
+        if id not in self._closing:
+            return _NOTHING_PENDING
+        return self._quiesce(id)
 
     # -- storage hooks ---------------------------------------------------------------------------
 
@@ -1025,6 +1028,19 @@ class SessionPersistence:
         """One read of a stored log for :meth:`scan` (default: all of ``_read``)."""
         header, events, _ = self._read(id, None)
         return StoredScan(header=header, events=tuple(e for e in events if e.type in types))
+
+
+class _NothingPending:
+    """An awaitable that is done at once (cheaper than a coroutine or a future)."""
+
+    __slots__ = ()
+
+    def __await__(self) -> Generator[Any, None, None]:
+        return
+        yield
+
+
+_NOTHING_PENDING = _NothingPending()
 
 
 def _not_found(id: str, where: str = "") -> SessionError:
