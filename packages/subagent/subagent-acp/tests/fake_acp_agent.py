@@ -117,6 +117,8 @@ def main() -> None:
             )
         elif method == "session/new":
             if args.hang_new:
+                sys.stderr.write("waiting in session/new\n")
+                sys.stderr.flush()
                 continue
             answer(request_id, {} if args.no_session_id else {"sessionId": session_id})
         elif method == "session/prompt":
@@ -161,7 +163,9 @@ def main() -> None:
                 chunk(session_id, "partial")
                 sys.exit(3)
             elif mode == "refuse":
-                send({"jsonrpc": "2.0", "id": request_id, "error": {"code": -32603, "message": "no"}})
+                send(
+                    {"jsonrpc": "2.0", "id": request_id, "error": {"code": -32603, "message": "no"}}
+                )
             elif mode == "permission":
                 pending_prompt = request_id
                 permission_for = "perm-1"

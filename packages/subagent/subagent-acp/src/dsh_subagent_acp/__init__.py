@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from .__about__ import __version__
 from ._config import MAX_TIMER_DELAY_MS, AcpConfig, resolve_config_cwd
-from ._errors import AcpError
+from ._errors import ABORTED_BEFORE_START, AcpError
 from ._process import child_environment, is_credential_name
-from ._provider import ABORTED_BEFORE_START, AcpProvider
+from ._provider import AcpProvider
 
 __all__ = [
     "ABORTED_BEFORE_START",

@@ -31,14 +31,12 @@ from dsh_subagent import ResultFuture, SubagentResult, SubagentRun, truncate_dia
 
 from .__about__ import __version__
 from ._config import AcpConfig
-from ._errors import AcpError
+from ._errors import ABORTED_BEFORE_START, AcpError
 from ._process import ChildProcess
 
 __all__ = ["AcpSubagentRun", "start_acp_run"]
 
 _log = logging.getLogger("dsh.subagent.acp")
-
-from ._provider import ABORTED_BEFORE_START
 
 #: ACP-3: the child's stop reason, as the seam's.
 _STOP_REASONS = {
@@ -127,10 +125,13 @@ async def _race(aw: Any, child: ChildProcess, signal: AbortSignal) -> Any:
     raise _Exited(child.exited.result())
 
 
-def _describe(exc: BaseException) -> str:
+def _describe(exc: BaseException, child: ChildProcess) -> str:
     """A diagnostic naming what failed, never the payload that failed it (ACP-5)."""
+    status = child.exit_status()
+    if isinstance(exc, _Exited | ConnectionError) and status is not None:
+        return f"the ACP child exited with status {status}"
     if isinstance(exc, _Exited):
-        return f"the ACP child exited with status {exc.status}"
+        return "the ACP child was stopped"
     if isinstance(exc, acp.RequestError):
         return f"the ACP child answered with error {exc.code}: {exc}"
     if isinstance(exc, ValidationError):
@@ -196,7 +197,8 @@ async def start_acp_run(
             ) from None
         if isinstance(exc, Exception):
             raise AcpError(
-                f"subagent-acp {name!r}: {step} failed: {_describe(exc)}", code="ACP_START_FAILED"
+                f"subagent-acp {name!r}: {step} failed: {_describe(exc, child)}",
+                code="ACP_START_FAILED",
             ) from exc
         raise
     session_id = getattr(created, "session_id", None)
@@ -262,7 +264,9 @@ class _Run:
         assert client.session_id is not None
         try:
             blocks = [acp.text_block(text)] if text else []
-            task = asyncio.ensure_future(self.conn.prompt(session_id=client.session_id, prompt=blocks))
+            task = asyncio.ensure_future(
+                self.conn.prompt(session_id=client.session_id, prompt=blocks)
+            )
             try:
                 await asyncio.wait({task, child.exited}, return_when=asyncio.FIRST_COMPLETED)
             finally:
@@ -280,7 +284,9 @@ class _Run:
             if client.cancelled:
                 self._settle("aborted")
                 return
-            diagnostic = _describe(exc)
+            if isinstance(exc, ConnectionError):  # stdout closed: its exit is near
+                await asyncio.wait({child.exited}, timeout=1.0)
+            diagnostic = _describe(exc, child)
             _log.warning('subagent-acp "%s": child run failed (error): %s', self.name, diagnostic)
             self._settle("error", diagnostic)
             return

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from dsh_subagent import SubagentError
 
-__all__ = ["AcpError"]
+__all__ = ["ABORTED_BEFORE_START", "AcpError"]
+
+#: ACP-2: the text of an abort that landed before the child was published.
+ABORTED_BEFORE_START = "subagent request was aborted before the ACP child started"
 
 
 class AcpError(SubagentError):

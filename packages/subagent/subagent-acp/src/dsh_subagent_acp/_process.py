@@ -62,6 +62,8 @@ class ChildProcess:
         assert process.stderr is not None
         self._relay = asyncio.ensure_future(self._relay_stderr(process.stderr))
         self._terminated: asyncio.Future[None] | None = None
+        #: Whether the ladder had to signal the group (the exit status is then ours).
+        self.signalled = False
 
     @classmethod
     async def spawn(
@@ -126,6 +128,7 @@ class ChildProcess:
         return True
 
     def _signal_group(self, sig: signal.Signals) -> None:
+        self.signalled = True
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.pid, sig)
 
@@ -167,6 +170,8 @@ class ChildProcess:
         with contextlib.suppress(asyncio.CancelledError):
             await self._relay
 
-    def kill_now(self) -> None:
-        """SIGKILL the group at once (a start whose owner is going away)."""
-        self._signal_group(signal.SIGKILL)
+    def exit_status(self) -> int | None:
+        """The status the child exited with by itself (``None``: running, or ended by us)."""
+        if self.signalled or not self._exited.done():
+            return None
+        return self._exited.result()

@@ -16,12 +16,10 @@ from dsh_subagent import (
 )
 
 from ._config import AcpConfig
-from ._errors import AcpError
+from ._errors import ABORTED_BEFORE_START, AcpError
 from ._process import child_environment
 
 __all__ = ["AcpProvider"]
-
-ABORTED_BEFORE_START = "subagent request was aborted before the ACP child started"
 
 
 def _enterable(path: str) -> bool:

@@ -17,9 +17,7 @@ __all__ = ["dsh_plugins"]
 
 
 def _apply(ctx: Context, config: AcpConfig) -> None:
-    ctx.subagents.register_provider(
-        AcpProvider(config=config, cwd=resolve_config_cwd(config.cwd))
-    )
+    ctx.subagents.register_provider(AcpProvider(config=config, cwd=resolve_config_cwd(config.cwd)))
 
 
 @hookimpl
