@@ -43,6 +43,16 @@ def accepts(tp: Any, value: object) -> bool:
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
         return any(accepts(a, value) for a in typing.get_args(tp))
+    if origin is list:
+        (item,) = typing.get_args(tp)
+        return type(value) is list and all(accepts(item, v) for v in value)
+    if origin is dict:
+        key, item = typing.get_args(tp)
+        return (
+            type(value) is dict
+            and all(accepts(key, k) for k in value)
+            and all(accepts(item, v) for v in value.values())
+        )
     raise AssertionError(f"no strictness rule for config field type {tp!r}: add one here")
 
 
@@ -65,8 +75,14 @@ config_values = st.recursive(
 
 def values_of(tp: Any) -> st.SearchStrategy[Any]:
     """Values a strict structuring of ``tp`` accepts."""
-    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
         return st.one_of([values_of(a) for a in typing.get_args(tp)])
+    if origin is list:
+        return st.lists(values_of(typing.get_args(tp)[0]), max_size=3)
+    if origin is dict:
+        key, item = typing.get_args(tp)
+        return st.dictionaries(values_of(key), values_of(item), max_size=3)
     simple: dict[Any, st.SearchStrategy[Any]] = {
         type(None): st.none(),
         bool: st.booleans(),

@@ -414,7 +414,9 @@ def test_config_cwd_rules(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
         ({"dispose_grace_ms": float("inf")}, "no greater than 2147483647"),
         ({"dispose_grace_ms": MAX_TIMER_DELAY_MS + 1}, "no greater than 2147483647"),
         ({"start_timeout_ms": float("nan")}, "start_timeout_ms must be a positive"),
-        ({"permission": "sometimes"}, "permission"),
+        ({"permission": "sometimes"}, "permission must be 'reject' or 'allow'"),
+        ({"command": ""}, "command must name the ACP agent"),
+        ({"args": "not a list"}, "key 'args' (list[str])"),
     ],
 )
 async def test_bad_config_fails_the_boot(changes: dict[str, Any], message: str) -> None:

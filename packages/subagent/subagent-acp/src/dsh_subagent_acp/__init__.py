@@ -7,7 +7,7 @@ See ``docs/acp.md``. The SDK is imported on the first ``start()``, not with this
 from __future__ import annotations
 
 from .__about__ import __version__
-from ._config import MAX_TIMER_DELAY_MS, AcpConfig, resolve_config_cwd
+from ._config import MAX_TIMER_DELAY_MS, AcpConfig, check_config, resolve_config_cwd
 from ._errors import ABORTED_BEFORE_START, AcpError
 from ._process import child_environment, is_credential_name
 from ._provider import AcpProvider
@@ -19,6 +19,7 @@ __all__ = [
     "AcpError",
     "AcpProvider",
     "__version__",
+    "check_config",
     "child_environment",
     "is_credential_name",
     "resolve_config_cwd",

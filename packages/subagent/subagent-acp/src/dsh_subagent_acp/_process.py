@@ -69,7 +69,7 @@ class ChildProcess:
     async def spawn(
         cls,
         command: str,
-        args: tuple[str, ...],
+        args: list[str],
         *,
         cwd: str,
         env: Mapping[str, str],

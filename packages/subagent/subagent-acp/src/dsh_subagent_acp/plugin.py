@@ -10,14 +10,15 @@ from __future__ import annotations
 
 from dsh_core import Context, PluginSpec, hookimpl
 
-from ._config import AcpConfig, resolve_config_cwd
+from ._config import AcpConfig, check_config
 from ._provider import AcpProvider
 
 __all__ = ["dsh_plugins"]
 
 
 def _apply(ctx: Context, config: AcpConfig) -> None:
-    ctx.subagents.register_provider(AcpProvider(config=config, cwd=resolve_config_cwd(config.cwd)))
+    cwd = check_config(config)
+    ctx.subagents.register_provider(AcpProvider(config=config, cwd=cwd))
 
 
 @hookimpl
