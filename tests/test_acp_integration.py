@@ -229,3 +229,19 @@ async def test_memory_store_offers_no_load(tmp_path: Path) -> None:
         async with asyncio.timeout(60):
             response = await conn.prompt(session_id=session_id, prompt=[acp.text_block("hi")])
         assert response.stop_reason == "end_turn"
+
+
+def test_the_demo_runs_an_acp_child(monkeypatch: pytest.MonkeyPatch) -> None:
+    """acp 16.4: with everything installed, `dsh demo` also delegates to an ACP child (a
+    dsh-acp-agent process) and reports its answer."""
+    import io
+
+    from dsh_core.cli import main
+
+    monkeypatch.delenv("DSH_PLUGINS", raising=False)
+    monkeypatch.delenv("DSH_DISABLE_PLUGIN_AUTOLOAD", raising=False)
+    out = io.StringIO()
+    assert main(["demo", "--prompt", "hello, acp"], out=out) == 0, out.getvalue()
+    text = out.getvalue()
+    assert "acp child > hello, acp  [pid " in text
+    assert "stop reason completed" in text

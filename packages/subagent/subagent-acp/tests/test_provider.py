@@ -495,6 +495,22 @@ async def test_crash_after_cancel_is_aborted() -> None:
         assert (await run.result).stop_reason == "aborted"
 
 
+async def test_dispose_after_the_child_died_under_a_cancel() -> None:
+    """ACP-5/7: a child killed before the cancel reached it leaves a broken pipe; dispose
+    still completes and the run is aborted."""
+    async with acp_host("--prompt", "slow") as b:
+        controller = AbortController()
+        run = await b.start(signal=controller.signal)
+        ended = _ended(run.pid)  # type: ignore[attr-defined]
+        os.kill(run.pid, signal.SIGKILL)  # type: ignore[attr-defined]
+        async with asyncio.timeout(10):
+            await ended.wait()
+        controller.abort("stop")  # session/cancel now goes to a dead pipe
+        async with asyncio.timeout(10):
+            await run.dispose()
+        assert (await run.result).stop_reason == "aborted"
+
+
 async def test_refused_prompt_is_an_error() -> None:
     """ACP-5: a prompt the child answers with a JSON-RPC error settles error with the code."""
     async with acp_host("--prompt", "refuse") as b:

@@ -141,11 +141,19 @@ def _describe(exc: BaseException, child: ChildProcess) -> str:
     return f"the ACP transport failed: {type(exc).__name__}"
 
 
+async def _close(conn: Any) -> None:
+    """Release the connection; a child that died under it leaves a broken pipe, not a fault."""
+    try:
+        await conn.close()
+    except Exception as exc:
+        _log.debug("closing the ACP connection: %s", type(exc).__name__)
+
+
 async def _reap(child: ChildProcess, conn: Any, config: AcpConfig) -> None:
     await child.terminate(
         eof_grace=config.dispose_eof_grace_ms / 1000, grace=config.dispose_grace_ms / 1000
     )
-    await conn.close()
+    await _close(conn)
 
 
 async def start_acp_run(
@@ -332,4 +340,4 @@ class _Run:
         if self.prompt is not None:
             with contextlib.suppress(BaseException):
                 await self.prompt
-        await self.conn.close()
+        await _close(self.conn)
