@@ -31,6 +31,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+# This file is named like the SDK's module: run as a script, its folder heads sys.path and
+# `import acp` would import it. Take the folder out before anything imports the SDK.
+_HERE = Path(__file__).resolve().parent
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
+
 #: An ACP agent on the SDK alone, doing what dsh-acp-agent does on the echo model.
 RAW_AGENT = """
 import asyncio, uuid

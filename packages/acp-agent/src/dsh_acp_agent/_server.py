@@ -115,14 +115,26 @@ def _tool_done(block: ToolResultBlock) -> Any:
 
 
 class _Live:
-    """One served session: its agent, and the queue of updates of the prompt running on it."""
+    """One served session: its agent, and what the prompt running on it has to send."""
+
+    __slots__ = ("agent", "busy", "cancelled", "end", "handle", "pending", "wake")
 
     def __init__(self, handle: AgentHandle) -> None:
         self.handle = handle
         self.agent = handle.agent
-        self.outbox: asyncio.Queue[Any] | None = None
+        self.busy = False  # a prompt runs: its session's events stream
         self.cancelled = False
-        self.busy = False
+        self.pending: list[Any] = []  # updates not sent yet
+        self.end: TurnEndData | None = None  # the turn/end the prompt waits for
+        self.wake: asyncio.Future[None] | None = None  # the prompt waiting for either
+
+    def streaming(self) -> bool:
+        """Whether the running prompt has updates to send or its turn/end still to see."""
+        return self.end is None or bool(self.pending)
+
+    def turn_end(self) -> TurnEndData | None:
+        """The turn/end the running prompt saw (read after the wait, not narrowed before)."""
+        return self.end
 
 
 class DshAcpAgent:
@@ -141,9 +153,18 @@ class DshAcpAgent:
 
     def _on_event(self, session: Any, event: SessionEvent) -> None:
         live = self.sessions.get(session.header.id)
-        if live is not None and live.outbox is not None:
-            for update in _updates(event):
-                live.outbox.put_nowait(update)
+        if live is None or not live.busy:
+            return
+        if event.type == "turn/end":
+            live.end = event.data
+        else:
+            updates = _updates(event)
+            if not updates:
+                return
+            live.pending += updates
+        wake = live.wake
+        if wake is not None and not wake.done():
+            wake.set_result(None)
 
     async def initialize(
         self,
@@ -235,20 +256,28 @@ class DshAcpAgent:
                 parts.append(f"[{block.name}]({block.uri})")
         live.busy = True
         live.cancelled = False
-        outbox = live.outbox = asyncio.Queue()
-        sender = asyncio.ensure_future(self._send(session_id, outbox))
+        live.end = None
         agent = live.agent
         try:
-            before = len(agent.session.events)
             agent.followup(user_message("".join(parts)))
+            # Stream the turn's updates as they come, until its turn/end (every turn has one).
+            loop = asyncio.get_running_loop()
+            while live.streaming():
+                if live.pending:
+                    batch, live.pending = live.pending, []
+                    for update in batch:
+                        await self.conn.session_update(session_id=session_id, update=update)
+                else:
+                    live.wake = loop.create_future()
+                    await live.wake
             await agent.when_idle()
-            end = _last_turn_end(agent.session.events[before:])
+            for update in live.pending:  # a latched turn that ran on after ours
+                await self.conn.session_update(session_id=session_id, update=update)
         finally:
-            live.outbox = None
-            outbox.put_nowait(None)
-            with contextlib.suppress(Exception):
-                await sender
             live.busy = False
+            live.pending = []
+            live.wake = None
+        end = live.turn_end()
         if live.cancelled:
             return PromptResponse(stop_reason="cancelled")
         kind = end.reason.kind if end is not None else "error"
@@ -259,10 +288,6 @@ class DshAcpAgent:
             _log.warning("session %s: the turn ended %s: %s", session_id, kind, message)
             raise acp.RequestError.internal_error({"turnEnd": kind, "message": message})
         return PromptResponse(stop_reason=stop)  # type: ignore[arg-type]
-
-    async def _send(self, session_id: str, outbox: asyncio.Queue[Any]) -> None:
-        while (update := await outbox.get()) is not None:
-            await self.conn.session_update(session_id=session_id, update=update)
 
     async def cancel(self, session_id: str, **kwargs: Any) -> None:
         """``session/cancel``: stop the running turn (its prompt answers ``cancelled``)."""
@@ -280,14 +305,6 @@ class DshAcpAgent:
         for live in sessions.values():
             with contextlib.suppress(Exception):
                 await live.handle.dispose()
-
-
-def _last_turn_end(events: Any) -> TurnEndData | None:
-    for event in reversed(events):
-        if event.type == "turn/end":
-            data: TurnEndData = event.data
-            return data
-    return None
 
 
 @contextlib.asynccontextmanager
