@@ -293,7 +293,7 @@ def interop(session: nox.Session) -> None:
     ``examples/``; ``ACP_SDK_EXAMPLES`` tells the tests where they are.
     """
     _install_wheels(session, *PACKAGES, extra=(*TEST_REQUIREMENTS, *INTEROP))
-    tmp = Path(session.create_tmp())
+    tmp = Path(session.create_tmp()).resolve()
     session.run(  # nox's own pip: a uv venv has none
         sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", ACP_SDK,
         "--dest", str(tmp), silent=True, external=True,

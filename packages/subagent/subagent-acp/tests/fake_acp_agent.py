@@ -64,6 +64,7 @@ def main() -> None:
     parser.add_argument("--echo-prefix", default="echo: ")
     parser.add_argument("--hold-text", default=None, help="a prompt answered as --prompt slow")
     parser.add_argument("--hang-new", action="store_true", help="never answer session/new")
+    parser.add_argument("--linger-ms", type=int, default=0, help="work this long after EOF")
     args = parser.parse_args()
 
     if args.trap_term:
@@ -211,6 +212,10 @@ def main() -> None:
             )
     if args.hold_eof:
         hold()
+    if args.linger_ms:  # flushing its state, say: then it says so and leaves by itself
+        time.sleep(args.linger_ms / 1000)
+        sys.stderr.write("flushed after EOF\n")
+        sys.stderr.flush()
 
 
 if __name__ == "__main__":

@@ -602,6 +602,18 @@ async def test_sigterm_trap_gets_sigkill_within_the_graces(tmp_path: Path) -> No
             await ended.wait()
 
 
+async def test_the_eof_window_lets_a_child_flush(capfd: pytest.CaptureFixture[str]) -> None:
+    """ACP-7, §7: the EOF grace, not the SIGTERM grace, bounds a child finishing its work
+    after stdin closed: it flushes and exits by itself, unsignalled."""
+    async with acp_host("--linger-ms", "300", dispose_eof_grace_ms=5000, dispose_grace_ms=50) as b:
+        run = await b.start()
+        assert (await run.result).stop_reason == "completed"
+        async with asyncio.timeout(10):
+            await run.dispose()
+        assert_reaped(run.pid)  # type: ignore[attr-defined]
+    assert f"[acp {run.pid}] flushed after EOF" in capfd.readouterr().err  # type: ignore[attr-defined]
+
+
 async def test_completed_child_exits_at_eof() -> None:
     """ACP-7: dispose closes stdin first; a polite child leaves within the EOF grace."""
     async with acp_host(dispose_eof_grace_ms=5000, dispose_grace_ms=5000) as b:
