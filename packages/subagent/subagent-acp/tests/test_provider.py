@@ -290,6 +290,27 @@ async def test_child_that_never_answers_initialize_times_out(tmp_path: Path) -> 
     assert_reaped(_read_pid(pidfile))
 
 
+async def test_a_cancelled_start_still_reaps_the_child(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ACP-2, hardening: a caller cancelled while start() waits on initialize gets its
+    CancelledError, and the child it spawned is reaped, not left behind."""
+    pidfile = tmp_path / "pid"
+    started = _StderrWatch("at initialize")
+    monkeypatch.setattr(sys, "stderr", started)
+    async with acp_host(
+        "--no-init", "--say", "at initialize", env={"FAKE_ACP_PIDFILE": str(pidfile)}
+    ) as b:
+        starting = asyncio.ensure_future(b.start())
+        async with asyncio.timeout(10):
+            await started.seen.wait()
+        starting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            async with asyncio.timeout(10):
+                await starting
+    assert_reaped(_read_pid(pidfile))
+
+
 async def test_child_exiting_during_initialize_fails_start(tmp_path: Path) -> None:
     """ACP-2: a child that exits during initialize rejects with ACP_START_FAILED."""
     async with acp_host("--exit-at-init") as b:
