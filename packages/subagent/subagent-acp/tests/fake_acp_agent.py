@@ -164,9 +164,12 @@ def main() -> None:
                 chunk(session_id, "partial")
                 sys.exit(3)
             elif mode == "refuse":
-                send(
-                    {"jsonrpc": "2.0", "id": request_id, "error": {"code": -32603, "message": "no"}}
-                )
+                error = {
+                    "code": -32603,
+                    "message": "no\nbecause " + "x" * 500,
+                    "data": {"payload": "SECRET-DATA"},
+                }
+                send({"jsonrpc": "2.0", "id": request_id, "error": error})
             elif mode == "permission":
                 pending_prompt = request_id
                 permission_for = "perm-1"

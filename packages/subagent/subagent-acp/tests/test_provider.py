@@ -533,7 +533,8 @@ async def test_dispose_after_the_child_died_under_a_cancel() -> None:
 
 
 async def test_refused_prompt_is_an_error() -> None:
-    """ACP-5: a prompt the child answers with a JSON-RPC error settles error with the code."""
+    """ACP-5: a prompt the child answers with a JSON-RPC error settles error; the diagnostic
+    has the code and one bounded line of the message, never the error's data."""
     async with acp_host("--prompt", "refuse") as b:
         run = await b.start()
         try:
@@ -541,7 +542,10 @@ async def test_refused_prompt_is_an_error() -> None:
         finally:
             await run.dispose()
         assert result.stop_reason == "error"
-        assert result.diagnostic is not None and "-32603" in result.diagnostic
+        assert result.diagnostic is not None
+        assert result.diagnostic.startswith("the ACP child answered with error -32603: no because")
+        assert "\n" not in result.diagnostic and "SECRET-DATA" not in result.diagnostic
+        assert len(result.diagnostic) < 300
 
 
 async def test_garbage_on_stdout_is_skipped() -> None:

@@ -46,6 +46,8 @@ _STOP_REASONS = {
     "cancelled": "aborted",
 }
 _ALLOW = ("allow_once", "allow_always")
+#: How much of a child's JSON-RPC error message a diagnostic repeats (never its ``data``).
+_MESSAGE_LIMIT = 200
 _CANCELLED = RequestPermissionResponse(outcome=DeniedOutcome(outcome="cancelled"))
 
 
@@ -132,8 +134,11 @@ def _describe(exc: BaseException, child: ChildProcess) -> str:
         return f"the ACP child exited with status {status}"
     if isinstance(exc, _Exited):
         return "the ACP child was stopped"
-    if isinstance(exc, acp.RequestError):
-        return f"the ACP child answered with error {exc.code}: {exc}"
+    if isinstance(exc, acp.RequestError):  # its code, and a line of its message at most
+        message = " ".join(str(exc).split())
+        if len(message) > _MESSAGE_LIMIT:
+            message = message[: _MESSAGE_LIMIT - 1] + "…"
+        return f"the ACP child answered with error {exc.code}: {message}"
     if isinstance(exc, ValidationError):
         return "the ACP child's answer does not fit the protocol"
     if isinstance(exc, ConnectionError):
