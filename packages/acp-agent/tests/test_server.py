@@ -223,6 +223,22 @@ def test_config_file(tmp_path: Path) -> None:
         load_config(path)
 
 
+def test_a_bad_config_file_is_a_one_line_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """acp 16.2: a config file that cannot be used exits 2 with one line on stderr, before
+    anything is served (nothing on stdout)."""
+    from dsh_acp_agent.cli import main
+
+    path = tmp_path / "agent.toml"
+    path.write_text('[store]\nkind = "paper"\n', encoding="utf-8")
+    assert main(["--config", str(path)]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.startswith("dsh-acp-agent: error: ") and "store.kind" in err
+    assert main(["--config", str(tmp_path / "missing.toml")]) == 2
+
+
 @pytest.mark.slow
 def test_console_script_keeps_stdout_for_the_protocol(tmp_path: Path) -> None:
     """acp 16.2: nothing but protocol on stdout: a plugin's print goes to stderr; the process
@@ -257,3 +273,22 @@ def test_console_script_keeps_stdout_for_the_protocol(tmp_path: Path) -> None:
     assert [a["id"] for a in answers] == [0, 1]
     assert answers[1]["result"]["sessionId"]
     assert "noise from a plugin" in done.stderr
+
+
+@pytest.mark.slow
+def test_a_host_that_cannot_boot_exits_1(tmp_path: Path) -> None:
+    """acp 16.2: a composition that cannot boot (an unknown plugin) exits 1 with the error and
+    its code on stderr, and writes nothing on stdout."""
+    config = tmp_path / "agent.toml"
+    config.write_text('[[plugins]]\nplugin = "no-such-plugin"\n', encoding="utf-8")
+    done = subprocess.run(
+        [sys.executable, "-m", "dsh_acp_agent", "--config", str(config)],
+        input="",
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 1
+    assert done.stdout == ""
+    assert "[PLUGIN_UNKNOWN]" in done.stderr
