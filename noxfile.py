@@ -18,6 +18,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tarfile
 import tomllib
 from pathlib import Path
 
@@ -278,14 +279,40 @@ def thorough(session: nox.Session) -> None:
     )
 
 
+#: The third-party ACP agents `interop` drives: deepagents-acp (on a fake model) and the SDK's
+#: own example agent, which only its sdist holds.
+INTEROP = ["deepagents==0.7.32", "deepagents-acp==0.0.13"]
+ACP_SDK = "agent-client-protocol==0.12.1"
+
+
 @nox.session(requires=["build"])
 def interop(session: nox.Session) -> None:
     """Slow tier, outside the default set: the tests marked ``interop`` (real agent processes).
 
-    pytest's exit status 5 (no test selected) passes: no test carries the marker yet.
+    Installs the third-party agents (:data:`INTEROP`) and unpacks the SDK's sdist for its
+    ``examples/``; ``ACP_SDK_EXAMPLES`` tells the tests where they are.
     """
-    _install_wheels(session, *PACKAGES)
-    _pytest(session, "-m", "interop", *_every_test_folder(), success_codes=[0, 5])
+    _install_wheels(session, *PACKAGES, extra=(*TEST_REQUIREMENTS, *INTEROP))
+    tmp = Path(session.create_tmp()).resolve()
+    session.run(  # nox's own pip: a uv venv has none
+        sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", ACP_SDK,
+        "--dest", str(tmp), silent=True, external=True,
+    )  # fmt: skip
+    (sdist,) = tmp.glob("agent_client_protocol-*.tar.gz")
+    with tarfile.open(sdist) as archive:
+        if hasattr(tarfile, "data_filter"):
+            archive.extractall(tmp, filter="data")
+        else:  # pragma: no cover - a Python before 3.11.4
+            archive.extractall(tmp)
+    (examples,) = tmp.glob("agent_client_protocol-*/examples")
+    _pytest(
+        session,
+        "-m",
+        "interop",
+        *_every_test_folder(),
+        env={"ACP_SDK_EXAMPLES": str(examples)},
+        success_codes=[0, 5],
+    )
 
 
 PEERS = {

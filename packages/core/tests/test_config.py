@@ -31,6 +31,11 @@ def field_types(cls: type) -> dict[str, Any]:
     return dict(typing.get_type_hints(cls))
 
 
+def required_keys(cls: type) -> set[str]:
+    """The keys a config must give (no default): a composition that leaves one out is refused."""
+    return {f.name for f in attrs.fields(cls) if f.default is attrs.NOTHING}
+
+
 def accepts(tp: Any, value: object) -> bool:
     """Whether a strict structuring of ``tp`` takes ``value`` as it is."""
     if tp is type(None):
@@ -44,10 +49,15 @@ def accepts(tp: Any, value: object) -> bool:
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
         return any(accepts(a, value) for a in typing.get_args(tp))
+    if origin is list:
+        (item,) = typing.get_args(tp)
+        return type(value) is list and all(accepts(item, v) for v in value)
     if origin in (dict, cabc.Mapping):
         key, item = typing.get_args(tp)
-        return isinstance(value, dict) and all(
-            accepts(key, k) and accepts(item, v) for k, v in value.items()
+        return (
+            type(value) is dict
+            and all(accepts(key, k) for k in value)
+            and all(accepts(item, v) for v in value.values())
         )
     raise AssertionError(f"no strictness rule for config field type {tp!r}: add one here")
 
@@ -71,9 +81,12 @@ config_values = st.recursive(
 
 def values_of(tp: Any) -> st.SearchStrategy[Any]:
     """Values a strict structuring of ``tp`` accepts."""
-    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
         return st.one_of([values_of(a) for a in typing.get_args(tp)])
-    if typing.get_origin(tp) in (dict, cabc.Mapping):
+    if origin is list:
+        return st.lists(values_of(typing.get_args(tp)[0]), max_size=3)
+    if origin in (dict, cabc.Mapping):
         key, item = typing.get_args(tp)
         return st.dictionaries(values_of(key), values_of(item), max_size=3)
     simple: dict[Any, st.SearchStrategy[Any]] = {
@@ -113,7 +126,7 @@ def test_a_wrong_typed_value_for_any_config_key_is_plugin_config(data: st.DataOb
             else values_of(fields[key])
         )
         for key in data.draw(st.permutations(sorted(fields)))
-        if key in wrong or data.draw(st.booleans())
+        if key in wrong or key in required_keys(spec.config_type) or data.draw(st.booleans())
     }
     row = data.draw(st.integers(0, 20))
     with pytest.raises(PluginError) as err:
@@ -136,9 +149,11 @@ def test_a_right_typed_value_is_taken_as_it_is(data: st.DataObject) -> None:
     fields = field_types(spec.config_type)
     key = data.draw(st.sampled_from(sorted(fields)))
     value = data.draw(values_of(fields[key]))
+    given = {k: data.draw(values_of(fields[k])) for k in sorted(required_keys(spec.config_type))}
+    given[key] = value
     refused: PluginError | None = None
     try:
-        config = structure_config(spec, {key: value})
+        config = structure_config(spec, given)
     except PluginError as err:
         refused = err
     if refused is not None:

@@ -1,13 +1,88 @@
-"""The ``dsh`` entry point of dsh-acp-agent."""
+"""The ``acp-agent`` entry point: plugin ``acp-agent`` lets a host serve itself over ACP.
+
+Mounted, it provides ``ctx.acp_agent`` (:class:`AcpAgentService`): ``await
+ctx.acp_agent.serve(writer, reader)`` serves this host as an ACP agent on those streams (or on
+one SDK transport) until the client closes them. Config: ``provider``, ``model`` and
+``max_tokens``, the route of every session it creates (default: the scripted model's echo).
+``session/load`` is offered when the host's store is the JSONL one. The ``dsh-acp-agent``
+command boots a host with this plugin from a config file. The SDK is imported on the first
+``serve()``/``agent()``, never when the plugin loads.
+"""
 
 from __future__ import annotations
 
-from dsh_core import PluginSpec, hookimpl
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["dsh_plugins"]
+import attrs
+
+from dsh_core import AgentOptions, Context, JsonlSessionPersistence, PluginSpec, hookimpl
+
+if TYPE_CHECKING:
+    from ._server import DshAcpAgent
+
+__all__ = ["AcpAgentConfig", "AcpAgentService", "dsh_plugins"]
+
+
+@attrs.frozen(kw_only=True)
+class AcpAgentConfig:
+    """Config of ``acp-agent``: the model route of the sessions it serves."""
+
+    provider: str = "scripted"
+    model: str = "echo"
+    max_tokens: int | None = None
+
+
+class AcpAgentService:
+    """``ctx.acp_agent``: this host, served as an ACP agent."""
+
+    def __init__(self, ctx: Context, config: AcpAgentConfig) -> None:
+        self._ctx = ctx
+        self.options = AgentOptions(
+            provider=config.provider, model=config.model, max_tokens=config.max_tokens
+        )
+
+    @property
+    def durable(self) -> bool:
+        """Whether sessions outlive the process (the JSONL store): ``loadSession`` is offered."""
+        return isinstance(self._ctx.get("session_persistence"), JsonlSessionPersistence)
+
+    def agent(self) -> DshAcpAgent:
+        """A fresh ACP agent over this host (for a transport of your own)."""
+        from ._server import DshAcpAgent
+
+        return DshAcpAgent(self._ctx, self.options, durable=self.durable)
+
+    async def serve(self, input_stream: Any, output_stream: Any = None) -> None:
+        """Serve until the client closes the connection; then dispose the sessions served.
+
+        ``input_stream`` is what we write to (an ``asyncio.StreamWriter``) and
+        ``output_stream`` what we read from (its ``StreamReader``); or one SDK ``Transport``
+        as ``input_stream`` alone.
+        """
+        import acp
+
+        agent = self.agent()
+        try:
+            await acp.run_agent(agent, input_stream, output_stream)  # type: ignore[arg-type]
+        finally:
+            await agent.close()
+
+
+def _apply(ctx: Context, config: AcpAgentConfig) -> None:
+    ctx.provide("acp_agent", AcpAgentService(ctx, config))
 
 
 @hookimpl
 def dsh_plugins() -> list[PluginSpec]:
-    """The plugins dsh-acp-agent can mount: none yet (a placeholder)."""
-    return []
+    """The ``acp-agent`` plugin."""
+    return [
+        PluginSpec(
+            name="acp-agent",
+            apply=_apply,
+            provides=("acp_agent",),
+            requires=("agents", "sessions"),
+            after=("session_persistence",),
+            config_type=AcpAgentConfig,
+            description="ctx.acp_agent: serve this host as an Agent Client Protocol agent",
+        )
+    ]

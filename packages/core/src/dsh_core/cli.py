@@ -91,7 +91,59 @@ def cmd_demo(args: argparse.Namespace, out: TextIO) -> int:
     except DshError as exc:  # a script that cannot be read or is malformed, say
         print(f"dsh demo: error: {exc} [{exc.code}]", file=sys.stderr)
         return 2
+    if not status and _acp_child_available(pm):
+        status = asyncio.run(_demo_acp_child(out, pm, prompt=args.prompt))
     return 1 if pm.failures or status else 0
+
+
+def _acp_child_available(pm: DshPluginManager) -> bool:
+    """Whether the ACP child can run: the ``acp`` provider and ``dsh-acp-agent`` installed."""
+    import importlib.util
+
+    specs = pm.collect_plugin_specs()
+    return (
+        "subagent" in specs
+        and "subagent-acp" in specs
+        and importlib.util.find_spec("dsh_acp_agent") is not None
+    )
+
+
+async def _demo_acp_child(out: TextIO, pm: DshPluginManager, *, prompt: str) -> int:
+    """Delegate ``prompt`` to an ACP child: a ``dsh-acp-agent`` process on the echo model,
+    through the ``acp`` provider; 1 if it did not complete."""
+    import importlib
+
+    from ._agent import AgentOptions, CreateAgentOptions
+    from ._content import blocks_text, text_blocks
+    from ._events import SessionMeta
+    from ._host import PluginRow, boot_host
+
+    subagent = importlib.import_module("dsh_subagent")
+    child = PluginRow(
+        plugin="subagent-acp",
+        config={"command": sys.executable, "args": ["-m", "dsh_acp_agent"]},
+    )
+    rows: list[PluginRow | str] = ["sessions", "session-persistence-memory", "llm",
+            "llm-scripted", "tools", "system-prompt", "agents", "subagent", child]  # fmt: skip
+    print("\none ACP child (a dsh-acp-agent process, over the Agent Client Protocol):", file=out)
+    async with await boot_host(rows, pm=pm) as host:
+        handle = await host.ctx.agents.create(
+            CreateAgentOptions(
+                meta=SessionMeta(cwd=os.getcwd()),
+                agent_options=AgentOptions(provider="scripted", model="echo"),
+            )
+        )
+        request = subagent.SubagentStartRequest(prompt=text_blocks(prompt), parent=handle.agent)
+        run = await host.ctx.subagents.start("acp", request)
+        try:
+            result = await run.result
+        finally:
+            await run.dispose()
+        print(f"  parent    > {prompt}", file=out)
+        print(f"  acp child > {blocks_text(result.output)}  [pid {run.pid}]", file=out)
+        print(f"  stop reason {result.stop_reason}; the process has exited", file=out)
+        await handle.dispose()
+    return 0 if result.stop_reason == "completed" else 1
 
 
 def _model(value: str) -> str | None:

@@ -1,7 +1,26 @@
-"""Subagent provider `acp`: an external agent over the Agent Client Protocol."""
+"""dsh-subagent-acp: the ``acp`` subagent provider, an external agent process spoken to over
+the Agent Client Protocol (``agent-client-protocol``, protocol version 1).
+
+See ``docs/acp.md``. The SDK is imported on the first ``start()``, not with this package.
+"""
 
 from __future__ import annotations
 
 from .__about__ import __version__
+from ._config import MAX_TIMER_DELAY_MS, AcpConfig, check_config, resolve_config_cwd
+from ._errors import ABORTED_BEFORE_START, AcpError
+from ._process import child_environment, is_credential_name
+from ._provider import AcpProvider
 
-__all__ = ["__version__"]
+__all__ = [
+    "ABORTED_BEFORE_START",
+    "MAX_TIMER_DELAY_MS",
+    "AcpConfig",
+    "AcpError",
+    "AcpProvider",
+    "__version__",
+    "check_config",
+    "child_environment",
+    "is_credential_name",
+    "resolve_config_cwd",
+]

@@ -1,13 +1,35 @@
-"""The ``dsh`` entry point of dsh-subagent-acp."""
+"""The ``subagent-acp`` entry point: registers the ``acp`` provider when mounted.
+
+Config (:class:`AcpConfig`): ``command`` (required), ``args``, ``cwd``, ``permission``
+(``reject`` | ``allow``), ``env``, ``dispose_eof_grace_ms``, ``dispose_grace_ms``,
+``start_timeout_ms``, ``provider_name`` (default ``"acp"``). A configured ``cwd`` is resolved
+and checked once, here (ACP-4). Unmounting unregisters the provider; published runs go on.
+"""
 
 from __future__ import annotations
 
-from dsh_core import PluginSpec, hookimpl
+from dsh_core import Context, PluginSpec, hookimpl
+
+from ._config import AcpConfig, check_config
+from ._provider import AcpProvider
 
 __all__ = ["dsh_plugins"]
 
 
+def _apply(ctx: Context, config: AcpConfig) -> None:
+    cwd = check_config(config)
+    ctx.subagents.register_provider(AcpProvider(config=config, cwd=cwd))
+
+
 @hookimpl
 def dsh_plugins() -> list[PluginSpec]:
-    """The plugins dsh-subagent-acp can mount: none yet (a placeholder)."""
-    return []
+    """The ``subagent-acp`` plugin."""
+    return [
+        PluginSpec(
+            name="subagent-acp",
+            apply=_apply,
+            requires=("subagents",),
+            config_type=AcpConfig,
+            description="subagent provider 'acp': an external agent over the Agent Client Protocol",
+        )
+    ]

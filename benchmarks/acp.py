@@ -1,0 +1,191 @@
+"""ACP benchmark: what a child over the Agent Client Protocol costs.
+
+Three figures, each against the bare SDK doing the same work:
+
+1. **spawn-to-ready**: spawn ``dsh-acp-agent`` (echo model, memory store), ``initialize`` and
+   ``session/new`` answered, driven by the SDK's client; against an agent written with the SDK
+   alone (echo, ~30 lines). The import times of the interpreter, the SDK and dsh-core are
+   measured apart, to show what each adds.
+2. **per-prompt round trip** on a warm child: N sequential ``session/prompt`` calls in one
+   session, ms per prompt, dsh-acp-agent against the SDK-only agent.
+3. **concurrent children**: ``--children`` one-shot ``acp`` runs started at once through
+   ``ctx.subagents.start()`` (spawn, prompt, answer, dispose), each a dsh-acp-agent process.
+
+    python benchmarks/acp.py                     # all three
+    python benchmarks/acp.py --prompts 500 --children 20 --spawns 5
+
+The figures depend on the machine (most of spawn-to-ready is the SDK's import); compare runs
+made on one machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+# This file is named like the SDK's module: run as a script, its folder heads sys.path and
+# `import acp` would import it. Take the folder out before anything imports the SDK.
+_HERE = Path(__file__).resolve().parent
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
+
+#: An ACP agent on the SDK alone, doing what dsh-acp-agent does on the echo model.
+RAW_AGENT = """
+import asyncio, uuid
+import acp
+from acp.schema import AgentCapabilities, InitializeResponse, NewSessionResponse, PromptResponse
+
+class Echo:
+    def on_connect(self, conn):
+        self.conn = conn
+    async def initialize(self, protocol_version, client_capabilities=None, client_info=None, **kw):
+        return InitializeResponse(protocol_version=1, agent_capabilities=AgentCapabilities())
+    async def new_session(self, cwd, mcp_servers=None, **kw):
+        return NewSessionResponse(session_id=uuid.uuid4().hex)
+    async def prompt(self, session_id, prompt, **kw):
+        text = "".join(getattr(b, "text", "") for b in prompt)
+        await self.conn.session_update(
+            session_id=session_id, update=acp.update_agent_message_text(text)
+        )
+        return PromptResponse(stop_reason="end_turn")
+    async def cancel(self, session_id, **kw):
+        pass
+
+asyncio.run(acp.run_agent(Echo()))
+"""
+
+
+class _Sink:
+    async def session_update(self, session_id: str, update: Any, **kwargs: Any) -> None:
+        pass
+
+    async def request_permission(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError
+
+
+def _import_time(statement: str, runs: int) -> float:
+    """Median seconds for a fresh interpreter to run ``statement``."""
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        subprocess.run([sys.executable, "-c", statement], check=True)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+async def _ready(command: list[str]) -> tuple[float, Any]:
+    import acp
+
+    start = time.perf_counter()
+    async with acp.spawn_agent_process(_Sink(), command[0], *command[1:], env=dict(os.environ)) as (
+        conn,
+        _,
+    ):
+        await conn.initialize(protocol_version=acp.PROTOCOL_VERSION)
+        await conn.new_session(cwd=os.getcwd(), mcp_servers=[])
+        ready = time.perf_counter() - start
+    return ready, None
+
+
+async def _prompts(command: list[str], n: int) -> float:
+    """Milliseconds per prompt on a warm child (after 20 warm-up prompts)."""
+    import acp
+
+    async with acp.spawn_agent_process(_Sink(), command[0], *command[1:], env=dict(os.environ)) as (
+        conn,
+        _,
+    ):
+        await conn.initialize(protocol_version=acp.PROTOCOL_VERSION)
+        sid = (await conn.new_session(cwd=os.getcwd(), mcp_servers=[])).session_id
+        block = [acp.text_block("ping")]
+        for _ in range(20):
+            await conn.prompt(session_id=sid, prompt=block)
+        start = time.perf_counter()
+        for _ in range(n):
+            await conn.prompt(session_id=sid, prompt=block)
+        return (time.perf_counter() - start) * 1000 / n
+
+
+async def _children(n: int) -> tuple[float, int]:
+    """Wall seconds for ``n`` concurrent one-shot acp runs, and how many completed."""
+    import dsh_subagent.plugin
+    import dsh_subagent_acp.plugin
+    from dsh_core import SessionMeta, text_blocks
+    from dsh_core.testing import scripted_host
+    from dsh_subagent import SUBAGENTS, SubagentStartRequest
+
+    config = {"command": sys.executable, "args": ["-m", "dsh_acp_agent"]}
+    modules = {"subagent": dsh_subagent.plugin, "subagent-acp": dsh_subagent_acp.plugin}
+    async with scripted_host(
+        "subagent", "subagent-acp", modules=modules, config={"subagent-acp": config}
+    ) as host:
+        handle = await host.create_agent(meta=SessionMeta(cwd=os.getcwd()))
+        service = handle.agent.ctx[SUBAGENTS]
+
+        async def one(i: int) -> str:
+            request = SubagentStartRequest(prompt=text_blocks(f"task {i}"), parent=handle.agent)
+            run = await service.start("acp", request)
+            try:
+                return (await run.result).stop_reason
+            finally:
+                await run.dispose()
+
+        import acp  # noqa: F401  (the provider's first start imports it: not billed below)
+
+        start = time.perf_counter()
+        reasons = await asyncio.gather(*(one(i) for i in range(n)))
+        wall = time.perf_counter() - start
+        await handle.dispose()
+    return wall, sum(r == "completed" for r in reasons)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--spawns", type=int, default=5, help="spawn-to-ready samples")
+    parser.add_argument("--prompts", type=int, default=300, help="sequential prompts")
+    parser.add_argument("--children", type=int, default=20, help="concurrent acp children")
+    args = parser.parse_args()
+
+    with tempfile.TemporaryDirectory() as tmp:
+        raw_script = Path(tmp) / "raw_agent.py"
+        raw_script.write_text(RAW_AGENT, encoding="utf-8")
+        ours = [sys.executable, "-m", "dsh_acp_agent"]
+        raw = [sys.executable, str(raw_script)]
+
+        print("imports (median of 3 fresh interpreters):")
+        bare = _import_time("pass", 3)
+        sdk = _import_time("import acp", 3)
+        core = _import_time("import dsh_core", 3)
+        both = _import_time("import acp, dsh_core, dsh_core.plugin, dsh_acp_agent._server", 3)
+        print(f"  interpreter            {bare * 1000:7.0f} ms")
+        print(f"  + acp (the SDK)        {sdk * 1000:7.0f} ms")
+        print(f"  + dsh_core             {core * 1000:7.0f} ms")
+        print(f"  + both, and the server {both * 1000:7.0f} ms")
+
+        ready_ours = [asyncio.run(_ready(ours))[0] for _ in range(args.spawns)]
+        ready_raw = [asyncio.run(_ready(raw))[0] for _ in range(args.spawns)]
+        print(f"\nspawn-to-ready (initialize + session/new, median of {args.spawns}):")
+        print(f"  dsh-acp-agent          {statistics.median(ready_ours) * 1000:7.0f} ms")
+        print(f"  SDK-only echo agent    {statistics.median(ready_raw) * 1000:7.0f} ms")
+
+        per_ours = asyncio.run(_prompts(ours, args.prompts))
+        per_raw = asyncio.run(_prompts(raw, args.prompts))
+        print(f"\nper-prompt round trip on a warm child ({args.prompts} sequential):")
+        print(f"  dsh-acp-agent          {per_ours:7.2f} ms")
+        print(f"  SDK-only echo agent    {per_raw:7.2f} ms")
+        print(f"  ratio                  {per_ours / per_raw:7.2f}x")
+
+        wall, done = asyncio.run(_children(args.children))
+        print(f"\n{args.children} concurrent acp children (spawn, prompt, answer, dispose):")
+        print(f"  wall                   {wall * 1000:7.0f} ms ({done} completed)")
+
+
+if __name__ == "__main__":
+    main()

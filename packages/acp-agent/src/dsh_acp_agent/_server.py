@@ -1,0 +1,333 @@
+"""A booted dsh host served as an ACP agent (protocol version 1).
+
+One ACP session is one dsh agent (the session ids are the same). ``session/prompt`` is a
+follow-up: the turn's text is streamed as ``agent_message_chunk`` (reasoning as
+``agent_thought_chunk``), its tool calls as ``tool_call`` / ``tool_call_update``, and the
+turn's end answers the prompt with an ACP stop reason. ``session/cancel`` cancels the turn;
+the prompt then answers ``cancelled``. With a durable store, ``session/load`` resumes a
+session from it and replays its history as updates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import logging
+import os
+from collections.abc import AsyncIterator
+from typing import Any
+
+import acp
+from acp import helpers
+from acp.schema import (
+    AgentCapabilities,
+    Implementation,
+    InitializeResponse,
+    LoadSessionResponse,
+    NewSessionResponse,
+    PromptCapabilities,
+    PromptResponse,
+    ResourceContentBlock,
+    TextContentBlock,
+)
+
+from dsh_core import (
+    AgentCancelCause,
+    AgentHandle,
+    AgentOptions,
+    AssistantChunkData,
+    Context,
+    CreateAgentOptions,
+    ReasoningBlock,
+    ReasoningDelta,
+    ResumeAgentOptions,
+    SessionEvent,
+    SessionMeta,
+    TextBlock,
+    TextDelta,
+    ToolCallBlock,
+    ToolCallData,
+    ToolResultBlock,
+    ToolResultData,
+    TurnEndData,
+    blocks_text,
+    boot_host,
+    make_plugin_manager,
+    user_message,
+)
+from dsh_core import plugin as core_plugin
+
+from .__about__ import __version__
+from ._config import AgentServerConfig
+
+__all__ = ["DshAcpAgent", "open_agent"]
+
+_log = logging.getLogger("dsh.acp_agent")
+
+#: A dsh turn's end, as an ACP stop reason (``error`` has none: the prompt fails instead).
+_STOP_REASONS = {
+    "completed": "end_turn",
+    "max-tokens": "max_tokens",
+    "aborted": "cancelled",
+    "blocked": "refusal",
+}
+_USER_CANCEL = AgentCancelCause(kind="user", reason="session/cancel")
+
+
+def _updates(event: SessionEvent) -> list[Any]:
+    """The ACP updates one session event streams as (most events stream nothing)."""
+    kind = event.type
+    if kind == "assistant/chunk":
+        data: AssistantChunkData = event.data
+        chunk = data.chunk
+        if isinstance(chunk, TextDelta) and chunk.text:
+            return [helpers.update_agent_message_text(chunk.text)]
+        if isinstance(chunk, ReasoningDelta) and chunk.text:
+            return [helpers.update_agent_thought_text(chunk.text)]
+    elif kind == "tool/call":
+        call: ToolCallData = event.data
+        return [
+            helpers.start_tool_call(
+                call.call_id,
+                call.name,
+                kind="other",
+                status="in_progress",
+                raw_input=call.arguments,
+            )
+        ]
+    elif kind == "tool/result":
+        result: ToolResultData = event.data
+        return [
+            _tool_done(block)
+            for block in result.message.content
+            if isinstance(block, ToolResultBlock)
+        ]
+    return []
+
+
+def _tool_done(block: ToolResultBlock) -> Any:
+    return helpers.update_tool_call(
+        block.tool_call_id,
+        status="failed" if block.is_error else "completed",
+        content=[helpers.tool_content(helpers.text_block(blocks_text(block.content)))],
+    )
+
+
+class _Live:
+    """One served session: its agent, and what the prompt running on it has to send."""
+
+    __slots__ = ("agent", "busy", "cancelled", "end", "handle", "pending", "wake")
+
+    def __init__(self, handle: AgentHandle) -> None:
+        self.handle = handle
+        self.agent = handle.agent
+        self.busy = False  # a prompt runs: its session's events stream
+        self.cancelled = False
+        self.pending: list[Any] = []  # updates not sent yet
+        self.end: TurnEndData | None = None  # the turn/end the prompt waits for
+        self.wake: asyncio.Future[None] | None = None  # the prompt waiting for either
+
+    def streaming(self) -> bool:
+        """Whether the running prompt has updates to send or its turn/end still to see."""
+        return self.end is None or bool(self.pending)
+
+    def turn_end(self) -> TurnEndData | None:
+        """The turn/end the running prompt saw (read after the wait, not narrowed before)."""
+        return self.end
+
+
+class DshAcpAgent:
+    """The ACP agent over a booted host (see the module docstring)."""
+
+    def __init__(self, ctx: Context, options: AgentOptions, *, durable: bool) -> None:
+        self.ctx = ctx
+        self.options = options
+        self.durable = durable
+        self.conn: Any = None
+        self.sessions: dict[str, _Live] = {}
+        self._unlisten = self.ctx.on("session/event", self._on_event, global_=True)
+
+    def on_connect(self, conn: Any) -> None:
+        self.conn = conn
+
+    def _on_event(self, session: Any, event: SessionEvent) -> None:
+        live = self.sessions.get(session.header.id)
+        if live is None or not live.busy:
+            return
+        if event.type == "turn/end":
+            live.end = event.data
+        else:
+            updates = _updates(event)
+            if not updates:
+                return
+            live.pending += updates
+        wake = live.wake
+        if wake is not None and not wake.done():
+            wake.set_result(None)
+
+    async def initialize(
+        self,
+        protocol_version: int,
+        client_capabilities: Any = None,
+        client_info: Any = None,
+        **kwargs: Any,
+    ) -> InitializeResponse:
+        """Protocol version 1; ``loadSession`` only with a durable store; text prompts."""
+        return InitializeResponse(
+            protocol_version=acp.PROTOCOL_VERSION,
+            agent_capabilities=AgentCapabilities(
+                load_session=self.durable,
+                prompt_capabilities=PromptCapabilities(
+                    image=False, audio=False, embedded_context=False
+                ),
+            ),
+            agent_info=Implementation(name="dsh-acp-agent", version=__version__),
+            auth_methods=[],
+        )
+
+    async def new_session(
+        self, cwd: str, mcp_servers: Any = None, **kwargs: Any
+    ) -> NewSessionResponse:
+        """A fresh dsh agent working in ``cwd`` (absolute)."""
+        if not os.path.isabs(cwd):
+            raise acp.RequestError.invalid_params({"cwd": "must be an absolute path"})
+        handle = await self.ctx.agents.create(
+            CreateAgentOptions(meta=SessionMeta(cwd=cwd), agent_options=self.options)
+        )
+        self.sessions[handle.agent.id] = _Live(handle)
+        return NewSessionResponse(session_id=handle.agent.id)
+
+    async def load_session(
+        self, cwd: str, session_id: str, mcp_servers: Any = None, **kwargs: Any
+    ) -> LoadSessionResponse:
+        """Resume ``session_id`` from the store and replay its conversation as updates."""
+        if not self.durable:
+            raise acp.RequestError.method_not_found("session/load")
+        live = self.sessions.get(session_id)
+        if live is None:
+            try:
+                handle = await self.ctx.agents.resume(
+                    ResumeAgentOptions(resume_session_id=session_id, agent_options=self.options)
+                )
+            except Exception as exc:
+                _log.warning("session/load of %r failed: %s", session_id, exc)
+                raise acp.RequestError.resource_not_found(session_id) from None
+            live = self.sessions[session_id] = _Live(handle)
+        for message in live.agent.session.derive_messages():
+            for update in self._replay(message):
+                await self.conn.session_update(session_id=session_id, update=update)
+        return LoadSessionResponse()
+
+    @staticmethod
+    def _replay(message: Any) -> list[Any]:
+        out: list[Any] = []
+        for block in message.content:
+            if isinstance(block, TextBlock) and block.text:
+                if message.role == "user":
+                    out.append(helpers.update_user_message_text(block.text))
+                elif message.role == "assistant":
+                    out.append(helpers.update_agent_message_text(block.text))
+            elif isinstance(block, ReasoningBlock) and block.text:
+                out.append(helpers.update_agent_thought_text(block.text))
+            elif isinstance(block, ToolCallBlock):
+                out.append(
+                    helpers.start_tool_call(
+                        block.id, block.name, kind="other", status="in_progress",
+                        raw_input=block.arguments,
+                    )
+                )  # fmt: skip
+            elif isinstance(block, ToolResultBlock):
+                out.append(_tool_done(block))
+        return out
+
+    async def prompt(self, session_id: str, prompt: list[Any], **kwargs: Any) -> PromptResponse:
+        """One follow-up turn; its updates stream while it runs (see the module docstring)."""
+        live = self.sessions.get(session_id)
+        if live is None:
+            raise acp.RequestError.resource_not_found(session_id)
+        if live.busy:
+            raise acp.RequestError.invalid_request({"sessionId": "a prompt is already running"})
+        parts: list[str] = []
+        for block in prompt:
+            if isinstance(block, TextContentBlock):
+                parts.append(block.text)
+            elif isinstance(block, ResourceContentBlock):
+                parts.append(f"[{block.name}]({block.uri})")
+        live.busy = True
+        live.cancelled = False
+        live.end = None
+        agent = live.agent
+        try:
+            agent.followup(user_message("".join(parts)))
+            # Stream the turn's updates as they come, until its turn/end (every turn has one).
+            loop = asyncio.get_running_loop()
+            while live.streaming():
+                if live.pending:
+                    batch, live.pending = live.pending, []
+                    for update in batch:
+                        await self.conn.session_update(session_id=session_id, update=update)
+                else:
+                    live.wake = loop.create_future()
+                    await live.wake
+            await agent.when_idle()
+            for update in live.pending:  # a latched turn that ran on after ours
+                await self.conn.session_update(session_id=session_id, update=update)
+        finally:
+            live.busy = False
+            live.pending = []
+            live.wake = None
+        end = live.turn_end()
+        if live.cancelled:
+            return PromptResponse(stop_reason="cancelled")
+        kind = end.reason.kind if end is not None else "error"
+        stop = _STOP_REASONS.get(kind)
+        if stop is None:
+            failure = end.reason.error if end is not None else None
+            message = failure.message if failure is not None else f"the turn ended {kind!r}"
+            _log.warning("session %s: the turn ended %s: %s", session_id, kind, message)
+            raise acp.RequestError.internal_error({"turnEnd": kind, "message": message})
+        return PromptResponse(stop_reason=stop)  # type: ignore[arg-type]
+
+    async def cancel(self, session_id: str, **kwargs: Any) -> None:
+        """``session/cancel``: stop the running turn (its prompt answers ``cancelled``)."""
+        live = self.sessions.get(session_id)
+        if live is not None and live.busy:
+            live.cancelled = True
+            live.agent.cancel(_USER_CANCEL)
+
+    async def close(self) -> None:
+        """Dispose every served agent (the host itself is disposed by its owner)."""
+        self._unlisten()
+        sessions, self.sessions = self.sessions, {}
+        for live in sessions.values():
+            live.agent.cancel(AgentCancelCause(kind="disposed"))
+        for live in sessions.values():
+            with contextlib.suppress(Exception):
+                await live.handle.dispose()
+
+
+@contextlib.asynccontextmanager
+async def open_agent(config: AgentServerConfig) -> AsyncIterator[DshAcpAgent]:
+    """Boot the host ``config`` describes (with the ``acp-agent`` plugin) and yield its ACP
+    agent; on exit, dispose every served session, then the host.
+
+    Only dsh-core, this distribution, the entry points ``config.load`` names and
+    ``config.modules`` are loaded: no scan of every installed plugin.
+    """
+    from . import plugin as acp_agent_plugin
+
+    modules: dict[str, Any] = {"core": core_plugin, "acp-agent": acp_agent_plugin}
+    for name, path in config.modules.items():
+        modules[name] = importlib.import_module(path)
+    pm = make_plugin_manager(autoload=False, plugins=modules)
+    if config.load:
+        pm.load_entry_points(only=config.load)
+        for failure in pm.failures:
+            _log.error("%s", failure.describe())
+    async with await boot_host(config.rows(), pm=pm) as runtime:
+        agent = runtime.ctx.acp_agent.agent()
+        try:
+            yield agent
+        finally:
+            await agent.close()

@@ -1,0 +1,108 @@
+"""The ``dsh-acp-agent`` console script: a dsh host served as an ACP agent over stdio.
+
+``dsh-acp-agent [--config FILE]``. The protocol owns stdout: before anything else runs, the
+real stdout is kept for it and file descriptor 1 is pointed at stderr, so a stray ``print``
+of any plugin lands in the log, never in the protocol stream. Logs go to stderr. The process
+serves until stdin closes (or SIGTERM / SIGINT), then disposes the host and exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import sys
+from collections.abc import Sequence
+from typing import BinaryIO, cast
+
+from .__about__ import __version__
+from ._config import AgentServerConfig, ConfigError, load_config
+
+__all__ = ["main", "serve"]
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="dsh-acp-agent",
+        description="Serve a dsh host as an Agent Client Protocol agent over stdio.",
+    )
+    parser.add_argument("--version", action="version", version=f"dsh-acp-agent {__version__}")
+    parser.add_argument(
+        "--config", metavar="FILE", help="a TOML file: plugins, model, store (docs/acp.md)"
+    )
+    parser.add_argument(
+        "--log-level", default="WARNING", help="level of the log on stderr (default WARNING)"
+    )
+    return parser
+
+
+def _claim_stdout() -> BinaryIO:
+    """Keep the real stdout for the protocol; point fd 1 (and ``sys.stdout``) at stderr."""
+    sys.stdout.flush()
+    protocol = os.fdopen(os.dup(1), "wb", buffering=0)
+    os.dup2(2, 1)
+    return protocol
+
+
+async def _streams(out: BinaryIO) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader(limit=50 * 1024 * 1024)
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+    transport, protocol = await loop.connect_write_pipe(asyncio.streams.FlowControlMixin, out)
+    writer = asyncio.StreamWriter(transport, protocol, None, loop)
+    return reader, writer
+
+
+async def serve(
+    config: AgentServerConfig,
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+) -> None:
+    """Boot the host ``config`` describes and serve it on ``reader``/``writer`` until EOF."""
+    import acp
+
+    from ._server import open_agent
+
+    async with open_agent(config) as agent:
+        await acp.run_agent(cast("acp.Agent", agent), writer, reader)
+
+
+async def _main(config: AgentServerConfig, out: BinaryIO) -> None:
+    reader, writer = await _streams(out)
+    task = asyncio.current_task()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, task.cancel)  # type: ignore[union-attr]
+    with contextlib.suppress(asyncio.CancelledError):
+        await serve(config, reader, writer)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``dsh-acp-agent`` console script; returns the exit status."""
+    args = _parser().parse_args(argv)
+    logging.basicConfig(
+        stream=sys.stderr,
+        level=args.log_level.upper(),
+        format="dsh-acp-agent %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        print(f"dsh-acp-agent: error: {exc}", file=sys.stderr)
+        return 2
+    out = _claim_stdout()
+    try:
+        asyncio.run(_main(config, out))
+    except Exception as exc:  # a boot that failed: a plugin missing, a config refused
+        code = getattr(exc, "code", type(exc).__name__)
+        print(f"dsh-acp-agent: error: {exc} [{code}]", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

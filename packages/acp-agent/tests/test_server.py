@@ -1,0 +1,294 @@
+"""dsh-acp-agent: a dsh host served over ACP (acp 16.2). The agent runs in this process over
+the SDK's in-memory transport pair; one test runs the console script as a process."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import acp
+import pytest
+from acp._transport import memory_transport_pair
+
+from dsh_acp_agent import AgentServerConfig, ConfigError, load_config, open_agent
+
+
+class Recorder:
+    """A client that records the session updates it is sent."""
+
+    def __init__(self) -> None:
+        self.updates: list[Any] = []
+        self.running = asyncio.Event()
+
+    async def session_update(self, session_id: str, update: Any, **kwargs: Any) -> None:
+        self.updates.append(update)
+        if getattr(getattr(update, "content", None), "text", None) == "working":
+            self.running.set()
+
+    async def request_permission(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError
+
+    def text(self, kind: str = "agent_message_chunk") -> str:
+        return "".join(u.content.text for u in self.updates if u.session_update == kind)
+
+
+@contextlib.asynccontextmanager
+async def served(config: AgentServerConfig) -> AsyncIterator[tuple[Any, Recorder]]:
+    """An ACP client connected to ``open_agent(config)`` in this process."""
+    recorder = Recorder()
+    client_end, agent_end = memory_transport_pair()
+    async with open_agent(config) as agent:
+        server = asyncio.ensure_future(acp.run_agent(agent, agent_end))
+        client = acp.connect_to_agent(recorder, client_end)
+        try:
+            yield client, recorder
+        finally:
+            await client.close()  # the server reads EOF and stops
+            async with asyncio.timeout(10):
+                await server
+
+
+def script(tmp_path: Path, body: str) -> dict[str, Any]:
+    """A ``plugins`` row mounting the scripted model on a script file."""
+    path = tmp_path / "script.toml"
+    path.write_text(body, encoding="utf-8")
+    return {"plugin": "llm-scripted", "config": {"script": str(path)}}
+
+
+async def test_initialize_and_prompt_stream_text(tmp_path: Path) -> None:
+    """acp 16.2: initialize answers v1 (no loadSession on the memory store); a prompt streams
+    the answer as agent_message_chunk and ends end_turn."""
+    async with served(AgentServerConfig()) as (client, rec):
+        init = await client.initialize(protocol_version=acp.PROTOCOL_VERSION)
+        assert init.protocol_version == 1
+        assert init.agent_capabilities.load_session is False
+        assert init.agent_info.name == "dsh-acp-agent"
+        sid = (await client.new_session(cwd=str(tmp_path), mcp_servers=[])).session_id
+        async with asyncio.timeout(10):
+            response = await client.prompt(session_id=sid, prompt=[acp.text_block("hello")])
+        assert response.stop_reason == "end_turn"
+        assert rec.text() == "hello"  # the echo model
+
+
+@pytest.mark.parametrize(
+    ("reply", "stop_reason"),
+    [('"fine"', "end_turn"), ('{ text = "Once", finish = "max-tokens" }', "max_tokens")],
+)
+async def test_turn_end_maps_to_stop_reason(tmp_path: Path, reply: str, stop_reason: str) -> None:
+    """acp 16.2: the dsh turn's end is answered with the ACP stop reason."""
+    config = AgentServerConfig(plugins=(script(tmp_path, f"default = {reply}\n"),))
+    async with served(config) as (client, _):
+        sid = (await client.new_session(cwd=str(tmp_path), mcp_servers=[])).session_id
+        async with asyncio.timeout(10):
+            response = await client.prompt(session_id=sid, prompt=[acp.text_block("go")])
+        assert response.stop_reason == stop_reason
+
+
+async def test_failed_turn_is_a_prompt_error(tmp_path: Path) -> None:
+    """acp 16.2: a turn that ends in error has no ACP stop reason: the prompt fails."""
+    body = 'default = { error = { message = "asked to fail", code = "X" } }\n'
+    config = AgentServerConfig(plugins=(script(tmp_path, body),))
+    async with served(config) as (client, _):
+        sid = (await client.new_session(cwd=str(tmp_path), mcp_servers=[])).session_id
+        with pytest.raises(acp.RequestError):
+            async with asyncio.timeout(10):
+                await client.prompt(session_id=sid, prompt=[acp.text_block("go")])
+
+
+async def test_tool_calls_stream_as_tool_cards(tmp_path: Path) -> None:
+    """acp 16.2: reasoning streams as agent_thought_chunk; an unknown tool call still streams
+    as tool_call then a failed tool_call_update."""
+    body = """
+[[rules]]
+when = { last_role = "tool" }
+reply = "done"
+
+[[rules]]
+reply = { reasoning = "hmm", tool_calls = [{ name = "nope", id = "c1" }] }
+"""
+    async with served(AgentServerConfig(plugins=(script(tmp_path, body),))) as (client, rec):
+        sid = (await client.new_session(cwd=str(tmp_path), mcp_servers=[])).session_id
+        async with asyncio.timeout(10):
+            response = await client.prompt(session_id=sid, prompt=[acp.text_block("go")])
+        assert response.stop_reason == "end_turn"
+        kinds = [u.session_update for u in rec.updates]
+        assert kinds.index("agent_thought_chunk") < kinds.index("tool_call")
+        assert kinds.index("tool_call") < kinds.index("tool_call_update")
+        (done,) = [u for u in rec.updates if u.session_update == "tool_call_update"]
+        assert (done.tool_call_id, done.status) == ("c1", "failed")
+        assert rec.text() == "done"
+
+
+async def test_cancel_answers_cancelled(tmp_path: Path) -> None:
+    """acp 16.2: session/cancel stops the running turn; its prompt answers cancelled."""
+    config = AgentServerConfig(
+        modules={"hold-model": "hold_model"}, plugins=({"plugin": "hold-model"},),
+        provider="hold",
+    )  # fmt: skip
+    sys.path.insert(0, str(Path(__file__).parent))
+    try:
+        async with served(config) as (client, rec):
+            sid = (await client.new_session(cwd=str(tmp_path), mcp_servers=[])).session_id
+            prompt = asyncio.ensure_future(
+                client.prompt(session_id=sid, prompt=[acp.text_block("hold")])
+            )
+            async with asyncio.timeout(10):
+                await rec.running.wait()
+                await client.cancel(session_id=sid)
+                assert (await prompt).stop_reason == "cancelled"
+                again = await client.prompt(session_id=sid, prompt=[acp.text_block("after")])
+            assert again.stop_reason == "end_turn"
+    finally:
+        sys.path.remove(str(Path(__file__).parent))
+
+
+async def test_load_replays_a_stored_session(tmp_path: Path) -> None:
+    """acp 16.2: with the jsonl store, loadSession is advertised; a second server resumes a
+    session from the store and replays it; an unknown id is refused."""
+    config = AgentServerConfig(store="jsonl", store_root=str(tmp_path / "sessions"))
+    async with served(config) as (client, _):
+        init = await client.initialize(protocol_version=acp.PROTOCOL_VERSION)
+        assert init.agent_capabilities.load_session is True
+        sid = (await client.new_session(cwd=str(tmp_path), mcp_servers=[])).session_id
+        async with asyncio.timeout(10):
+            await client.prompt(session_id=sid, prompt=[acp.text_block("remember me")])
+    async with served(config) as (client, rec):
+        async with asyncio.timeout(10):
+            await client.load_session(cwd=str(tmp_path), session_id=sid, mcp_servers=[])
+        assert [u.session_update for u in rec.updates] == [
+            "user_message_chunk",
+            "agent_message_chunk",
+        ]
+        assert rec.text() == "remember me"
+        with pytest.raises(acp.RequestError):
+            await client.load_session(cwd=str(tmp_path), session_id="missing", mcp_servers=[])
+
+
+async def test_unknown_session_and_relative_cwd_are_refused(tmp_path: Path) -> None:
+    """acp 16.2: a prompt for an unknown session and a relative cwd are protocol errors."""
+    async with served(AgentServerConfig()) as (client, _):
+        with pytest.raises(acp.RequestError):
+            await client.prompt(session_id="nope", prompt=[acp.text_block("x")])
+        with pytest.raises(acp.RequestError):
+            await client.new_session(cwd="relative", mcp_servers=[])
+
+
+async def test_any_host_mounting_the_plugin_serves_itself(tmp_path: Path) -> None:
+    """acp 16.2: a host that mounts `acp-agent` serves itself through ctx.acp_agent.serve."""
+    import dsh_acp_agent.plugin
+    from dsh_core.testing import scripted_host
+
+    async with scripted_host(
+        "acp-agent",
+        modules={"acp-agent": dsh_acp_agent.plugin},
+        config={"acp-agent": {"provider": "scripted", "model": "scripted-1"}},
+    ) as host:
+        client_end, agent_end = memory_transport_pair()
+        server = asyncio.ensure_future(host.ctx.acp_agent.serve(agent_end))
+        recorder = Recorder()
+        client = acp.connect_to_agent(recorder, client_end)
+        sid = (await client.new_session(cwd=str(tmp_path), mcp_servers=[])).session_id
+        async with asyncio.timeout(10):
+            response = await client.prompt(session_id=sid, prompt=[acp.text_block("hi there")])
+        assert (response.stop_reason, recorder.text()) == ("end_turn", "hi there")
+        await client.close()
+        async with asyncio.timeout(10):
+            await server
+        assert host.ctx.agents.get(sid) is None  # the served session was disposed
+
+
+def test_config_file(tmp_path: Path) -> None:
+    """acp 16.2: the config file's keys, and a refusal that names what is wrong."""
+    path = tmp_path / "agent.toml"
+    path.write_text(
+        'load = ["x"]\n[model]\nprovider = "p"\nmodel = "m"\n[store]\nkind = "jsonl"\n'
+        'root = "s"\n[[plugins]]\nplugin = "llm-scripted"\n',
+        encoding="utf-8",
+    )
+    config = load_config(path)
+    assert (config.provider, config.model, config.durable) == ("p", "m", True)
+    assert config.store_root == str(tmp_path / "s")
+    rows = config.rows()
+    assert {"plugin": "llm-scripted"} in rows and "llm-scripted" not in rows
+    assert rows[-1] == {"plugin": "acp-agent", "config": {"provider": "p", "model": "m"}}
+    path.write_text("surprise = 1\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match="unknown keys"):
+        load_config(path)
+
+
+def test_a_bad_config_file_is_a_one_line_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """acp 16.2: a config file that cannot be used exits 2 with one line on stderr, before
+    anything is served (nothing on stdout)."""
+    from dsh_acp_agent.cli import main
+
+    path = tmp_path / "agent.toml"
+    path.write_text('[store]\nkind = "paper"\n', encoding="utf-8")
+    assert main(["--config", str(path)]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.startswith("dsh-acp-agent: error: ") and "store.kind" in err
+    assert main(["--config", str(tmp_path / "missing.toml")]) == 2
+
+
+@pytest.mark.slow
+def test_console_script_keeps_stdout_for_the_protocol(tmp_path: Path) -> None:
+    """acp 16.2: nothing but protocol on stdout: a plugin's print goes to stderr; the process
+    serves until stdin closes, then exits 0."""
+    (tmp_path / "noisy.py").write_text(
+        "from dsh_core import PluginSpec, hookimpl\n"
+        "def _apply(ctx, _):\n    print('noise from a plugin')\n"
+        "@hookimpl\ndef dsh_plugins():\n"
+        "    return [PluginSpec(name='noisy', apply=_apply, description='prints')]\n",
+        encoding="utf-8",
+    )
+    config = tmp_path / "agent.toml"
+    config.write_text('modules = { noisy = "noisy" }\n[[plugins]]\nplugin = "noisy"\n')
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(tmp_path), env.get("PYTHONPATH")]))
+    lines = [
+        {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {"protocolVersion": 1}},
+        {"jsonrpc": "2.0", "id": 1, "method": "session/new",
+         "params": {"cwd": str(tmp_path), "mcpServers": []}},
+    ]  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "dsh_acp_agent", "--config", str(config)],
+        input="".join(json.dumps(line) + "\n" for line in lines),
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    answers = [json.loads(line) for line in done.stdout.splitlines()]
+    assert [a["id"] for a in answers] == [0, 1]
+    assert answers[1]["result"]["sessionId"]
+    assert "noise from a plugin" in done.stderr
+
+
+@pytest.mark.slow
+def test_a_host_that_cannot_boot_exits_1(tmp_path: Path) -> None:
+    """acp 16.2: a composition that cannot boot (an unknown plugin) exits 1 with the error and
+    its code on stderr, and writes nothing on stdout."""
+    config = tmp_path / "agent.toml"
+    config.write_text('[[plugins]]\nplugin = "no-such-plugin"\n', encoding="utf-8")
+    done = subprocess.run(
+        [sys.executable, "-m", "dsh_acp_agent", "--config", str(config)],
+        input="",
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 1
+    assert done.stdout == ""
+    assert "[PLUGIN_UNKNOWN]" in done.stderr

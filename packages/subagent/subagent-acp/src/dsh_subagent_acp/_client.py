@@ -1,0 +1,348 @@
+"""The ACP side of a run: the client the child talks to, and one run from spawn to reaping.
+
+Imported on the first ``start()`` only: the SDK's generated schema costs most of a second to
+import, which a host that never delegates over ACP should not pay.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from typing import Any, cast
+
+import acp
+from acp.schema import (
+    AgentMessageChunk,
+    AllowedOutcome,
+    ClientCapabilities,
+    DeniedOutcome,
+    FileSystemCapabilities,
+    Implementation,
+    PermissionOption,
+    RequestPermissionResponse,
+    TextContentBlock,
+)
+from pydantic import ValidationError
+
+from dsh_core import AbortedError, AbortSignal, TextBlock, new_id
+from dsh_subagent import ResultFuture, SubagentResult, SubagentRun, truncate_diagnostic
+
+from .__about__ import __version__
+from ._config import AcpConfig
+from ._errors import ABORTED_BEFORE_START, AcpError
+from ._process import ChildProcess
+
+__all__ = ["AcpSubagentRun", "start_acp_run"]
+
+_log = logging.getLogger("dsh.subagent.acp")
+
+#: ACP-3: the child's stop reason, as the seam's.
+_STOP_REASONS = {
+    "end_turn": "completed",
+    "max_tokens": "max-tokens",
+    "refusal": "refusal",
+    "cancelled": "aborted",
+}
+_ALLOW = ("allow_once", "allow_always")
+#: How much of a child's JSON-RPC error message a diagnostic repeats (never its ``data``).
+_MESSAGE_LIMIT = 200
+_CANCELLED = RequestPermissionResponse(outcome=DeniedOutcome(outcome="cancelled"))
+
+
+class AcpSubagentRun(SubagentRun):
+    """A published ACP child (ACP-1): ``local_agent`` is ``None``; ``pid`` is its process."""
+
+    __slots__ = ("pid",)
+
+    def __init__(self, *, pid: int, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.pid = pid
+
+
+class _ParentClient:
+    """What the child may ask of us: session updates and permission (ACP-3, ACP-6).
+
+    Nothing else is advertised, so the SDK answers every other method "method not found".
+    """
+
+    def __init__(self, permission: str) -> None:
+        self.permission = permission
+        self.session_id: str | None = None
+        self.text: list[str] = []
+        self.cancelled = False
+
+    async def session_update(self, session_id: str, update: Any, **kwargs: Any) -> None:
+        """ACP-3: only ``agent_message_chunk`` text of our session is collected."""
+        if (
+            session_id == self.session_id
+            and isinstance(update, AgentMessageChunk)
+            and isinstance(update.content, TextContentBlock)
+        ):
+            self.text.append(update.content.text)
+
+    async def request_permission(
+        self, session_id: str, tool_call: Any, options: list[PermissionOption], **kwargs: Any
+    ) -> RequestPermissionResponse:
+        """ACP-6: ``reject`` (and any request once a cancel was asked) answers ``cancelled``;
+        ``allow`` picks the first allow option, or answers ``cancelled`` when there is none."""
+        if self.permission == "allow" and not self.cancelled:
+            for option in options:
+                if option.kind in _ALLOW:
+                    return RequestPermissionResponse(
+                        outcome=AllowedOutcome(outcome="selected", option_id=option.option_id)
+                    )
+        return _CANCELLED
+
+    def output(self) -> tuple[TextBlock, ...]:
+        text = "".join(self.text)
+        return (TextBlock(text=text),) if text else ()
+
+
+class _Exited(Exception):
+    """Internal: the child exited while we waited on it."""
+
+    def __init__(self, status: int) -> None:
+        super().__init__(status)
+        self.status = status
+
+
+async def _race(aw: Any, child: ChildProcess, signal: AbortSignal) -> Any:
+    """``aw``, unless the child exits (``_Exited``) or ``signal`` fires (``AbortedError``)."""
+    task = asyncio.ensure_future(aw)
+    aborted = asyncio.ensure_future(signal.wait())
+    try:
+        await asyncio.wait({task, child.exited, aborted}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        aborted.cancel()
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+    if task.done() and not task.cancelled():
+        return task.result()
+    if signal.aborted:
+        raise AbortedError(signal.reason, ABORTED_BEFORE_START)
+    raise _Exited(child.exited.result())
+
+
+def _describe(exc: BaseException, child: ChildProcess) -> str:
+    """A diagnostic naming what failed, never the payload that failed it (ACP-5)."""
+    status = child.exit_status()
+    if isinstance(exc, _Exited | ConnectionError) and status is not None:
+        return f"the ACP child exited with status {status}"
+    if isinstance(exc, _Exited):
+        return "the ACP child was stopped"
+    if isinstance(exc, acp.RequestError):  # its code, and a line of its message at most
+        message = " ".join(str(exc).split())
+        if len(message) > _MESSAGE_LIMIT:
+            message = message[: _MESSAGE_LIMIT - 1] + "…"
+        return f"the ACP child answered with error {exc.code}: {message}"
+    if isinstance(exc, ValidationError):
+        return "the ACP child's answer does not fit the protocol"
+    if isinstance(exc, ConnectionError):
+        return "the connection to the ACP child closed"
+    return f"the ACP transport failed: {type(exc).__name__}"
+
+
+async def _close(conn: Any) -> None:
+    """Release the connection; a child that died under it leaves a broken pipe, not a fault."""
+    try:
+        await conn.close()
+    except Exception as exc:
+        _log.debug("closing the ACP connection: %s", type(exc).__name__)
+
+
+async def _reap(child: ChildProcess, conn: Any, config: AcpConfig) -> None:
+    await child.terminate(
+        eof_grace=config.dispose_eof_grace_ms / 1000, grace=config.dispose_grace_ms / 1000
+    )
+    await _close(conn)
+
+
+async def start_acp_run(
+    *, name: str, config: AcpConfig, cwd: str, env: dict[str, str], text: str, signal: AbortSignal
+) -> AcpSubagentRun:
+    """ACP-1/2: spawn, ``initialize``, ``session/new``; then publish and prompt."""
+    client = _ParentClient(config.permission)
+    try:
+        child = await ChildProcess.spawn(config.command, config.args, cwd=cwd, env=env, label=name)
+    except OSError as exc:
+        raise AcpError(
+            f"subagent-acp {name!r}: cannot start {config.command!r}: "
+            f"{exc.strerror or type(exc).__name__}",
+            code="ACP_SPAWN_FAILED",
+        ) from exc
+    assert child.process.stdin is not None and child.process.stdout is not None
+    conn = acp.connect_to_agent(
+        cast("acp.Client", client), child.process.stdin, child.process.stdout
+    )
+    step = "initialize"
+    try:
+        async with asyncio.timeout(config.start_timeout_ms / 1000):
+            await _race(
+                conn.initialize(
+                    protocol_version=acp.PROTOCOL_VERSION,
+                    client_capabilities=ClientCapabilities(
+                        fs=FileSystemCapabilities(read_text_file=False, write_text_file=False),
+                        terminal=False,
+                    ),
+                    client_info=Implementation(name="dsh-subagent-acp", version=__version__),
+                ),
+                child,
+                signal,
+            )
+            step = "session/new"
+            try:
+                created = await _race(conn.new_session(cwd=cwd, mcp_servers=[]), child, signal)
+            except ValidationError:
+                created = None
+    except BaseException as exc:
+        await asyncio.shield(_reap(child, conn, config))
+        if isinstance(exc, AbortedError | asyncio.CancelledError):
+            raise
+        if isinstance(exc, TimeoutError):
+            raise AcpError(
+                f"subagent-acp {name!r}: the ACP child did not answer {step} within "
+                f"{config.start_timeout_ms:g} ms",
+                code="ACP_START_TIMEOUT",
+            ) from None
+        if isinstance(exc, Exception):
+            raise AcpError(
+                f"subagent-acp {name!r}: {step} failed: {_describe(exc, child)}",
+                code="ACP_START_FAILED",
+            ) from exc
+        raise
+    session_id = getattr(created, "session_id", None)
+    if not isinstance(session_id, str) or not session_id:
+        await asyncio.shield(_reap(child, conn, config))
+        raise AcpError("ACP child published without a session id", code="ACP_NO_SESSION_ID")
+    client.session_id = session_id
+    run = _Run(name=name, config=config, child=child, conn=conn, client=client, signal=signal)
+    return run.publish(text)
+
+
+class _Run:
+    """One published ACP child: its prompt, its settlement and its disposal (ACP-3/5/7)."""
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        config: AcpConfig,
+        child: ChildProcess,
+        conn: Any,
+        client: _ParentClient,
+        signal: AbortSignal,
+    ) -> None:
+        self.name = name
+        self.config = config
+        self.child = child
+        self.conn = conn
+        self.client = client
+        self.signal = signal
+        self.result: ResultFuture = ResultFuture()
+        self.prompt: asyncio.Task[None] | None = None
+        self.cancel_sent: asyncio.Future[None] | None = None
+        self.disposal: asyncio.Future[None] | None = None
+        self._remove: Callable[[], None] = lambda: None
+
+    def publish(self, text: str) -> AcpSubagentRun:
+        self.prompt = asyncio.ensure_future(self._prompt(text))
+        if self.signal.aborted:
+            self.cancel()
+        else:
+            self._remove = self.signal.add_listener(lambda _: self.cancel())
+        return AcpSubagentRun(
+            id=new_id(),
+            local_agent=None,
+            result=self.result,
+            dispose=self.dispose,
+            pid=self.child.pid,
+        )
+
+    def _settle(self, stop_reason: str, diagnostic: str | None = None) -> None:
+        if not self.result.done():
+            self.result.set_result(
+                SubagentResult(
+                    output=self.client.output(),
+                    stop_reason=stop_reason,
+                    diagnostic=truncate_diagnostic(diagnostic),
+                )
+            )
+
+    async def _prompt(self, text: str) -> None:
+        client, child = self.client, self.child
+        assert client.session_id is not None
+        try:
+            blocks = [acp.text_block(text)] if text else []
+            task = asyncio.ensure_future(
+                self.conn.prompt(session_id=client.session_id, prompt=blocks)
+            )
+            try:
+                await asyncio.wait({task, child.exited}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                if not task.done():
+                    task.cancel()
+                    with contextlib.suppress(BaseException):
+                        await task
+            if task.cancelled():
+                raise _Exited(child.exited.result())
+            response = task.result()
+        except asyncio.CancelledError:
+            self._settle("aborted")
+            raise
+        except Exception as exc:
+            if client.cancelled:
+                self._settle("aborted")
+                return
+            if isinstance(exc, ConnectionError):  # stdout closed: its exit is near
+                await asyncio.wait({child.exited}, timeout=1.0)
+            diagnostic = _describe(exc, child)
+            _log.warning('subagent-acp "%s": child run failed (error): %s', self.name, diagnostic)
+            self._settle("error", diagnostic)
+            return
+        reason = _STOP_REASONS.get(response.stop_reason)
+        if reason is None:
+            self._settle("error", f"the ACP child stopped with {response.stop_reason!r}")
+        elif client.cancelled and reason != "completed":
+            self._settle("aborted")
+        else:
+            self._settle(reason)
+
+    def cancel(self) -> None:
+        """ACP-5: settle ``aborted`` now (keeping partial text) and ask the child to stop."""
+        self._remove()
+        if self.client.cancelled:
+            return
+        self.client.cancelled = True
+        self._settle("aborted")
+        if self.cancel_sent is None and not self.child.exited.done():
+            self.cancel_sent = asyncio.ensure_future(self._send_cancel())
+
+    async def _send_cancel(self) -> None:
+        assert self.client.session_id is not None
+        with contextlib.suppress(Exception):
+            await self.conn.cancel(session_id=self.client.session_id)
+
+    def dispose(self) -> asyncio.Future[None]:
+        """ACP-7: idempotent; cancel, then the ladder, then release the connection."""
+        if self.disposal is None:
+            self.disposal = asyncio.ensure_future(self._dispose())
+        return asyncio.shield(self.disposal)
+
+    async def _dispose(self) -> None:
+        self.cancel()
+        if self.cancel_sent is not None:
+            # A child that stopped reading could hold the notification forever.
+            await asyncio.wait({self.cancel_sent}, timeout=self.config.dispose_eof_grace_ms / 1000)
+            self.cancel_sent.cancel()
+        await self.child.terminate(
+            eof_grace=self.config.dispose_eof_grace_ms / 1000,
+            grace=self.config.dispose_grace_ms / 1000,
+        )
+        if self.prompt is not None:
+            with contextlib.suppress(BaseException):
+                await self.prompt
+        await _close(self.conn)

@@ -1,0 +1,85 @@
+"""The ``subagent-acp`` plugin's configuration (contract §3, ACP-4).
+
+Structuring checks every key's type strictly (as for every plugin); :func:`check_config` then
+checks the values, once, when the plugin loads: a bad value fails the boot with
+``PLUGIN_CONFIG``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import attrs
+
+from dsh_core import PluginError
+
+__all__ = ["MAX_TIMER_DELAY_MS", "AcpConfig", "check_config", "resolve_config_cwd"]
+
+#: The longest grace a timer may be given (the reference's ``MAX_TIMER_DELAY_MS``, 2**31 - 1).
+MAX_TIMER_DELAY_MS = 2_147_483_647
+_PERMISSIONS = ("reject", "allow")
+
+
+@attrs.frozen(kw_only=True)
+class AcpConfig:
+    """Config of ``subagent-acp``. Times are milliseconds.
+
+    ``command`` is required. ``start_timeout_ms`` is ours: a child that does not answer
+    ``initialize`` and ``session/new`` within it fails ``start()`` and is reaped, instead of
+    hanging the caller.
+    """
+
+    command: str  # no default: a composition without it cannot mount the plugin
+    provider_name: str = "acp"
+    args: list[str] = attrs.field(factory=list)
+    cwd: str | None = None
+    permission: str = "reject"
+    env: dict[str, str] = attrs.field(factory=dict)
+    dispose_eof_grace_ms: float = 6000
+    dispose_grace_ms: float = 3000
+    start_timeout_ms: float = 30_000
+
+
+def resolve_config_cwd(value: str | None, *, launch_dir: str | None = None) -> str | None:
+    """ACP-4: a configured ``cwd``, resolved against the launch directory and checked to be an
+    enterable directory; ``None`` when not configured (``ValueError`` when unusable)."""
+    if value is None:
+        return None
+    if value == "":
+        raise ValueError(
+            "subagent-acp: cwd must not be empty — omit the key to use the parent's working "
+            "directory"
+        )
+    path = os.path.abspath(os.path.join(launch_dir or os.getcwd(), value))
+    if not (os.path.isdir(path) and os.access(path, os.X_OK)):
+        raise ValueError(f"subagent-acp: cwd {path!r} is not an accessible directory")
+    return path
+
+
+def _check(config: AcpConfig) -> str | None:
+    if not config.command:
+        raise ValueError("subagent-acp: command must name the ACP agent to run")
+    if config.permission not in _PERMISSIONS:
+        raise ValueError(
+            f"subagent-acp: permission must be 'reject' or 'allow', got {config.permission!r}"
+        )
+    for key in ("dispose_eof_grace_ms", "dispose_grace_ms", "start_timeout_ms"):
+        value = getattr(config, key)
+        if not (math.isfinite(value) and 0 < value <= MAX_TIMER_DELAY_MS):
+            raise ValueError(
+                f"subagent-acp: {key} must be a positive finite number no greater than "
+                f"{MAX_TIMER_DELAY_MS}"
+            )
+    return resolve_config_cwd(config.cwd)
+
+
+def check_config(config: AcpConfig) -> str | None:
+    """Check the values of ``config`` (ACP surface, ACP-4); returns the resolved ``cwd``.
+
+    Raises ``PluginError`` (``PLUGIN_CONFIG``) naming what is wrong.
+    """
+    try:
+        return _check(config)
+    except ValueError as exc:
+        raise PluginError(str(exc), code="PLUGIN_CONFIG") from None

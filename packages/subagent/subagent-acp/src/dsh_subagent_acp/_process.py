@@ -1,0 +1,177 @@
+"""The child process under an ACP run: a scrubbed environment, stderr relayed line by line,
+and the disposal ladder (ACP-7, ACP-8).
+
+The child leads a process group of its own, so the ladder reaches the whole tree it started:
+stdin EOF, then up to ``eof_grace`` for the tree to leave; SIGTERM to the group, then up to
+``grace``; SIGKILL to the group; then a wait for the child's exit without bound (the kernel
+ends a SIGKILLed process, so that wait ends). POSIX only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+from collections.abc import Mapping
+
+__all__ = ["ChildProcess", "child_environment", "is_credential_name"]
+
+#: Name parts that mark a variable as credential-shaped wherever they appear.
+_SECRET_WORDS = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "PRIVATE_KEY", "APIKEY")
+#: Name parts that mark a variable only as a whole ``_``-separated word (``API_KEY``, not
+#: ``MONKEY``).
+_SECRET_PARTS = frozenset({"KEY", "AUTH", "PASS", "PAT", "COOKIE", "SESSIONID", "DSN"})
+#: How much of a line without a newline the relay keeps before writing it out anyway.
+_LINE_LIMIT = 8192
+#: How often the ladder looks whether the rest of the group has gone (a group has no waitable
+#: handle), while its graces run.
+_POLL_S = 0.01
+
+
+def is_credential_name(name: str) -> bool:
+    """Whether an environment variable's name looks like it holds a credential (ACP-8)."""
+    upper = name.upper()
+    if any(word in upper for word in _SECRET_WORDS):
+        return True
+    return any(part in _SECRET_PARTS for part in upper.split("_"))
+
+
+def child_environment(
+    explicit: Mapping[str, str], parent: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """ACP-8: the parent's environment without credential-shaped and ``DSH_*`` variables, then
+    ``explicit`` merged over it (explicit entries win, whatever their names)."""
+    source = os.environ if parent is None else parent
+    env = {
+        k: v for k, v in source.items() if not k.startswith("DSH_") and not is_credential_name(k)
+    }
+    env.update(explicit)
+    return env
+
+
+class ChildProcess:
+    """One spawned ACP agent: its pipes, its stderr relay and its disposal ladder."""
+
+    def __init__(self, process: asyncio.subprocess.Process, label: str) -> None:
+        self.process = process
+        self.pid = process.pid
+        self._label = label
+        self._exited = asyncio.ensure_future(process.wait())
+        assert process.stderr is not None
+        self._relay = asyncio.ensure_future(self._relay_stderr(process.stderr))
+        self._terminated: asyncio.Future[None] | None = None
+        #: Whether the ladder had to signal the group (the exit status is then ours).
+        self.signalled = False
+
+    @classmethod
+    async def spawn(
+        cls,
+        command: str,
+        args: list[str],
+        *,
+        cwd: str,
+        env: Mapping[str, str],
+        label: str,
+    ) -> ChildProcess:
+        """Start ``command`` in its own process group with piped stdio (OSError if it cannot)."""
+        process = await asyncio.create_subprocess_exec(
+            command,
+            *args,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            cwd=cwd,
+            env=dict(env),
+            start_new_session=True,
+            limit=1 << 20,
+        )
+        return cls(process, label)
+
+    @property
+    def exited(self) -> asyncio.Future[int]:
+        """Resolves with the exit status once the child has exited (and been reaped)."""
+        return self._exited
+
+    async def _relay_stderr(self, stream: asyncio.StreamReader) -> None:
+        """Copy the child's stderr to ours, each line prefixed with who wrote it. Always
+        reading, so a child that floods stderr never blocks on a full pipe."""
+        prefix = f"[{self._label} {self.pid}] "
+        pending = b""
+        while True:
+            chunk = await stream.read(65536)
+            if not chunk:
+                break
+            lines = (pending + chunk).split(b"\n")
+            pending = lines.pop()
+            if len(pending) > _LINE_LIMIT:
+                lines.append(pending)
+                pending = b""
+            if lines:
+                out = sys.stderr
+                out.write(
+                    "".join(prefix + line.decode("utf-8", "replace") + "\n" for line in lines)
+                )
+                out.flush()
+        if pending:
+            sys.stderr.write(prefix + pending.decode("utf-8", "replace") + "\n")
+            sys.stderr.flush()
+
+    def _group_alive(self) -> bool:
+        try:
+            os.killpg(self.pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:  # a member we may not signal: treat it as gone
+            return False
+        return True
+
+    def _signal_group(self, sig: signal.Signals) -> None:
+        self.signalled = True
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pid, sig)
+
+    async def _tree_gone_within(self, seconds: float) -> bool:
+        """Wait up to ``seconds`` for the child to exit and its group to empty."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + seconds
+        if not self._exited.done():
+            await asyncio.wait({self._exited}, timeout=seconds)
+            if not self._exited.done():
+                return False
+        while self._group_alive():
+            left = deadline - loop.time()
+            if left <= 0:
+                return False
+            await asyncio.sleep(min(_POLL_S, left))
+        return True
+
+    def terminate(self, *, eof_grace: float, grace: float) -> asyncio.Future[None]:
+        """ACP-7: the disposal ladder (idempotent: every call shares the first one's run)."""
+        if self._terminated is None:
+            self._terminated = asyncio.ensure_future(self._ladder(eof_grace, grace))
+        return self._terminated
+
+    async def _ladder(self, eof_grace: float, grace: float) -> None:
+        stdin = self.process.stdin
+        if stdin is not None:
+            with contextlib.suppress(Exception):
+                stdin.close()
+        if not await self._tree_gone_within(eof_grace):
+            self._signal_group(signal.SIGTERM)
+            if not await self._tree_gone_within(grace):
+                self._signal_group(signal.SIGKILL)
+        await self._exited
+        # The relay ends at EOF; a grandchild still holding stderr open must not keep it.
+        if not self._relay.done():
+            await asyncio.wait({self._relay}, timeout=0.2)
+            self._relay.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._relay
+
+    def exit_status(self) -> int | None:
+        """The status the child exited with by itself (``None``: running, or ended by us)."""
+        if self.signalled or not self._exited.done():
+            return None
+        return self._exited.result()

@@ -1,0 +1,225 @@
+"""A dependency-free fake ACP agent: JSON-RPC 2.0 over stdio with the standard library only.
+
+Each test picks its behaviour with flags (see ``main``). It starts in a few tens of
+milliseconds, where an agent on the SDK pays about a second of imports.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+
+
+def send(message: dict) -> None:
+    sys.stdout.write(json.dumps(message) + "\n")
+    sys.stdout.flush()
+
+
+def answer(request_id: object, result: dict) -> None:
+    send({"jsonrpc": "2.0", "id": request_id, "result": result})
+
+
+def update(session_id: str, body: dict) -> None:
+    send(
+        {
+            "jsonrpc": "2.0",
+            "method": "session/update",
+            "params": {"sessionId": session_id, "update": body},
+        }
+    )
+
+
+def chunk(session_id: str, text: str, kind: str = "agent_message_chunk") -> None:
+    update(session_id, {"sessionUpdate": kind, "content": {"type": "text", "text": text}})
+
+
+def hold() -> None:
+    """Stay alive, doing nothing (until a signal that is not ignored ends us)."""
+    while True:
+        time.sleep(3600)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument(
+        "--prompt",
+        default="echo",
+        choices=["echo", "slow", "ignore-cancel", "crash", "env", "permission", "refuse"],
+    )
+    parser.add_argument("--stop", default="end_turn")
+    parser.add_argument("--no-init", action="store_true", help="never answer initialize")
+    parser.add_argument("--no-session-id", action="store_true")
+    parser.add_argument("--exit-at-init", action="store_true", help="exit 5 on initialize")
+    parser.add_argument("--trap-term", action="store_true", help="ignore SIGTERM")
+    parser.add_argument("--hold-eof", action="store_true", help="keep running after stdin EOF")
+    parser.add_argument("--garbage", action="store_true", help="garbage lines before answers")
+    parser.add_argument("--flood-stderr", type=int, default=0, help="lines written to stderr")
+    parser.add_argument("--extras", action="store_true", help="thoughts, tool cards, images")
+    parser.add_argument("--grandchild", action="store_true", help="start a SIGTERM-proof child")
+    parser.add_argument("--say", default="", help="a line for stderr at start")
+    parser.add_argument("--echo-prefix", default="echo: ")
+    parser.add_argument("--hold-text", default=None, help="a prompt answered as --prompt slow")
+    parser.add_argument("--hang-new", action="store_true", help="never answer session/new")
+    parser.add_argument("--linger-ms", type=int, default=0, help="work this long after EOF")
+    args = parser.parse_args()
+
+    if args.trap_term:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    pidfile = os.environ.get("FAKE_ACP_PIDFILE")
+    if args.grandchild:
+        pid = os.fork()
+        if pid == 0:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            os.closerange(0, 3)
+            hold()
+        if pidfile:
+            with open(pidfile + ".grandchild", "w") as f:
+                f.write(str(pid))
+    if pidfile:
+        with open(pidfile, "w") as f:
+            f.write(str(os.getpid()))
+    if args.say:
+        sys.stderr.write(args.say + "\n")
+        sys.stderr.flush()
+
+    session_id = "fake-session-1"
+    seen: dict = {}
+    pending_prompt: object = None
+    permission_for: object = None
+    for raw in sys.stdin:
+        try:
+            message = json.loads(raw)
+        except ValueError:
+            continue
+        method = message.get("method")
+        request_id = message.get("id")
+        if args.garbage:
+            sys.stdout.write("this is not json {\n")
+            sys.stdout.flush()
+        if method in ("initialize", "session/new"):
+            seen[method] = message.get("params")
+        if method == "initialize":
+            if args.exit_at_init:
+                sys.exit(5)
+            if args.no_init:
+                continue
+            answer(
+                request_id,
+                {
+                    "protocolVersion": 1,
+                    "agentCapabilities": {"loadSession": False},
+                    "agentInfo": {"name": "fake", "version": "0"},
+                    "authMethods": [],
+                },
+            )
+        elif method == "session/new":
+            if args.hang_new:
+                sys.stderr.write("waiting in session/new\n")
+                sys.stderr.flush()
+                continue
+            answer(request_id, {} if args.no_session_id else {"sessionId": session_id})
+        elif method == "session/prompt":
+            blocks = message["params"]["prompt"]
+            text = "".join(b.get("text", "") for b in blocks)
+            if args.flood_stderr:
+                line = "x" * 200 + "\n"
+                for _ in range(args.flood_stderr):
+                    sys.stderr.write(line)
+                sys.stderr.flush()
+            if args.extras:
+                chunk(session_id, "thinking about it", "agent_thought_chunk")
+                update(
+                    session_id,
+                    {"sessionUpdate": "tool_call", "toolCallId": "t1", "title": "look around"},
+                )
+                update(
+                    session_id,
+                    {
+                        "sessionUpdate": "agent_message_chunk",
+                        "content": {"type": "image", "data": "AAAA", "mimeType": "image/png"},
+                    },
+                )
+            mode = "slow" if text == args.hold_text else args.prompt
+            if mode == "echo":
+                chunk(session_id, args.echo_prefix)
+                chunk(session_id, text)
+                answer(request_id, {"stopReason": args.stop})
+            elif mode == "env":
+                report = {
+                    "seen": seen,
+                    "cwd": os.getcwd(),
+                    "env": dict(os.environ),
+                    "blocks": [b.get("type") for b in blocks],
+                }
+                chunk(session_id, json.dumps(report))
+                answer(request_id, {"stopReason": "end_turn"})
+            elif mode in ("slow", "ignore-cancel"):
+                chunk(session_id, "partial")
+                pending_prompt = request_id if mode == "slow" else None
+            elif mode == "crash":
+                chunk(session_id, "partial")
+                sys.exit(3)
+            elif mode == "refuse":
+                error = {
+                    "code": -32603,
+                    "message": "no\nbecause " + "x" * 500,
+                    "data": {"payload": "SECRET-DATA"},
+                }
+                send({"jsonrpc": "2.0", "id": request_id, "error": error})
+            elif mode == "permission":
+                pending_prompt = request_id
+                permission_for = "perm-1"
+                options = [
+                    {"optionId": "no", "name": "Reject", "kind": "reject_once"},
+                    {"optionId": "yes", "name": "Allow", "kind": "allow_once"},
+                    {"optionId": "always", "name": "Always", "kind": "allow_always"},
+                ]
+                if os.environ.get("FAKE_ACP_NO_ALLOW"):
+                    options = options[:1]
+                send(
+                    {
+                        "jsonrpc": "2.0",
+                        "id": permission_for,
+                        "method": "session/request_permission",
+                        "params": {
+                            "sessionId": session_id,
+                            "toolCall": {"toolCallId": "t1", "title": "rm -rf /tmp/x"},
+                            "options": options,
+                        },
+                    }
+                )
+        elif method == "session/cancel":
+            if pending_prompt is not None:
+                answer(pending_prompt, {"stopReason": "cancelled"})
+                pending_prompt = None
+        elif method is None and request_id == permission_for and permission_for is not None:
+            outcome = message.get("result", {}).get("outcome", {})
+            if outcome.get("outcome") == "selected":
+                chunk(session_id, f"permission: selected {outcome.get('optionId')}")
+                answer(pending_prompt, {"stopReason": "end_turn"})
+            else:
+                chunk(session_id, "permission: cancelled")
+                answer(pending_prompt, {"stopReason": "cancelled"})
+            pending_prompt = permission_for = None
+        elif request_id is not None and method is not None:
+            send(
+                {
+                    "jsonrpc": "2.0",
+                    "id": request_id,
+                    "error": {"code": -32601, "message": "Method not found"},
+                }
+            )
+    if args.hold_eof:
+        hold()
+    if args.linger_ms:  # flushing its state, say: then it says so and leaves by itself
+        time.sleep(args.linger_ms / 1000)
+        sys.stderr.write("flushed after EOF\n")
+        sys.stderr.flush()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,704 @@
+"""The ``acp`` provider (contract §3, ACP-1..8) against a fake ACP agent process."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import json
+import os
+import signal
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import dsh_subagent.plugin
+import dsh_subagent_acp.plugin
+from dsh_core import (
+    AbortController,
+    AbortedError,
+    AbortSignal,
+    Agent,
+    PluginError,
+    ReasoningBlock,
+    SessionMeta,
+    TextBlock,
+    blocks_text,
+    text_blocks,
+)
+from dsh_core.testing import TestHost, scripted_host
+from dsh_subagent import SUBAGENTS, SubagentRun, SubagentService, SubagentStartRequest
+from dsh_subagent.testing import ANSWER_PREFIX, HOLD_PROMPT, ContractHost, ProviderContract
+from dsh_subagent_acp import (
+    ABORTED_BEFORE_START,
+    MAX_TIMER_DELAY_MS,
+    AcpError,
+    is_credential_name,
+    resolve_config_cwd,
+)
+
+FAKE_AGENT = str(Path(__file__).with_name("fake_acp_agent.py"))
+MODULES = {"subagent": dsh_subagent.plugin, "subagent-acp": dsh_subagent_acp.plugin}
+
+
+def fake_config(*flags: str, **changes: Any) -> dict[str, Any]:
+    """``subagent-acp`` config running the fake agent with ``flags``; short graces."""
+    return {
+        "command": sys.executable,
+        "args": [FAKE_AGENT, *flags],
+        "dispose_eof_grace_ms": 3000,
+        "dispose_grace_ms": 3000,
+        "start_timeout_ms": 10_000,
+        **changes,
+    }
+
+
+class Booted:
+    """A host with the ``acp`` provider and a parent agent."""
+
+    def __init__(self, host: TestHost, parent: Agent) -> None:
+        self.host = host
+        self.parent = parent
+
+    @property
+    def svc(self) -> SubagentService:
+        return self.parent.ctx[SUBAGENTS]
+
+    async def start(
+        self, prompt: str = "hi", *, signal: AbortSignal | None = None, **changes: Any
+    ) -> SubagentRun:
+        request = SubagentStartRequest(
+            prompt=changes.pop("blocks", None) or text_blocks(prompt),
+            parent=self.parent,
+            signal=signal or AbortController().signal,
+            **changes,
+        )
+        return await self.svc.start("acp", request)
+
+
+@contextlib.asynccontextmanager
+async def acp_host(
+    *flags: str, cwd: str | None = None, parent_cwd: str | None = "", **changes: Any
+) -> AsyncIterator[Booted]:
+    """A scripted host whose ``acp`` provider runs the fake agent with ``flags``."""
+    config = fake_config(*flags, **changes)
+    if cwd is not None:
+        config["cwd"] = cwd
+    async with scripted_host(
+        "subagent", "subagent-acp", modules=MODULES, config={"subagent-acp": config}
+    ) as host:
+        meta = SessionMeta(cwd=os.getcwd() if parent_cwd == "" else parent_cwd)
+        handle = await host.create_agent(meta=meta)
+        try:
+            yield Booted(host, handle.agent)
+        finally:
+            await handle.dispose()
+
+
+def _read_pid(path: Path) -> int:
+    return int(path.read_text())
+
+
+class _StderrWatch(io.StringIO):
+    """A stand-in for ``sys.stderr`` that sets ``seen`` once ``text`` was written to it."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.text = text
+        self.seen = asyncio.Event()
+
+    def write(self, s: str) -> int:
+        if self.text in s:
+            self.seen.set()
+        return super().write(s)
+
+
+def _ended(pid: int) -> asyncio.Event:
+    """An event set when ``pid`` (any process, not only our child) has ended."""
+    if not hasattr(os, "pidfd_open"):
+        pytest.skip("needs pidfd_open to watch a process that is not our child")
+    fd = os.pidfd_open(pid)
+    ended = asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    def done() -> None:
+        loop.remove_reader(fd)
+        os.close(fd)
+        ended.set()
+
+    loop.add_reader(fd, done)
+    return ended
+
+
+def assert_reaped(pid: int) -> None:
+    """The process is gone and reaped: no zombie, no orphan (a zombie still takes kill 0)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return
+    raise AssertionError(f"process {pid} is still there (running or a zombie)")
+
+
+@contextlib.asynccontextmanager
+async def _contract_host() -> AsyncIterator[ContractHost]:
+    config = fake_config("--echo-prefix", ANSWER_PREFIX, "--hold-text", HOLD_PROMPT)
+    async with scripted_host(
+        "subagent", "subagent-acp", modules=MODULES, config={"subagent-acp": config}
+    ) as host:
+        handle = await host.create_agent(meta=SessionMeta(cwd=os.getcwd()))
+        yield ContractHost(host=host, parent=handle.agent, provider_name="acp")
+        await handle.dispose()
+
+
+class TestAcpContract(ProviderContract):
+    """The ``acp`` provider against the shared contract (a fake agent process per run)."""
+
+    def contract_host(self) -> contextlib.AbstractAsyncContextManager[ContractHost]:
+        return _contract_host()
+
+
+# -- ACP-1: start ---------------------------------------------------------------------------------
+
+
+async def _report(run: SubagentRun) -> dict[str, Any]:
+    """The fake's ``--prompt env`` report: what it saw and where it ran."""
+    async with asyncio.timeout(10):
+        result = await run.result
+    assert result.stop_reason == "completed"
+    return json.loads(blocks_text(result.output))
+
+
+def _any_true(value: object) -> bool:
+    if isinstance(value, dict):
+        return any(_any_true(v) for v in value.values())
+    return bool(value)
+
+
+async def test_start_initializes_then_creates_a_session() -> None:
+    """ACP-1: start = spawn, initialize (no client capabilities), session/new {cwd, no MCP};
+    the run id is fresh, not the ACP session id, and local_agent is None."""
+    async with acp_host("--prompt", "env") as b:
+        first = await b.start()
+        second = await b.start()
+        try:
+            assert first.local_agent is None and second.local_agent is None
+            assert first.id != second.id
+            report = await _report(first)
+            assert first.id != "fake-session-1"
+            init = report["seen"]["initialize"]
+            assert init["protocolVersion"] == 1
+            assert not _any_true(init.get("clientCapabilities", {}))
+            assert init["clientInfo"]["name"] == "dsh-subagent-acp"
+            assert report["seen"]["session/new"] == {"cwd": os.getcwd(), "mcpServers": []}
+        finally:
+            await asyncio.gather(first.dispose(), second.dispose())
+        assert_reaped(first.pid)  # type: ignore[attr-defined]
+        assert_reaped(second.pid)  # type: ignore[attr-defined]
+
+
+async def test_acp_runs_never_appear_as_agents() -> None:
+    """ACP-1: an ACP child is no local agent: the host's agents are only the parent."""
+    async with acp_host() as b:
+        run = await b.start()
+        try:
+            assert [a.id for a in b.host.ctx.agents.list()] == [b.parent.id]
+            await run.result
+        finally:
+            await run.dispose()
+
+
+# -- ACP-2: failures before publication -----------------------------------------------------------
+
+
+async def test_pre_aborted_signal_never_spawns(tmp_path: Path) -> None:
+    """ACP-2: a pre-aborted signal rejects with the documented text, before any spawn."""
+    pidfile = tmp_path / "pid"
+    async with acp_host(env={"FAKE_ACP_PIDFILE": str(pidfile)}) as b:
+        controller = AbortController()
+        controller.abort("nope")
+        with pytest.raises(AbortedError) as caught:
+            await b.start(signal=controller.signal)
+        assert str(caught.value) == ABORTED_BEFORE_START
+        assert caught.value.reason == "nope"
+    assert not pidfile.exists()
+
+
+async def test_abort_during_session_new_reaps_the_child(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ACP-2: an abort while session/new is pending rejects with the same text, after the
+    child was reaped."""
+    pidfile = tmp_path / "pid"
+    at_new = _StderrWatch("waiting in session/new")
+    monkeypatch.setattr(sys, "stderr", at_new)
+    async with acp_host("--hang-new", env={"FAKE_ACP_PIDFILE": str(pidfile)}) as b:
+        controller = AbortController()
+        starting = asyncio.ensure_future(b.start(signal=controller.signal))
+        async with asyncio.timeout(10):
+            await at_new.seen.wait()
+        controller.abort("late")
+        with pytest.raises(AbortedError) as caught:
+            async with asyncio.timeout(10):
+                await starting
+        assert str(caught.value) == ABORTED_BEFORE_START
+    assert_reaped(_read_pid(pidfile))
+
+
+async def test_no_session_id_is_refused_after_reaping(tmp_path: Path) -> None:
+    """ACP-2: a session/new answer without a session id rejects with the documented text."""
+    pidfile = tmp_path / "pid"
+    async with acp_host("--no-session-id", env={"FAKE_ACP_PIDFILE": str(pidfile)}) as b:
+        with pytest.raises(AcpError) as caught:
+            await b.start()
+        assert caught.value.code == "ACP_NO_SESSION_ID"
+        assert str(caught.value) == "ACP child published without a session id"
+    assert_reaped(_read_pid(pidfile))
+
+
+async def test_missing_binary_fails_start() -> None:
+    """ACP-2: a command that cannot be spawned rejects (ACP_SPAWN_FAILED), nothing published."""
+    async with acp_host(command="/nonexistent/acp-agent") as b:
+        seen: list[object] = []
+        b.parent.ctx.on("subagent/start", seen.append)
+        with pytest.raises(AcpError) as caught:
+            await b.start()
+        assert caught.value.code == "ACP_SPAWN_FAILED"
+        assert seen == []
+
+
+async def test_child_that_never_answers_initialize_times_out(tmp_path: Path) -> None:
+    """acp 16.1: a child that never answers initialize fails start() after start_timeout_ms
+    (ACP_START_TIMEOUT), and is reaped, even when it ignores EOF and SIGTERM."""
+    pidfile = tmp_path / "pid"
+    async with acp_host(
+        "--no-init",
+        "--hold-eof",
+        "--trap-term",
+        env={"FAKE_ACP_PIDFILE": str(pidfile)},
+        start_timeout_ms=300,
+        dispose_eof_grace_ms=50,
+        dispose_grace_ms=50,
+    ) as b:
+        with pytest.raises(AcpError) as caught:
+            async with asyncio.timeout(10):
+                await b.start()
+        assert caught.value.code == "ACP_START_TIMEOUT"
+        assert "did not answer initialize within 300 ms" in str(caught.value)
+    assert_reaped(_read_pid(pidfile))
+
+
+async def test_a_cancelled_start_still_reaps_the_child(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ACP-2, hardening: a caller cancelled while start() waits on initialize gets its
+    CancelledError, and the child it spawned is reaped, not left behind."""
+    pidfile = tmp_path / "pid"
+    started = _StderrWatch("at initialize")
+    monkeypatch.setattr(sys, "stderr", started)
+    async with acp_host(
+        "--no-init", "--say", "at initialize", env={"FAKE_ACP_PIDFILE": str(pidfile)}
+    ) as b:
+        starting = asyncio.ensure_future(b.start())
+        async with asyncio.timeout(10):
+            await started.seen.wait()
+        starting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            async with asyncio.timeout(10):
+                await starting
+    assert_reaped(_read_pid(pidfile))
+
+
+async def test_child_exiting_during_initialize_fails_start(tmp_path: Path) -> None:
+    """ACP-2: a child that exits during initialize rejects with ACP_START_FAILED."""
+    async with acp_host("--exit-at-init") as b:
+        with pytest.raises(AcpError) as caught:
+            async with asyncio.timeout(10):
+                await b.start()
+        assert caught.value.code == "ACP_START_FAILED"
+        assert "exited with status 5" in str(caught.value)
+
+
+# -- ACP-3: prompt and output ---------------------------------------------------------------------
+
+
+async def test_only_text_blocks_are_sent() -> None:
+    """ACP-3: only the prompt's text blocks reach the child."""
+    async with acp_host("--prompt", "env") as b:
+        blocks = (ReasoningBlock(text="private"), TextBlock(text="task"))
+        run = await b.start(blocks=blocks)
+        try:
+            assert (await _report(run))["blocks"] == ["text"]
+        finally:
+            await run.dispose()
+
+
+async def test_only_agent_message_text_is_output() -> None:
+    """ACP-3: thoughts, tool cards and non-text chunks are ignored; message text is output."""
+    async with acp_host("--extras") as b:
+        run = await b.start("hello")
+        try:
+            result = await run.result
+        finally:
+            await run.dispose()
+        assert result.stop_reason == "completed"
+        assert result.output == (TextBlock(text="echo: hello"),)
+
+
+@pytest.mark.parametrize(
+    ("acp_reason", "stop_reason"),
+    [
+        ("end_turn", "completed"),
+        ("max_tokens", "max-tokens"),
+        ("refusal", "refusal"),
+        ("cancelled", "aborted"),
+        ("max_turn_requests", "error"),
+        ("something_new", "error"),
+    ],
+)
+async def test_stop_reasons_map(acp_reason: str, stop_reason: str) -> None:
+    """ACP-3: each ACP stop reason maps to the seam's (max_turn_requests and unknown: error)."""
+    async with acp_host("--stop", acp_reason) as b:
+        run = await b.start()
+        try:
+            async with asyncio.timeout(10):
+                result = await run.result
+        finally:
+            await run.dispose()
+        assert result.stop_reason == stop_reason
+
+
+# -- ACP-4: working directory ---------------------------------------------------------------------
+
+
+async def test_configured_cwd_is_process_and_session_cwd(tmp_path: Path) -> None:
+    """ACP-4: the configured directory is both the process cwd and the session cwd."""
+    async with acp_host("--prompt", "env", cwd=str(tmp_path)) as b:
+        run = await b.start()
+        try:
+            report = await _report(run)
+        finally:
+            await run.dispose()
+    assert report["cwd"] == str(tmp_path)
+    assert report["seen"]["session/new"]["cwd"] == str(tmp_path)
+
+
+async def test_parent_cwd_is_used_without_config(tmp_path: Path) -> None:
+    """ACP-4: with no configured cwd the parent header's cwd is used."""
+    async with acp_host("--prompt", "env", parent_cwd=str(tmp_path)) as b:
+        run = await b.start()
+        try:
+            assert (await _report(run))["cwd"] == str(tmp_path)
+        finally:
+            await run.dispose()
+
+
+@pytest.mark.parametrize(
+    ("parent_cwd", "code"),
+    [(None, "ACP_NO_CWD"), ("/nonexistent/dir", "ACP_CWD_INVALID"), (__file__, "ACP_CWD_INVALID")],
+)
+async def test_unusable_parent_cwd_fails_before_spawn(
+    tmp_path: Path, parent_cwd: str | None, code: str
+) -> None:
+    """ACP-4: no parent cwd, a missing directory or a file path fails start before spawn."""
+    pidfile = tmp_path / "pid"
+    async with acp_host(parent_cwd=parent_cwd, env={"FAKE_ACP_PIDFILE": str(pidfile)}) as b:
+        with pytest.raises(AcpError) as caught:
+            await b.start()
+        assert caught.value.code == code
+    assert not pidfile.exists()
+
+
+def test_config_cwd_rules(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """ACP-4: a configured cwd must not be empty, resolves against the launch directory and
+    must be an enterable directory."""
+    with pytest.raises(ValueError, match="must not be empty — omit the key"):
+        resolve_config_cwd("")
+    (tmp_path / "sub").mkdir()
+    monkeypatch.chdir(tmp_path)
+    assert resolve_config_cwd("sub") == str(tmp_path / "sub")
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ValueError, match="is not an accessible directory"):
+        resolve_config_cwd("file")
+    with pytest.raises(ValueError, match="is not an accessible directory"):
+        resolve_config_cwd("missing")
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"cwd": ""}, "must not be empty"),
+        ({"dispose_grace_ms": 0}, "dispose_grace_ms must be a positive finite number"),
+        ({"dispose_eof_grace_ms": -1}, "dispose_eof_grace_ms must be a positive finite"),
+        ({"dispose_grace_ms": float("inf")}, "no greater than 2147483647"),
+        ({"dispose_grace_ms": MAX_TIMER_DELAY_MS + 1}, "no greater than 2147483647"),
+        ({"start_timeout_ms": float("nan")}, "start_timeout_ms must be a positive"),
+        ({"permission": "sometimes"}, "permission must be 'reject' or 'allow'"),
+        ({"command": ""}, "command must name the ACP agent"),
+        ({"args": "not a list"}, "key 'args' (list[str])"),
+    ],
+)
+async def test_bad_config_fails_the_boot(changes: dict[str, Any], message: str) -> None:
+    """ACP surface: graces must be positive, finite and at most MAX_TIMER_DELAY_MS; a bad
+    key fails loading (PLUGIN_CONFIG) with the documented text."""
+    with pytest.raises(PluginError) as caught:
+        async with scripted_host(
+            "subagent",
+            "subagent-acp",
+            modules=MODULES,
+            config={"subagent-acp": fake_config(**changes)},
+        ):
+            pass
+    assert caught.value.code == "PLUGIN_CONFIG"
+    assert message in str(caught.value)
+
+
+# -- ACP-5: cancellation and failures after publication -------------------------------------------
+
+
+async def test_abort_settles_at_once_even_if_the_child_ignores_cancel() -> None:
+    """ACP-5, acp 16.3: an abort after publication settles aborted without waiting for a child
+    that ignores session/cancel; dispose then reaps it."""
+    async with acp_host("--prompt", "ignore-cancel", "--hold-eof", dispose_eof_grace_ms=50) as b:
+        controller = AbortController()
+        run = await b.start(signal=controller.signal)
+        controller.abort("enough")
+        assert run.result.done()
+        assert (await run.result).stop_reason == "aborted"
+        async with asyncio.timeout(10):
+            await run.dispose()
+        assert_reaped(run.pid)  # type: ignore[attr-defined]
+
+
+async def test_slow_child_cancelled_keeps_partial_text() -> None:
+    """ACP-5: a slow child answers the cancel; the run is aborted with what it streamed."""
+    async with acp_host("--prompt", "slow") as b:
+        run = await b.start()
+        async with asyncio.timeout(10):
+            await run.dispose()
+        result = await run.result
+        assert result.stop_reason == "aborted"
+        assert_reaped(run.pid)  # type: ignore[attr-defined]
+
+
+async def test_crash_without_cancel_is_an_error(caplog: pytest.LogCaptureFixture) -> None:
+    """ACP-5, acp 16.3: a child dying mid-prompt settles error with a bounded diagnostic and a
+    logged warning; result never rejects."""
+    async with acp_host("--prompt", "crash") as b:
+        run = await b.start()
+        try:
+            async with asyncio.timeout(10):
+                result = await run.result
+        finally:
+            await run.dispose()
+        assert result.stop_reason == "error"
+        assert result.diagnostic is not None
+        assert len(result.diagnostic.encode()) <= 4096
+        assert "exited with status 3" in result.diagnostic or "closed" in result.diagnostic
+        assert_reaped(run.pid)  # type: ignore[attr-defined]
+    assert any(
+        r.levelname == "WARNING" and 'subagent-acp "acp": child run failed (error): ' in r.message
+        for r in caplog.records
+    )
+
+
+async def test_crash_after_cancel_is_aborted() -> None:
+    """ACP-5: a child that crashes after a cancel still gives aborted."""
+    async with acp_host("--prompt", "slow") as b:
+        controller = AbortController()
+        run = await b.start(signal=controller.signal)
+        controller.abort("stop")
+        os.kill(run.pid, signal.SIGKILL)  # type: ignore[attr-defined]
+        async with asyncio.timeout(10):
+            await run.dispose()
+        assert (await run.result).stop_reason == "aborted"
+
+
+async def test_dispose_after_the_child_died_under_a_cancel() -> None:
+    """ACP-5/7: a child killed before the cancel reached it leaves a broken pipe; dispose
+    still completes and the run is aborted."""
+    async with acp_host("--prompt", "slow") as b:
+        controller = AbortController()
+        run = await b.start(signal=controller.signal)
+        ended = _ended(run.pid)  # type: ignore[attr-defined]
+        os.kill(run.pid, signal.SIGKILL)  # type: ignore[attr-defined]
+        async with asyncio.timeout(10):
+            await ended.wait()
+        controller.abort("stop")  # session/cancel now goes to a dead pipe
+        async with asyncio.timeout(10):
+            await run.dispose()
+        assert (await run.result).stop_reason == "aborted"
+
+
+async def test_refused_prompt_is_an_error() -> None:
+    """ACP-5: a prompt the child answers with a JSON-RPC error settles error; the diagnostic
+    has the code and one bounded line of the message, never the error's data."""
+    async with acp_host("--prompt", "refuse") as b:
+        run = await b.start()
+        try:
+            result = await run.result
+        finally:
+            await run.dispose()
+        assert result.stop_reason == "error"
+        assert result.diagnostic is not None
+        assert result.diagnostic.startswith("the ACP child answered with error -32603: no because")
+        assert "\n" not in result.diagnostic and "SECRET-DATA" not in result.diagnostic
+        assert len(result.diagnostic) < 300
+
+
+async def test_garbage_on_stdout_is_skipped() -> None:
+    """acp 16.3: lines that are not JSON-RPC are skipped; the run still completes."""
+    async with acp_host("--garbage") as b:
+        run = await b.start("still here")
+        try:
+            async with asyncio.timeout(10):
+                result = await run.result
+        finally:
+            await run.dispose()
+        assert result.stop_reason == "completed"
+        assert blocks_text(result.output) == "echo: still here"
+
+
+# -- ACP-6: permission ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("permission", "no_allow", "stop_reason", "text"),
+    [
+        ("reject", False, "aborted", "permission: cancelled"),
+        ("allow", False, "completed", "permission: selected yes"),
+        ("allow", True, "aborted", "permission: cancelled"),
+    ],
+)
+async def test_permission_is_answered_by_policy(
+    permission: str, no_allow: bool, stop_reason: str, text: str
+) -> None:
+    """ACP-6: reject answers cancelled (the turn ends aborted); allow picks the first allow
+    option, or answers cancelled when none is offered."""
+    env = {"FAKE_ACP_NO_ALLOW": "1"} if no_allow else {}
+    async with acp_host("--prompt", "permission", permission=permission, env=env) as b:
+        run = await b.start()
+        try:
+            async with asyncio.timeout(10):
+                result = await run.result
+        finally:
+            await run.dispose()
+        assert result.stop_reason == stop_reason
+        assert blocks_text(result.output) == text
+
+
+# -- ACP-7: disposal ------------------------------------------------------------------------------
+
+
+async def test_dispose_is_idempotent() -> None:
+    """ACP-7: concurrent and repeated dispose calls share one disposal."""
+    async with acp_host("--prompt", "slow") as b:
+        run = await b.start()
+        async with asyncio.timeout(10):
+            await asyncio.gather(run.dispose(), run.dispose())
+            await run.dispose()
+        assert_reaped(run.pid)  # type: ignore[attr-defined]
+
+
+async def test_sigterm_trap_gets_sigkill_within_the_graces(tmp_path: Path) -> None:
+    """ACP-7, §7: a child that ignores EOF and traps SIGTERM is SIGKILLed after the graces,
+    and so is a SIGTERM-proof grandchild in its process group."""
+    pidfile = tmp_path / "pid"
+    async with acp_host(
+        "--prompt",
+        "ignore-cancel",
+        "--hold-eof",
+        "--trap-term",
+        "--grandchild",
+        env={"FAKE_ACP_PIDFILE": str(pidfile)},
+        dispose_eof_grace_ms=100,
+        dispose_grace_ms=100,
+    ) as b:
+        run = await b.start()
+        grandchild = _read_pid(Path(str(pidfile) + ".grandchild"))
+        ended = _ended(grandchild)
+        async with asyncio.timeout(10):
+            await run.dispose()
+        assert (await run.result).stop_reason == "aborted"
+        assert_reaped(run.pid)  # type: ignore[attr-defined]
+        async with asyncio.timeout(10):  # not our child: its end is seen through a pidfd
+            await ended.wait()
+
+
+async def test_the_eof_window_lets_a_child_flush(capfd: pytest.CaptureFixture[str]) -> None:
+    """ACP-7, §7: the EOF grace, not the SIGTERM grace, bounds a child finishing its work
+    after stdin closed: it flushes and exits by itself, unsignalled."""
+    async with acp_host("--linger-ms", "300", dispose_eof_grace_ms=5000, dispose_grace_ms=50) as b:
+        run = await b.start()
+        assert (await run.result).stop_reason == "completed"
+        async with asyncio.timeout(10):
+            await run.dispose()
+        assert_reaped(run.pid)  # type: ignore[attr-defined]
+    assert f"[acp {run.pid}] flushed after EOF" in capfd.readouterr().err  # type: ignore[attr-defined]
+
+
+async def test_completed_child_exits_at_eof() -> None:
+    """ACP-7: dispose closes stdin first; a polite child leaves within the EOF grace."""
+    async with acp_host(dispose_eof_grace_ms=5000, dispose_grace_ms=5000) as b:
+        run = await b.start()
+        assert (await run.result).stop_reason == "completed"
+        async with asyncio.timeout(4):  # well inside the EOF grace: no signal was needed
+            await run.dispose()
+        assert_reaped(run.pid)  # type: ignore[attr-defined]
+
+
+# -- ACP-8: environment and stderr ----------------------------------------------------------------
+
+
+def test_credential_names() -> None:
+    """ACP-8: credential-shaped names are recognised; ordinary ones are not."""
+    for name in ("DEEPSEEK_API_KEY", "GITHUB_TOKEN", "AWS_SECRET_ACCESS_KEY", "PGPASSWORD",
+                 "SSH_AUTH_SOCK", "MY_PASS", "OPENAI_APIKEY"):  # fmt: skip
+        assert is_credential_name(name), name
+    for name in ("PATH", "HOME", "MONKEY_BUSINESS", "KEYBOARD", "LANG", "TERM"):
+        assert not is_credential_name(name), name
+
+
+async def test_child_environment_is_scrubbed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """ACP-8: ambient credentials and DSH_* are scrubbed; explicit env (even credentials and
+    DSH_*) is merged after the scrub."""
+    monkeypatch.setenv("SOME_SERVICE_TOKEN", "ambient-secret")
+    monkeypatch.setenv("DSH_AMBIENT", "ambient")
+    monkeypatch.setenv("PLAIN_SETTING", "kept")
+    explicit = {"DEEPSEEK_API_KEY": "given", "DSH_CHILD": "given"}
+    async with acp_host("--prompt", "env", env=explicit) as b:
+        run = await b.start()
+        try:
+            env = (await _report(run))["env"]
+        finally:
+            await run.dispose()
+    assert "SOME_SERVICE_TOKEN" not in env and "DSH_AMBIENT" not in env
+    assert env["PLAIN_SETTING"] == "kept"
+    assert env["DEEPSEEK_API_KEY"] == "given" and env["DSH_CHILD"] == "given"
+
+
+async def test_stderr_is_relayed_line_prefixed(capfd: pytest.CaptureFixture[str]) -> None:
+    """ACP-8: the child's stderr reaches ours, each line prefixed with the provider and pid."""
+    async with acp_host("--say", "hello from the child") as b:
+        run = await b.start()
+        try:
+            await run.result
+        finally:
+            await run.dispose()
+    err = capfd.readouterr().err
+    assert f"[acp {run.pid}] hello from the child\n" in err  # type: ignore[attr-defined]
+
+
+async def test_stderr_flood_never_blocks_the_child(capfd: pytest.CaptureFixture[str]) -> None:
+    """acp 16.3: a child writing far more stderr than a pipe holds still completes."""
+    async with acp_host("--flood-stderr", "3000") as b:
+        run = await b.start("after the flood")
+        try:
+            async with asyncio.timeout(10):
+                result = await run.result
+        finally:
+            await run.dispose()
+        assert result.stop_reason == "completed"
+    assert capfd.readouterr().err.count("x" * 200) == 3000
