@@ -217,11 +217,11 @@ class GatedWrites:
         real_write = persistence._write
         loop = asyncio.get_running_loop()
 
-        def slow_write(handle: Any, events: Any) -> None:
+        def slow_write(handle: Any, events: Any, sync: bool = True) -> None:
             self.writes.append(len(events))
             loop.call_soon_threadsafe(self.started.set)
             assert self.gate.wait(30), "the test never opened the gate"
-            real_write(handle, events)
+            real_write(handle, events, sync)
 
         persistence._write = slow_write
 

@@ -389,6 +389,47 @@ async def test_the_session_lock_is_released_when_dispose_returns(
         await again.dispose()
 
 
+@posix_only
+async def test_dispose_does_not_wait_for_the_last_fsync_but_close_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """host-core §9, hardening 11.10: a disposed session's last lines are written and its lock
+    released before ``dispose`` returns, while that write's ``fsync`` runs afterwards (off the
+    disposal's path); closing the backend waits for it."""
+    import fcntl
+    import threading
+
+    import dsh_core._persistence as persistence_module
+
+    real_fsync = os.fsync
+    gate = threading.Event()
+    synced: list[int] = []
+
+    def gated_fsync(fd: int) -> None:
+        assert gate.wait(30), "the test never opened the gate"
+        real_fsync(fd)
+        synced.append(fd)
+
+    root = tmp_path / "sessions"
+    async with scripted_host(model=["done"], store="jsonl", store_root=root) as h:
+        handle = await h.create_agent(session_id="s")
+        assert await h.run(handle.agent, "go") == "done"
+        monkeypatch.setattr(persistence_module.os, "fsync", gated_fsync)
+        async with asyncio.timeout(10):
+            await handle.dispose()  # would hang on the gate if it waited for the sync
+        persistence = h.ctx.session_persistence
+        assert persistence._syncs and not synced
+        fd = os.open(root / "s.jsonl", os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # BlockingIOError if still held
+        finally:
+            os.close(fd)
+        _, events = await persistence.inspect("s")
+        assert events[-1].type == "turn/end"  # every line is there already
+        gate.set()
+    assert synced and not persistence._syncs
+
+
 # -- bounded retries and the header limit --------------------------------------------------------
 
 

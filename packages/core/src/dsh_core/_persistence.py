@@ -415,6 +415,8 @@ class SessionPersistence:
         self._prepared: dict[str, _Prepared] = {}
         self._busy: set[str] = set()
         self._closing: dict[str, asyncio.Task[None]] = {}
+        #: The final syncs of disposed sessions, run after their lock was let go.
+        self._syncs: set[asyncio.Future[None]] = set()
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
 
     # -- wiring ----------------------------------------------------------------------------------
@@ -558,8 +560,11 @@ class SessionPersistence:
         self._closing[sid] = ctx.host.spawn(self._close(rec), name=f"persist {sid}")
 
     async def _close(self, rec: _Tracked) -> None:
+        """Write a disposed session's last events and let go of it; its file's ``fsync``
+        runs after the lock is released, off the disposal's path (the backend's shutdown
+        waits for it)."""
         try:
-            step = self._drain(rec)
+            step = self._drain(rec, sync=False)
             if step is not None:
                 await step
         except _Unwritten as exc:  # stored, some events as stand-ins
@@ -574,10 +579,33 @@ class SessionPersistence:
             try:
                 await self._writes_over(rec)  # the file is never closed under a write
             finally:
-                self._release(rec.handle, discard=False)
+                self._let_go_later(rec)
                 sid = rec.session.header.id
                 if self._closing.get(sid) is asyncio.current_task():
                     del self._closing[sid]
+
+    def _let_go_later(self, rec: _Tracked) -> None:
+        """Release ``rec``'s hold now and start its deferred sync, if the backend has one."""
+        sync = self._let_go(rec.handle)
+        if sync is None:
+            return
+        try:
+            fut = self._submit(sync)
+        except BaseException:  # no worker thread to be had: sync here rather than never
+            sync()
+            raise
+        self._syncs.add(fut)
+
+        def synced(fut: asyncio.Future[None]) -> None:
+            self._syncs.discard(fut)
+            if not fut.cancelled() and fut.exception() is not None:
+                _log.error(
+                    "the last events of session %r were written but not synced: %s",
+                    rec.session.header.id,
+                    fut.exception(),
+                )
+
+        fut.add_done_callback(synced)
 
     @staticmethod
     async def _writes_over(rec: _Tracked) -> None:
@@ -605,8 +633,11 @@ class SessionPersistence:
         finally:
             self._release(rec.handle, discard=False)
 
-    def _drain(self, rec: _Tracked) -> Awaitable[None] | None:
+    def _drain(self, rec: _Tracked, sync: bool = True) -> Awaitable[None] | None:
         """Store every event of ``rec`` not stored yet; ``None`` when there is nothing to do.
+
+        ``sync=False`` (a disposed session's last write) leaves the ``fsync`` to
+        :meth:`_let_go`, so the lock is released without waiting for the disk.
 
         The write starts at once, or after the one under way (writes of a session never
         overlap, so lines keep their order). Its outcome is counted when the storage hook
@@ -616,7 +647,7 @@ class SessionPersistence:
         before the worker thread even begins.
         """
         if rec.writing is not None:
-            return self._drain_after(rec)
+            return self._drain_after(rec, sync)
         batch = rec.pending()
         if not batch and not rec.unsynced:
             return None
@@ -643,7 +674,7 @@ class SessionPersistence:
             writing.set_result(None)
 
         try:
-            job = self._submit(self._write, rec.handle, batch)
+            job = self._submit(self._write, rec.handle, batch, sync)
         except BaseException:
             # Nothing started (no worker thread to be had, at interpreter exit say): no write
             # may look under way, or every later flush and the close would wait for it.
@@ -656,11 +687,11 @@ class SessionPersistence:
             job.add_done_callback(count)
         return reported
 
-    async def _drain_after(self, rec: _Tracked) -> None:
+    async def _drain_after(self, rec: _Tracked, sync: bool = True) -> None:
         """``_drain`` once the write under way (and any started before this turn) is over."""
         while rec.writing is not None:
             await asyncio.wait((rec.writing,))
-        step = self._drain(rec)
+        step = self._drain(rec, sync)
         if step is not None:
             await step
 
@@ -684,6 +715,8 @@ class SessionPersistence:
         await asyncio.gather(
             *(self._close(rec) for rec in tracked), *self._closing.values(), return_exceptions=True
         )
+        while self._syncs:  # the syncs the closes above left behind (their errors are logged)
+            await asyncio.wait(tuple(self._syncs))
         pool, self._pool = self._pool, None
         if pool is not None:
             pool.shutdown(wait=False)  # idle by now: every write above has been awaited
@@ -881,7 +914,10 @@ class SessionPersistence:
 
     async def released(self, id: str) -> None:
         """Wait until this backend's hold on ``id`` from a disposed session is let go (its
-        last drain written, its lock released); returns at once when nothing is pending."""
+        last drain written, its lock released); returns at once when nothing is pending.
+
+        The last write's ``fsync`` may still be running: the backend's shutdown waits for it.
+        """
         await self._quiesce(id)
 
     # -- storage hooks ---------------------------------------------------------------------------
@@ -904,9 +940,16 @@ class SessionPersistence:
         """
         raise NotImplementedError
 
-    def _write(self, handle: _Handle, events: Sequence[SessionEvent]) -> None:
-        """Append ``events`` durably (one sync), finishing a new log's creation."""
+    def _write(self, handle: _Handle, events: Sequence[SessionEvent], sync: bool = True) -> None:
+        """Append ``events`` durably (one sync), finishing a new log's creation; with
+        ``sync=False`` only written, the sync left to :meth:`_let_go`."""
         raise NotImplementedError
+
+    def _let_go(self, handle: _Handle) -> Callable[[], None] | None:
+        """Release a disposed session's hold now (another holder may take it at once) and
+        return what must still run off the loop to make its writes durable, if anything."""
+        self._release(handle, discard=False)
+        return None
 
     def _headers(self, signal: AbortSignal | None) -> builtins.list[SessionHeader]:
         """Every stored header, unordered."""
@@ -962,7 +1005,7 @@ class MemorySessionPersistence(SessionPersistence):
             raise _not_found(id)
         return log.header, list(log.events), lambda i: f"session {id!r} event {i}"
 
-    def _write(self, handle: _Handle, events: Sequence[SessionEvent]) -> None:
+    def _write(self, handle: _Handle, events: Sequence[SessionEvent], sync: bool = True) -> None:
         self._logs[handle.id].events.extend(events)
 
     def _headers(self, signal: AbortSignal | None) -> list[SessionHeader]:
@@ -1049,7 +1092,7 @@ def _open_file(path: Path, flags: int) -> int:
 
 
 class _FileHandle(_Handle):
-    __slots__ = ("dir_synced", "fd", "path", "size")
+    __slots__ = ("dir_synced", "fd", "path", "size", "synced")
 
     def __init__(self, id: str, path: Path, fd: int, *, created: bool) -> None:
         super().__init__(id, created=created)
@@ -1057,6 +1100,16 @@ class _FileHandle(_Handle):
         self.fd = fd
         self.size = 0  # bytes of complete, valid lines; a torn tail lies beyond
         self.dir_synced = not created
+        self.synced = True  # no write since the last fsync
+
+
+def _sync(handle: _FileHandle) -> None:
+    """Make what was written to ``handle`` durable (and a new file's name with it)."""
+    os.fsync(handle.fd)
+    handle.synced = True
+    if not handle.dir_synced:
+        _fsync_dir(handle.path.parent)  # a new file's name must survive a power cut too
+        handle.dir_synced = True
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -1401,6 +1454,30 @@ class JsonlSessionPersistence(SessionPersistence):
             fd, handle.fd = handle.fd, -1
             os.close(fd)  # also drops the lock
 
+    def _let_go(self, handle: _Handle) -> Callable[[], None] | None:
+        assert isinstance(handle, _FileHandle)
+        if handle.fd < 0 or (handle.synced and handle.dir_synced):
+            self._release(handle, discard=False)
+            return None
+        fd, handle.fd = handle.fd, -1
+        try:
+            if sys.platform != "win32":
+                fcntl.flock(fd, fcntl.LOCK_UN)  # the lines are written: another holder may go on
+        except BaseException:
+            os.close(fd)
+            raise
+
+        def sync() -> None:
+            try:
+                os.fsync(fd)
+                if not handle.dir_synced:
+                    _fsync_dir(handle.path.parent)
+                    handle.dir_synced = True
+            finally:
+                os.close(fd)
+
+        return sync
+
     # -- reading ---------------------------------------------------------------------------------
 
     def _read(
@@ -1662,7 +1739,7 @@ class JsonlSessionPersistence(SessionPersistence):
                 append(_stand_in(event, exc))
         return "".join(lines).encode("utf-8", "surrogatepass")
 
-    def _write(self, handle: _Handle, events: Sequence[SessionEvent]) -> None:
+    def _write(self, handle: _Handle, events: Sequence[SessionEvent], sync: bool = True) -> None:
         assert isinstance(handle, _FileHandle)
         failed: list[str] = []
         data = self._lines(events, failed)
@@ -1673,10 +1750,10 @@ class JsonlSessionPersistence(SessionPersistence):
                 handle.truncate = False
             if data:
                 _write_all(fd, data)
-            os.fsync(fd)
-            if not handle.dir_synced:
-                _fsync_dir(handle.path.parent)  # a new file's name must survive a power cut too
-                handle.dir_synced = True
+            if sync:
+                _sync(handle)
+            else:
+                handle.synced = False
         except OSError as exc:
             handle.truncate = True  # whatever was written goes before the retry
             raise SessionError(
