@@ -1075,6 +1075,45 @@ async def test_a_resume_cancelled_as_its_log_is_prepared_lets_go_of_the_log(
         assert again.agent.session.header.id == "durable"
 
 
+async def test_resume_takes_over_a_preparation_without_reading_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """host-core §9, issue 13: resume(preparation=...) publishes that prepared session (the log
+    is not read again); a preparation of another id fails RESUME_PREPARATION_MISMATCH and is
+    disposed, so its log is not left held."""
+    async with scripted_host(model=["one", "two", "three"]) as h:
+        for sid in ("durable", "other"):
+            handle = await h.create_agent(session_id=sid)
+            await h.run(handle.agent, "m1")
+            await handle.dispose()
+        persistence = h.ctx.get("session_persistence")
+        assert persistence is not None
+        prepared = await persistence.prepare("durable")
+        reads: list[str] = []
+        read = persistence._read
+        monkeypatch.setattr(
+            persistence, "_read", lambda id, held: reads.append(id) or read(id, held)
+        )
+        resumed = await h.ctx.agents.resume(
+            ResumeAgentOptions(
+                resume_session_id="durable", agent_options=SCRIPTED, preparation=prepared
+            )
+        )
+        assert resumed.agent.session is prepared.session
+        assert reads == []
+        assert await h.run(resumed.agent, "m2") == "three"
+        wrong = await persistence.prepare("other")
+        with pytest.raises(AgentError) as err:
+            await h.ctx.agents.resume(
+                ResumeAgentOptions(
+                    resume_session_id="durable", agent_options=SCRIPTED, preparation=wrong
+                )
+            )
+        assert err.value.code == "RESUME_PREPARATION_MISMATCH"
+        again = await persistence.prepare("other")  # not held any more
+        again.dispose()
+
+
 async def test_resume_without_persistence_fails() -> None:
     """host-core §9: resume() without a persistence service fails PERSISTENCE_UNAVAILABLE."""
     async with scripted_host(store=None, query=False) as h:

@@ -746,11 +746,18 @@ class SessionPersistence:
     # -- reading ---------------------------------------------------------------------------------
 
     def _load_sync(self, id: str, handle: _Handle | None, commit: bool) -> _Loaded:
+        loaded, closers = self._read_repaired(id, handle, commit)
+        if commit and handle is not None and (closers or handle.truncate):
+            self._write(handle, closers)
+        return loaded
+
+    def _read_repaired(
+        self, id: str, handle: _Handle | None, commit: bool
+    ) -> tuple[_Loaded, builtins.list[SessionEvent]]:
+        """The stored log with its repair closers appended, and those closers (not written)."""
         header, events, locate = self._read(id, handle)
         scan = _scan(events, locate)
         closers = _closers(id, scan, len(events))
-        if commit and handle is not None and (closers or handle.truncate):
-            self._write(handle, closers)
         if closers:
             _log.warning(
                 "session %r ended inside turn %s; closed it with %d repair event(s)%s",
@@ -760,7 +767,7 @@ class SessionPersistence:
                 "" if commit else " (in memory only)",
             )
         events.extend(closers)
-        return _Loaded(header=header, events=events)
+        return _Loaded(header=header, events=events), closers
 
     # -- public API ------------------------------------------------------------------------------
 
@@ -840,11 +847,23 @@ class SessionPersistence:
             checker.apply(event)
         self._write(handle, batch)
 
-    async def prepare(self, id: str, signal: AbortSignal | None = None) -> SessionPreparation:
+    async def prepare(
+        self,
+        id: str,
+        signal: AbortSignal | None = None,
+        *,
+        check: Callable[[SessionHeader, Sequence[SessionEvent]], object] | None = None,
+    ) -> SessionPreparation:
         """Load ``id`` (committing crash repair) as an unpublished restored session.
 
         The backend holds the log (``SESSION_LOCKED`` for anyone else) until the session is
         announced and later disposed, or until the preparation is disposed unannounced.
+
+        ``check``, if given, sees the stored header and events (repair closers included, as
+        ``inspect`` gives them) once they are read, before any repair is written or the session
+        is built; whatever it raises fails the preparation, and the log is let go unchanged. A
+        caller that must judge a log before resuming it (its owner, its state) so reads it
+        once instead of inspecting it first.
         """
         ctx = self._installed()
         _check(signal)
@@ -854,8 +873,16 @@ class SessionPersistence:
         handle: _Handle | None = None
         try:
             handle = await self._hold(id, None)
-            loaded = await self._run(self._load_sync, id, handle, True)
-            _check(signal)
+            if check is None:
+                loaded = await self._run(self._load_sync, id, handle, True)
+                _check(signal)
+            else:
+                loaded, closers = await self._run(self._read_repaired, id, handle, True)
+                _check(signal)
+                check(loaded.header, loaded.events)
+                if closers or handle.truncate:
+                    await self._run(self._write, handle, closers)
+                    _check(signal)
             session = ctx.sessions.prepare(id, seed=loaded.events, restored=loaded.header)
             self._prepared[id] = _Prepared(
                 session=session, handle=handle, stored=len(loaded.events)
