@@ -426,23 +426,39 @@ class EventTypeRegistry:
         Persistence is a real boundary, so everything is checked: the event's own keys and
         types, its surface metadata, and its payload (strictly, unknown keys included).
         """
-        if type(raw) is dict and len(raw) == 4:
-            # The usual shape (type, seq, time, data; not surface, not ignorable) in one go;
-            # anything else, or a type not decoded before, takes the full path below.
+        if type(raw) is dict and (len(raw) == 4 or len(raw) == 6):
+            # The usual shapes in one go: (type, seq, time, data) of a type that is not
+            # surface, and those four plus (source_event_seqs, surface_op) of a surface type;
+            # neither ignorable. Anything else, or a type not decoded before, takes the full
+            # path below.
             type_ = raw.get("type")
             seq = raw.get("seq")
             time_ = raw.get("time")
             if type(type_) is str and type(seq) is int and type(time_) is int and "data" in raw:
                 spec = self._specs.get(type_)
                 hook = self._hooks.get(type_)
-                payload = spec.payload if spec is not None and not spec.surface else None
-                if hook is not None and payload is not None:
-                    data = raw["data"]
-                    try:
-                        data = hook(data, payload)
-                    except Exception:
-                        data = _verdict(payload, type_, data)
-                    return make_event(type_, seq, time_, data, None, None, False)
+                if hook is not None and spec is not None and spec.payload is not None:
+                    payload = spec.payload
+                    if len(raw) == 4:
+                        if not spec.surface:
+                            data = raw["data"]
+                            try:
+                                data = hook(data, payload)
+                            except Exception:
+                                data = _verdict(payload, type_, data)
+                            return make_event(type_, seq, time_, data, None, None, False)
+                    elif spec.surface and raw.get("surface_op") == "append":
+                        # Six keys, five of them named: the sixth is the seqs, if a list.
+                        seqs = raw.get("source_event_seqs")
+                        if type(seqs) is list and (
+                            not seqs or all(s.__class__ is int for s in seqs)
+                        ):
+                            data = raw["data"]
+                            try:
+                                data = hook(data, payload)
+                            except Exception:
+                                data = _verdict(payload, type_, data)
+                            return make_event(type_, seq, time_, data, tuple(seqs), "append", False)
         if type(raw) is not dict:
             if not isinstance(raw, Mapping):
                 raise SessionError("an event must be a JSON object", code="SESSION_CORRUPT")
