@@ -10,6 +10,8 @@ interpreter: boot a host on the store, resume the parent, and time
 the child's log, the descriptor fold, the agent resume and the admission). The best of
 ``--repeat`` fresh processes is reported. Target: 10,000 events <= 50 ms.
 
+``--make N --root DIR`` only writes a store (printing the child's id), for
+``instructions.sh TREE resume``, which counts the instructions per event of the follow-up.
 ``--profile N`` runs one measurement of the N-event log under cProfile instead (the
 store's worker-thread reads inlined, so the profile sees them; ``--sort tottime``).
 """
@@ -98,8 +100,9 @@ async def make(root: Path, size: int) -> str:
     return child_id
 
 
-async def measure(root: Path, child_id: str) -> dict[str, float]:
-    """One cold-resume follow-up in this (fresh) process, in milliseconds."""
+async def measure(root: Path, child_id: str, exit: bool = False) -> dict[str, float]:
+    """One cold-resume follow-up in this (fresh) process, in milliseconds; ``exit`` ends the
+    process at once after it (instruction counts then cover nothing beyond acceptance)."""
     async with scripted_host(
         "subagent", "subagent-spawn", model=model, modules=MODULES, store="jsonl", store_root=root
     ) as host:
@@ -112,6 +115,8 @@ async def measure(root: Path, child_id: str) -> dict[str, float]:
         start = time.perf_counter()
         await svc.followup(parent, child_id, text_blocks("again"), options)
         elapsed = time.perf_counter() - start
+        if exit:
+            os._exit(0)
         manager = host.ctx[SUBAGENTS]._state.continuation
         events = manager.activations[child_id].agent.session.seq
     return {"ms": elapsed * 1000, "events": events}
@@ -128,7 +133,7 @@ def child(args: argparse.Namespace) -> None:
         result = profiler.runcall(asyncio.run, measure(root, child_id))
         profiler.dump_stats(args.profile_out)
     else:
-        result = asyncio.run(measure(root, child_id))
+        result = asyncio.run(measure(root, child_id, args.exit))
     print(json.dumps(result))
 
 
@@ -151,12 +156,17 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--profile", type=int, default=0)
     parser.add_argument("--sort", default="cumulative", help="the profile's order")
+    parser.add_argument("--make", type=int, help="only write a store of N events at --root")
+    parser.add_argument("--exit", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--root", help=argparse.SUPPRESS)
     parser.add_argument("--profile-out", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         child(args)
+        return
+    if args.make:
+        print(asyncio.run(make(Path(args.root), args.make)))  # the child's id
         return
     sizes, repeat = ([10, 100], 1) if args.quick else (args.sizes, args.repeat)
     if args.profile:
