@@ -102,9 +102,16 @@ async def make(root: Path, size: int) -> str:
 
 async def measure(root: Path, child_id: str, exit: bool = False) -> dict[str, float]:
     """One cold-resume follow-up in this (fresh) process, in milliseconds; ``exit`` ends the
-    process at once after it (instruction counts then cover nothing beyond acceptance)."""
+    process at once after it (instruction counts then cover nothing beyond acceptance). The
+    test-time invariant checkers are off, as in a production host."""
     async with scripted_host(
-        "subagent", "subagent-spawn", model=model, modules=MODULES, store="jsonl", store_root=root
+        "subagent",
+        "subagent-spawn",
+        model=model,
+        modules=MODULES,
+        store="jsonl",
+        store_root=root,
+        invariants=False,
     ) as host:
         parent = (await host.resume_agent(PARENT)).agent
         svc = parent.ctx[SUBAGENTS]

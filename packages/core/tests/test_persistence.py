@@ -996,6 +996,72 @@ async def test_corruption_names_file_and_line(
     await jsonl.close()
 
 
+def long_log(turns: int) -> tuple[SessionEvent, ...]:
+    """Balanced turns of six events each: a log longer than one parse chunk."""
+    log = LogBuilder()
+    for _ in range(turns):
+        log.turn_start()
+        log.step_start()
+        log.user("question")
+        log.assistant("answer")
+        log.step_end()
+        log.turn_end()
+    return log.events
+
+
+@pytest.mark.parametrize(
+    ("mangle", "line", "code"),
+    [
+        (None, None, None),
+        (lambda lines: lines.__setitem__(600, b"{not json"), 601, "SESSION_CORRUPT"),
+        (lambda lines: lines.__setitem__(600, b"[1]"), 601, "SESSION_CORRUPT"),
+        (
+            lambda lines: lines.__setitem__(600, b'{"type":"x","seq":599,"time":1}'),
+            601,
+            "SESSION_FORMAT_UNSUPPORTED",
+        ),
+        (
+            lambda lines: lines.__setitem__(600, lines[600].replace(b'"turn":', b'"turn":"', 1)),
+            601,
+            "SESSION_CORRUPT",
+        ),
+        (  # a payload error early and bad JSON later: the JSON is named, as for any log
+            lambda lines: (
+                lines.__setitem__(5, b'{"type":"x","seq":4,"time":1}'),
+                lines.__setitem__(700, b"{not json"),
+            ),
+            701,
+            "SESSION_CORRUPT",
+        ),
+        (lambda lines: lines.append(b'{"type":"turn/start","seq":'), None, None),  # torn
+    ],
+    ids=["sound", "bad-json", "no-object", "unknown-type", "bad-payload", "first-json", "torn"],
+)
+async def test_a_long_log_loads_or_fails_as_a_short_one(
+    jsonl: Env, mangle: Any, line: int | None, code: str | None
+) -> None:
+    """host-core §5, issue 13: a log of many parse chunks loads to the events stored, drops a
+    torn tail, and fails on corruption in a later chunk naming that line, with the verdict a
+    line-by-line read gives (JSON before payloads)."""
+    events = long_log(150)  # 900 events
+    await jsonl.store("s", events)
+    path = jsonl.file("s")
+    if mangle is not None:
+        lines = path.read_bytes().split(b"\n")[:-1]
+        mangle(lines)
+        torn = code is None
+        path.write_bytes(b"\n".join(lines) + (b"" if torn else b"\n"))
+    if code is None:
+        _, loaded = await jsonl.persistence.inspect("s")
+        assert loaded == events
+    else:
+        with pytest.raises(SessionError) as info:
+            await jsonl.persistence.inspect("s")
+        assert info.value.code == code
+        assert f"{path} line {line}" in str(info.value)
+    await jsonl.close()
+
+
 async def test_unknown_ignorable_event_type_loads(jsonl: Env) -> None:
     """host-core §3/§5: an unknown type marked ignorable is kept, not refused."""
     log = LogBuilder()
