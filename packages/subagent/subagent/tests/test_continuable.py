@@ -1150,11 +1150,15 @@ async def test_delivery_racing_disposal_waits_then_resumes() -> None:
         await handle.dispose()
 
 
+@pytest.mark.parametrize("when", ["during", "after"])
 @pytest.mark.parametrize("store", ["memory", "jsonl"])
-async def test_abort_during_cold_read_rejects_with_the_reason(store: str, tmp_path: Path) -> None:
+async def test_abort_during_cold_read_rejects_with_the_reason(
+    store: str, when: str, tmp_path: Path
+) -> None:
     """CONT-9: the caller's signal is forwarded to the cold read of the log (the store's
-    prepare); aborted there, the follow-up rejects with the abort reason itself, nothing is
-    resumed or delivered, and the log is let go (a later follow-up resumes it)."""
+    prepare); aborted during it or right after it, the follow-up rejects with the abort reason
+    itself, nothing is resumed or delivered, and the log is let go (a later follow-up resumes
+    it)."""
     async with boot(store=store, store_root=tmp_path) as b:
         started = await b.start("first")
         await b.settled(started.child_id)
@@ -1165,8 +1169,11 @@ async def test_abort_during_cold_read_rejects_with_the_reason(store: str, tmp_pa
 
         async def aborting_prepare(id: str, signal: Any = None, **kwargs: Any) -> Any:
             seen.append(signal)
+            if when == "during":
+                controller.abort("changed my mind")
+            prepared = await prepare(id, signal, **kwargs)
             controller.abort("changed my mind")
-            return await prepare(id, signal, **kwargs)
+            return prepared
 
         persistence.prepare = aborting_prepare
         with pytest.raises(AbortedError) as caught:

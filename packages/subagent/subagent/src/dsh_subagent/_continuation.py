@@ -933,14 +933,14 @@ class ContinuationManager:
                     if refused and exc is refused[0]:  # the judgement's own error, as it is
                         raise
                     raise _error(f"subagent {child_id} is unavailable", "NOT_RESUMABLE") from exc
-                try:
+                try:  # until agents.resume owns the preparation, it is disposed here
                     _throw_if_aborted(signal)
                     self.check_admission(self.lineage_of(parent))
+                    descriptor = found[0]
+                    owner = self.owner_ctx.extend(agent=parent)
                 except BaseException:
                     preparation.dispose()
                     raise
-                descriptor = found[0]
-                owner = self.owner_ctx.extend(agent=parent)
                 try:
                     handle = await owner[_AGENTS].resume(
                         ResumeAgentOptions(
