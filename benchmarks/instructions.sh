@@ -1,8 +1,11 @@
 #!/bin/sh
 # Instructions per turn or per delegation, counted by callgrind (deterministic, unlike time).
-#   benchmarks/instructions.sh TREE turn|delegation
+#   benchmarks/instructions.sh TREE turn|delegation|resume
 # Runs the measurement twice (small and large count, the cyclic GC off) and prints the
-# difference divided by the difference in count, so set-up and imports cancel out.
+# difference divided by the difference in count, so set-up and imports cancel out. ``resume``
+# counts per stored event a cold-resume follow-up (benchmarks/resume.py) up to acceptance, in
+# a fresh process on a JSONL store of 1,000 and of 10,000 events written beforehand, with the
+# cyclic GC on (its passes over the loaded log are part of the cost).
 set -eu
 tree=$(cd "$1" && pwd); what=$2
 python=${PYTHON:-python3}
@@ -11,10 +14,21 @@ case $what in
   turn) small=200; large=1200; call="import turn; asyncio.run(turn.measure(N, 50, False))" ;;
   delegation) small=50; large=350
     call="import delegation, tempfile, pathlib; asyncio.run(delegation._measure('spawn', 'memory', N, 1, pathlib.Path(tempfile.mkdtemp())))" ;;
-  *) echo "usage: $0 TREE turn|delegation" >&2; exit 2 ;;
+  resume) small=1000; large=10000 ;;
+  *) echo "usage: $0 TREE turn|delegation|resume" >&2; exit 2 ;;
 esac
 count() {
   out=$(mktemp)
+  if [ "$what" = resume ]; then
+    store=$(mktemp -d)
+    id=$(cd "$tree/benchmarks" && PYTHONPATH=$src "$python" resume.py --make "$1" --root "$store")
+    (cd "$tree/benchmarks" && PYTHONPATH=$src valgrind --tool=callgrind --callgrind-out-file="$out" \
+      "$python" resume.py --child "$id" --root "$store" --exit >/dev/null 2>&1)
+    rm -rf "$store"
+    callgrind_annotate "$out" | grep -m1 "PROGRAM TOTALS" | awk '{print $1}' | tr -d ,
+    rm -f "$out"
+    return
+  fi
   (cd "$tree/benchmarks" && PYTHONPATH=$src valgrind --tool=callgrind --callgrind-out-file="$out" \
     "$python" -c "import gc, asyncio; gc.disable(); N = $1; $call" >/dev/null 2>&1)
   callgrind_annotate "$out" | grep -m1 "PROGRAM TOTALS" | awk '{print $1}' | tr -d ,

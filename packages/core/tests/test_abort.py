@@ -235,3 +235,50 @@ def test_listeners_fire_once_in_order_whatever_was_removed(ops: list[tuple[bool,
             model = [(k, i) for k, i in model if k != number]
     controller.abort("x")
     assert fired == [i for _, i in model]
+
+
+async def test_race_abort_releases_a_value_produced_as_the_caller_is_cancelled() -> None:
+    """host-core §1, hardening 11.8: a caller cancelled when the work has just produced its
+    value (too late for the cancel to reach the work) hands that value to release at once."""
+    controller = AbortController()
+    started = asyncio.Event()
+    gate: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+    released: list[str] = []
+
+    async def work() -> str:
+        started.set()
+        return await gate
+
+    racing = asyncio.ensure_future(race_abort(work(), controller.signal, release=released.append))
+    await started.wait()
+    gate.set_result("resource")  # the work finishes in the loop turn the caller is cancelled
+    racing.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await racing
+    assert released == ["resource"]
+
+
+async def test_race_abort_releases_a_value_produced_after_the_caller_was_cancelled() -> None:
+    """host-core §1, hardening 11.8: work that outruns a foreign cancel of its caller still
+    produces a value; it is handed to release rather than leaked."""
+    controller = AbortController()
+    started = asyncio.Event()
+    released: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+
+    async def stubborn() -> str:
+        started.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            pass  # ignores the cancel and still produces its resource
+        return "resource"
+
+    racing = asyncio.ensure_future(
+        race_abort(stubborn(), controller.signal, release=released.set_result)
+    )
+    await started.wait()
+    racing.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await racing
+    async with asyncio.timeout(5):
+        assert await released == "resource"

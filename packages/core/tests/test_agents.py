@@ -47,6 +47,7 @@ from dsh_core._agent import (
     PreStepDecision,
     RequestContext,
     RequestErrorContext,
+    ResumeAgentOptions,
     current_initiator,
 )
 from dsh_core._fold import fold_consumed_work
@@ -1030,6 +1031,87 @@ async def test_resume_via_persistence_continues_turn_numbering() -> None:
         assert [d.reason for d in of_type(agent, "request/header")] == ["initial", "resume"]
         assert [m.text for m in h.model.requests[2].messages] == ["m1", "one", "m2", "two", "m3"]
         assert sources == ["startup", "resume"]
+
+
+async def test_a_resume_cancelled_as_its_log_is_prepared_lets_go_of_the_log(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """host-core §9, hardening 11.8: a resume(signal=...) whose caller is cancelled in the loop
+    turn its preparation completes disposes that preparation, so the next resume of the same
+    log succeeds instead of failing SESSION_LOCKED."""
+    async with scripted_host(model=["one"]) as h:
+        first = await h.create_agent(session_id="durable")
+        await h.run(first.agent, "m1")
+        await first.dispose()
+        persistence = h.ctx.get("session_persistence")
+        assert persistence is not None
+        prepare = persistence.prepare
+        started = asyncio.Event()
+        gate: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        async def gated(id: str, signal: Any = None) -> Any:
+            started.set()
+            await gate
+            return await prepare(id, signal)  # the memory store prepares without suspending
+
+        monkeypatch.setattr(persistence, "prepare", gated)
+        resuming = asyncio.ensure_future(
+            h.ctx.agents.resume(
+                ResumeAgentOptions(
+                    resume_session_id="durable",
+                    agent_options=SCRIPTED,
+                    signal=AbortController().signal,
+                )
+            )
+        )
+        async with asyncio.timeout(5):
+            await started.wait()
+        gate.set_result(None)
+        resuming.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await resuming
+        monkeypatch.setattr(persistence, "prepare", prepare)
+        again = await h.resume_agent("durable")
+        assert again.agent.session.header.id == "durable"
+
+
+async def test_resume_takes_over_a_preparation_without_reading_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """host-core §9, issue 13: resume(preparation=...) publishes that prepared session (the log
+    is not read again); a preparation of another id fails RESUME_PREPARATION_MISMATCH and is
+    disposed, so its log is not left held."""
+    async with scripted_host(model=["one", "two", "three"]) as h:
+        for sid in ("durable", "other"):
+            handle = await h.create_agent(session_id=sid)
+            await h.run(handle.agent, "m1")
+            await handle.dispose()
+        persistence = h.ctx.get("session_persistence")
+        assert persistence is not None
+        prepared = await persistence.prepare("durable")
+        reads: list[str] = []
+        read = persistence._read
+        monkeypatch.setattr(
+            persistence, "_read", lambda id, held: reads.append(id) or read(id, held)
+        )
+        resumed = await h.ctx.agents.resume(
+            ResumeAgentOptions(
+                resume_session_id="durable", agent_options=SCRIPTED, preparation=prepared
+            )
+        )
+        assert resumed.agent.session is prepared.session
+        assert reads == []
+        assert await h.run(resumed.agent, "m2") == "three"
+        wrong = await persistence.prepare("other")
+        with pytest.raises(AgentError) as err:
+            await h.ctx.agents.resume(
+                ResumeAgentOptions(
+                    resume_session_id="durable", agent_options=SCRIPTED, preparation=wrong
+                )
+            )
+        assert err.value.code == "RESUME_PREPARATION_MISMATCH"
+        again = await persistence.prepare("other")  # not held any more
+        again.dispose()
 
 
 async def test_resume_without_persistence_fails() -> None:

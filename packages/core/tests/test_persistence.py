@@ -10,9 +10,11 @@ import os
 import stat
 import sys
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 
 from dsh_core import (
@@ -457,6 +459,53 @@ async def test_prepare_commits_repair_and_load_returns_it(env: Env) -> None:
     check_balanced(repaired)
     _, stored = await env.persistence.load("s")
     assert stored == repaired
+    await env.close()
+
+
+async def test_prepare_check_sees_the_log_before_repair_is_written(env: Env) -> None:
+    """host-core §5, issue 13: prepare's check sees the header and the events as inspect gives
+    them (closers in memory) before anything is written; a passing check then commits the
+    repair and the session holds that very read."""
+    log = open_turn_with_calls()
+    await env.store("s", log.events, parent_session="p")
+    _, inspected = await env.persistence.inspect("s")
+    seen: list[tuple[str | None, tuple[SessionEvent, ...]]] = []
+    prepared = await env.persistence.prepare(
+        "s", check=lambda header, events: seen.append((header.parent_session, tuple(events)))
+    )
+    assert [(parent, untimed(events)) for parent, events in seen] == [("p", untimed(inspected))]
+    assert prepared.session.events[:-1] == seen[0][1]  # that very read, closers and all
+    prepared.dispose()
+    _, stored = await env.persistence.load("s")
+    assert stored == seen[0][1]
+    await env.close()
+
+
+def untimed(events: Sequence[SessionEvent]) -> list[SessionEvent]:
+    """The events with their time left out (closers are stamped when they are made)."""
+    return [attrs.evolve(e, time=0) for e in events]
+
+
+async def test_prepare_refused_by_its_check_writes_nothing_and_lets_go(env: Env) -> None:
+    """host-core §5, issue 13: what prepare's check raises fails the prepare as it is; the
+    open log keeps no repair and is not held (a second prepare succeeds)."""
+    log = open_turn_with_calls()
+    await env.store("s", log.events)
+    before = env.file("s").read_bytes() if env.kind == "jsonl" else None
+
+    def refuse(header: SessionHeader, events: Sequence[SessionEvent]) -> None:
+        raise LookupError("not yours")
+
+    with pytest.raises(LookupError, match="not yours"):
+        await env.persistence.prepare("s", check=refuse)
+    if before is not None:
+        assert env.file("s").read_bytes() == before
+    else:
+        assert isinstance(env.persistence, MemorySessionPersistence)
+        assert tuple(env.persistence._logs["s"].events) == log.events
+    assert env.ctx.sessions.get("s") is None
+    again = await env.persistence.prepare("s")
+    again.dispose()
     await env.close()
 
 
@@ -942,6 +991,72 @@ async def test_corruption_names_file_and_line(
     for call in (jsonl.persistence.inspect("s"), jsonl.persistence.load("s")):
         with pytest.raises(SessionError) as info:
             await call
+        assert info.value.code == code
+        assert f"{path} line {line}" in str(info.value)
+    await jsonl.close()
+
+
+def long_log(turns: int) -> tuple[SessionEvent, ...]:
+    """Balanced turns of six events each: a log longer than one parse chunk."""
+    log = LogBuilder()
+    for _ in range(turns):
+        log.turn_start()
+        log.step_start()
+        log.user("question")
+        log.assistant("answer")
+        log.step_end()
+        log.turn_end()
+    return log.events
+
+
+@pytest.mark.parametrize(
+    ("mangle", "line", "code"),
+    [
+        (None, None, None),
+        (lambda lines: lines.__setitem__(600, b"{not json"), 601, "SESSION_CORRUPT"),
+        (lambda lines: lines.__setitem__(600, b"[1]"), 601, "SESSION_CORRUPT"),
+        (
+            lambda lines: lines.__setitem__(600, b'{"type":"x","seq":599,"time":1}'),
+            601,
+            "SESSION_FORMAT_UNSUPPORTED",
+        ),
+        (
+            lambda lines: lines.__setitem__(600, lines[600].replace(b'"turn":', b'"turn":"', 1)),
+            601,
+            "SESSION_CORRUPT",
+        ),
+        (  # a payload error early and bad JSON later: the JSON is named, as for any log
+            lambda lines: (
+                lines.__setitem__(5, b'{"type":"x","seq":4,"time":1}'),
+                lines.__setitem__(700, b"{not json"),
+            ),
+            701,
+            "SESSION_CORRUPT",
+        ),
+        (lambda lines: lines.append(b'{"type":"turn/start","seq":'), None, None),  # torn
+    ],
+    ids=["sound", "bad-json", "no-object", "unknown-type", "bad-payload", "first-json", "torn"],
+)
+async def test_a_long_log_loads_or_fails_as_a_short_one(
+    jsonl: Env, mangle: Any, line: int | None, code: str | None
+) -> None:
+    """host-core §5, issue 13: a log of many parse chunks loads to the events stored, drops a
+    torn tail, and fails on corruption in a later chunk naming that line, with the verdict a
+    line-by-line read gives (JSON before payloads)."""
+    events = long_log(150)  # 900 events
+    await jsonl.store("s", events)
+    path = jsonl.file("s")
+    if mangle is not None:
+        lines = path.read_bytes().split(b"\n")[:-1]
+        mangle(lines)
+        torn = code is None
+        path.write_bytes(b"\n".join(lines) + (b"" if torn else b"\n"))
+    if code is None:
+        _, loaded = await jsonl.persistence.inspect("s")
+        assert loaded == events
+    else:
+        with pytest.raises(SessionError) as info:
+            await jsonl.persistence.inspect("s")
         assert info.value.code == code
         assert f"{path} line {line}" in str(info.value)
     await jsonl.close()

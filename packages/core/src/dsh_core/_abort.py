@@ -174,9 +174,10 @@ async def race_abort(
 ) -> T:
     """Await ``aw`` unless ``signal`` fires first, then raise :class:`AbortedError`.
 
-    The awaitable runs as a task that is cancelled when the signal fires. If it still
-    produces a value after that (it ignored or outran the cancel), the value is handed to
-    ``release`` so an abandoned resource is disposed rather than leaked.
+    The awaitable runs as a task that is cancelled when the signal fires, or when the caller
+    itself is cancelled. A value it produces after that (it ignored or outran the cancel, or
+    finished in the very loop turn the caller left) is handed to ``release``, so an abandoned
+    resource is disposed rather than leaked (hardening 11.8).
     """
     if signal is None:
         return await aw
@@ -198,22 +199,31 @@ async def race_abort(
         await asyncio.wait((task, waiter), return_when=asyncio.FIRST_COMPLETED)
     except asyncio.CancelledError:
         remove()
-        task.cancel()
+        _abandon(task, release)
         raise
     remove()
     if task.done():
         return task.result()
-    task.cancel()
+    _abandon(task, release)
+    raise AbortedError(signal.reason)
 
-    def _after(t: asyncio.Future[T]) -> None:
+
+def _abandon(task: asyncio.Future[T], release: Callable[[T], object] | None) -> None:
+    """Cancel ``task`` nobody waits for any more; any value it produces goes to ``release``
+    (now, if it is already there)."""
+
+    def released(t: asyncio.Future[T]) -> None:
         if t.cancelled():
             return
-        exc = t.exception()
+        exc = t.exception()  # retrieved either way: nobody else will
         if exc is None and release is not None:
             try:
                 release(t.result())
             except Exception:
                 _log.exception("release of an abandoned value failed")
 
-    task.add_done_callback(_after)
-    raise AbortedError(signal.reason)
+    if task.done():
+        released(task)
+        return
+    task.cancel()
+    task.add_done_callback(released)

@@ -78,6 +78,7 @@ from ._prompt import AssembleContext, PromptAssembly
 from ._tools import ToolExecutionInput, ToolExecutionResult, ToolRegistry, failure
 
 if TYPE_CHECKING:
+    from ._persistence import SessionPreparation
     from ._sessions import Session
 
 __all__ = [
@@ -185,12 +186,18 @@ class CreateAgentOptions:
 
 @attrs.frozen(kw_only=True)
 class ResumeAgentOptions:
-    """``ctx.agents.resume``: a persisted session to bring back as a live agent."""
+    """``ctx.agents.resume``: a persisted session to bring back as a live agent.
+
+    ``preparation``: the session already read by ``session_persistence.prepare`` (a caller that
+    judged the stored log first, see its ``check``); the resume takes it over instead of reading
+    the log again, and disposes it if the resume fails. It must be of ``resume_session_id``.
+    """
 
     resume_session_id: str
     agent_options: AgentOptions = AgentOptions()
     signal: AbortSignal | None = attrs.field(default=None, eq=False)
     setup: Setup | None = attrs.field(default=None, eq=False)
+    preparation: SessionPreparation | None = attrs.field(default=None, eq=False)
 
 
 @attrs.frozen(kw_only=True)
@@ -1176,18 +1183,38 @@ class AgentRegistry:
         )
 
     async def resume(self, options: ResumeAgentOptions) -> AgentHandle:
-        """Bring a persisted session back as a live agent (same transaction as ``create``)."""
-        self._ctx._require_active()
-        persistence = self._ctx.get("session_persistence")
-        if persistence is None:
-            raise AgentError(
-                "resuming an agent needs session persistence", code="PERSISTENCE_UNAVAILABLE"
+        """Bring a persisted session back as a live agent (same transaction as ``create``).
+
+        With ``options.preparation`` the log is not read again: that session is the one
+        resumed (``RESUME_PREPARATION_MISMATCH`` if it is of another id, and then disposed).
+        """
+        preparation = options.preparation
+        if preparation is not None:
+            if preparation.session.header.id != options.resume_session_id:
+                preparation.dispose()
+                raise AgentError(
+                    f"the preparation is of session {preparation.session.header.id!r}, not "
+                    f"{options.resume_session_id!r}",
+                    code="RESUME_PREPARATION_MISMATCH",
+                )
+            try:
+                self._ctx._require_active()
+            except BaseException:
+                preparation.dispose()
+                raise
+        else:
+            self._ctx._require_active()
+            persistence = self._ctx.get("session_persistence")
+            if persistence is None:
+                raise AgentError(
+                    "resuming an agent needs session persistence", code="PERSISTENCE_UNAVAILABLE"
+                )
+            prepared: SessionPreparation = await race_abort(
+                persistence.prepare(options.resume_session_id, options.signal),
+                options.signal,
+                release=_dispose_preparation,
             )
-        preparation = await race_abort(
-            persistence.prepare(options.resume_session_id, options.signal),
-            options.signal,
-            release=lambda p: p.dispose(),
-        )
+            preparation = prepared
         try:
             return await self._materialize(
                 preparation.session,
@@ -1252,6 +1279,10 @@ class AgentRegistry:
         agent.ctx.emit("agent/session-start", agent, source)
         handle._detach_owner = owner_ctx.fiber.add(handle.dispose)
         return handle
+
+
+def _dispose_preparation(preparation: SessionPreparation) -> None:
+    preparation.dispose()
 
 
 speed_up_inits(globals())

@@ -15,9 +15,11 @@ accepts what the converter refuses, and never has to reproduce an error.
 
 Modelled field types: ``int``, ``str``, ``bool``, ``Literal`` of strings, ``X | None``,
 ``tuple[X, ...]``, tagged-union bases (registered variants are compiled on first sight) and
-attrs classes (compiled, or handed to the converter's hook when they cannot be). A class is
+attrs classes (compiled, or handed to the converter's hook when they cannot be), and a field
+of free-form JSON that ``freeze_json`` converts and that defaults to ``None`` (decoded through
+``freeze_json``, as ``__init__`` would; encoded only while it holds ``None``). A class is
 compiled only if its instances hold nothing but their fields (slotted, attrs' own
-``__init__``, no validators, converters, factories or init hooks), so filling the slots
+``__init__``, no validators, other converters, factories or init hooks), so filling the slots
 directly is what ``__init__`` does. The codecs mirror the converter as
 :mod:`dsh_core._converter` configures it (strict scalars, arrays for tuples, defaults
 omitted, tagged unions); that module's rule that hooks are registered only through its
@@ -388,10 +390,17 @@ def _make_plan(cls: type) -> _Plan | None:
     tag: tuple[str, str] | None = None
     planned: list[tuple[str, Shape, Any]] = []
     for f in fields:
-        if slot_setter(cls, f.name) is None or f.validator is not None or f.converter is not None:
+        if slot_setter(cls, f.name) is None or f.validator is not None:
             return None
         if f.alias != f.name or isinstance(f.default, attrs.Factory):  # type: ignore[arg-type]
             return None
+        if f.converter is not None:
+            # Free-form JSON that defaults to None (``tool/result`` meta): decoded as the
+            # converter does (``freeze_json``), encoded only when it holds that default.
+            if f.converter is not freeze_json or f.default is not None or not f.init:
+                return None
+            planned.append((f.name, ("json",), f.default))
+            continue
         if not f.init:
             if union is None or f.name != union.tag or type(f.default) is not str:
                 return None
@@ -456,6 +465,9 @@ def _compile_encoder(plan: _Plan) -> Encoder:
             env[f"by_class{i}"] = dispatch.encoders
             env[f"resolve{i}"] = dispatch.encoder
             text = f"(by_class{i}.get({v}.__class__) or resolve{i}({v}))({v})"
+        elif kind == "json":  # written only as its default (omitted); any other value: Unfit
+            env[f"enc{i}"] = _unfit
+            text = f"enc{i}({v})"
         else:
             env[f"enc{i}"] = _encoder(shape)
             text = f"enc{i}({v})"
@@ -547,6 +559,9 @@ def _compile_decoder(plan: _Plan) -> Decoder:
             check = f"if {v}.__class__ is not dict: raise Unfit"
             tag = shape[1].tag
             value = f"(by_tag{i}.get({v}.get({tag!r})) or resolve{i}({v}))({v})"
+        elif shape[0] == "json":
+            env[f"dec{i}"] = freeze_json  # raises on anything that is not JSON within limits
+            value = f"dec{i}({v})"
         elif check is None:
             env[f"dec{i}"] = _decoder(shape)
             value = f"dec{i}({v})"

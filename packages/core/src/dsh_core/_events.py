@@ -340,6 +340,8 @@ class EventTypeRegistry:
         self._specs: dict[str, EventTypeSpec] = {}
         self._specs_view = MappingProxyType(self._specs)
         self._hooks: dict[str, Callable[[Any, type], Any]] = {}
+        #: By type decoded before: (hook, payload class, surface), for decode's one-go path.
+        self._fast: dict[str, tuple[Callable[[Any, type], Any], type, bool]] = {}
         self._unhooks: dict[str, Callable[[Any], Any]] = {}
         for spec in specs:
             self.register(spec)
@@ -426,23 +428,57 @@ class EventTypeRegistry:
         Persistence is a real boundary, so everything is checked: the event's own keys and
         types, its surface metadata, and its payload (strictly, unknown keys included).
         """
-        if type(raw) is dict and len(raw) == 4:
-            # The usual shape (type, seq, time, data; not surface, not ignorable) in one go;
-            # anything else, or a type not decoded before, takes the full path below.
+        if type(raw) is dict:
+            # The usual shapes in one go: (type, seq, time, data) of a type that is not
+            # surface, and those four plus (source_event_seqs, surface_op) of a surface type;
+            # neither ignorable. Anything else, or a type not decoded before, takes the full
+            # path below.
+            n = len(raw)
             type_ = raw.get("type")
-            seq = raw.get("seq")
-            time_ = raw.get("time")
-            if type(type_) is str and type(seq) is int and type(time_) is int and "data" in raw:
-                spec = self._specs.get(type_)
-                hook = self._hooks.get(type_)
-                payload = spec.payload if spec is not None and not spec.surface else None
-                if hook is not None and payload is not None:
-                    data = raw["data"]
-                    try:
-                        data = hook(data, payload)
-                    except Exception:
-                        data = _verdict(payload, type_, data)
-                    return make_event(type_, seq, time_, data, None, None, False)
+            if (n == 4 or n == 6) and type(type_) is str:
+                fast = self._fast.get(type_)
+                seq = raw.get("seq")
+                time_ = raw.get("time")
+                if (
+                    fast is not None
+                    and type(seq) is int
+                    and type(time_) is int
+                    and "data" in raw
+                    and (n == 4) is not fast[2]
+                ):
+                    decoder, payload, surface = fast
+                    seqs = None
+                    if surface:
+                        # Six keys, five of them named: the sixth is the seqs, if a list.
+                        seqs = raw.get("source_event_seqs")
+                        if raw.get("surface_op") != "append" or type(seqs) is not list:
+                            seqs = False
+                        elif seqs:
+                            for s in seqs:
+                                if s.__class__ is not int:
+                                    seqs = False
+                                    break
+                    if seqs is not False:
+                        data = raw["data"]
+                        try:
+                            data = decoder(data, payload)
+                        except Exception:
+                            data = _verdict(payload, type_, data)
+                        event: Any = _new_object(_OpenEvent)
+                        event.type = type_
+                        event.seq = seq
+                        event.time = time_
+                        event.data = data
+                        if surface:
+                            event.source_event_seqs = tuple(cast("list[int]", seqs))
+                            event.surface_op = "append"
+                        else:
+                            event.source_event_seqs = None
+                            event.surface_op = None
+                        event.ignorable = False
+                        event.__class__ = SessionEvent
+                        result: SessionEvent = event
+                        return result
         if type(raw) is not dict:
             if not isinstance(raw, Mapping):
                 raise SessionError("an event must be a JSON object", code="SESSION_CORRUPT")
@@ -482,6 +518,8 @@ class EventTypeRegistry:
             hook = self._hooks.get(type_)
             if hook is None:
                 hook = self._hooks[type_] = _structure_hook(spec.payload)
+                # Later events of this type take the one-go path above.
+                self._fast[type_] = (hook, spec.payload, spec.surface)
             data = raw.get("data", {})
             try:
                 data = hook(data, spec.payload)

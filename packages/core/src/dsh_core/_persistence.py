@@ -762,11 +762,18 @@ class SessionPersistence:
     # -- reading ---------------------------------------------------------------------------------
 
     def _load_sync(self, id: str, handle: _Handle | None, commit: bool) -> _Loaded:
+        loaded, closers = self._read_repaired(id, handle, commit)
+        if commit and handle is not None and (closers or handle.truncate):
+            self._write(handle, closers)
+        return loaded
+
+    def _read_repaired(
+        self, id: str, handle: _Handle | None, commit: bool
+    ) -> tuple[_Loaded, builtins.list[SessionEvent]]:
+        """The stored log with its repair closers appended, and those closers (not written)."""
         header, events, locate = self._read(id, handle)
         scan = _scan(events, locate)
         closers = _closers(id, scan, len(events))
-        if commit and handle is not None and (closers or handle.truncate):
-            self._write(handle, closers)
         if closers:
             _log.warning(
                 "session %r ended inside turn %s; closed it with %d repair event(s)%s",
@@ -776,7 +783,7 @@ class SessionPersistence:
                 "" if commit else " (in memory only)",
             )
         events.extend(closers)
-        return _Loaded(header=header, events=events)
+        return _Loaded(header=header, events=events), closers
 
     # -- public API ------------------------------------------------------------------------------
 
@@ -856,11 +863,23 @@ class SessionPersistence:
             checker.apply(event)
         self._write(handle, batch)
 
-    async def prepare(self, id: str, signal: AbortSignal | None = None) -> SessionPreparation:
+    async def prepare(
+        self,
+        id: str,
+        signal: AbortSignal | None = None,
+        *,
+        check: Callable[[SessionHeader, Sequence[SessionEvent]], object] | None = None,
+    ) -> SessionPreparation:
         """Load ``id`` (committing crash repair) as an unpublished restored session.
 
         The backend holds the log (``SESSION_LOCKED`` for anyone else) until the session is
         announced and later disposed, or until the preparation is disposed unannounced.
+
+        ``check``, if given, sees the stored header and events (repair closers included, as
+        ``inspect`` gives them) once they are read, before any repair is written or the session
+        is built; whatever it raises fails the preparation, and the log is let go unchanged. A
+        caller that must judge a log before resuming it (its owner, its state) so reads it
+        once instead of inspecting it first.
         """
         ctx = self._installed()
         _check(signal)
@@ -870,8 +889,16 @@ class SessionPersistence:
         handle: _Handle | None = None
         try:
             handle = await self._hold(id, None)
-            loaded = await self._run(self._load_sync, id, handle, True)
-            _check(signal)
+            if check is None:
+                loaded = await self._run(self._load_sync, id, handle, True)
+                _check(signal)
+            else:
+                loaded, closers = await self._run(self._read_repaired, id, handle, True)
+                _check(signal)
+                check(loaded.header, loaded.events)
+                if closers or handle.truncate:
+                    await self._run(self._write, handle, closers)
+                    _check(signal)
             session = ctx.sessions.prepare(id, seed=loaded.events, restored=loaded.header)
             self._prepared[id] = _Prepared(
                 session=session, handle=handle, stored=len(loaded.events)
@@ -1338,6 +1365,8 @@ def _stand_in(event: SessionEvent, exc: Exception) -> str:
 
 #: A line nests at most this deep: a payload's MAX_NESTING levels inside the event object.
 _LINE_NESTING = MAX_NESTING + 1
+#: How many lines of a sound log are parsed at once (see ``_parse_sound``).
+_PARSE_CHUNK = 256
 
 
 class _TooDeep(ValueError):
@@ -1608,6 +1637,16 @@ class JsonlSessionPersistence(SessionPersistence):
         lines = data[:end].split(b"\n")
         lines.pop()  # the empty remainder after the last newline
         torn = len(data) - end  # bytes after the last newline: a line cut mid-write
+        fast = self._parse_sound(id, lines)
+        if fast is not None:
+            if torn:
+                _log.warning(
+                    "session file %s: dropped a torn last line (%d bytes of an unfinished write)",
+                    path,
+                    torn,
+                )
+            return fast[0], fast[1], end
+        # Something is wrong (or the log is empty): every line on its own, to name it.
         values = self._parse_lines(lines)
         if values is None:
             values = []
@@ -1659,6 +1698,42 @@ class JsonlSessionPersistence(SessionPersistence):
             number = len(events) + 2
             raise SessionError(f"session file {path} line {number}: {exc}", code=exc.code) from exc
         return header, events, end
+
+    def _parse_sound(
+        self, id: str, lines: list[bytes]
+    ) -> tuple[SessionHeader, list[SessionEvent]] | None:
+        """Header and events of a log whose every line is sound, or ``None`` at the first sign
+        of anything else (the caller then takes the route that finds and names it).
+
+        Lines are parsed and decoded a chunk at a time, so the parsed JSON of a chunk is
+        freed before the next is parsed: the collector never walks a whole log's worth of
+        parsed JSON, and it dies young instead of filling the oldest generation.
+        """
+        if not lines:
+            return None
+        decode = self.types.decode
+        events: list[SessionEvent] = []
+        append = events.append
+        header: SessionHeader | None = None
+        for start in range(0, len(lines), _PARSE_CHUNK):
+            chunk = lines[start : start + _PARSE_CHUNK]
+            values = self._parse_lines(chunk)
+            if values is None or _first_too_deep(chunk, values) is not None:
+                return None
+            try:
+                if header is None:
+                    header = structure_header(values[0])
+                    if header.id != id:
+                        return None
+                    values[0] = None
+                    values = values[1:]
+                for value in values:
+                    append(decode(value))
+            except Exception:
+                return None
+            del values
+        assert header is not None
+        return header, events
 
     @staticmethod
     def _parse_lines(lines: list[bytes]) -> list[Any] | None:

@@ -62,8 +62,8 @@ class Session:
     Construct through ``ctx.sessions.prepare``/``create`` (or persistence, for a restored one).
     ``seed`` events must be contiguous from seq 0, lossless and balanced; the constructor then
     writes ``session/end-seed`` unless the seed already ends with one. A ``stored`` seed is a
-    log a persistence backend read back: its typed payloads were checked when appended or
-    read, and are not checked again.
+    log a persistence backend read back: the reader checked it (payloads, surface metadata,
+    the log invariant, and repair closed any open turn), and it is not checked again.
     """
 
     __slots__ = (
@@ -111,6 +111,13 @@ class Session:
 
     def _load_seed(self, given: Sequence[SessionEvent], *, from_store: bool) -> None:
         seed = list(given)
+        if from_store:
+            # A stored log as a backend read it: the reader decoded every event strictly
+            # (types, payloads, surface metadata), replayed it through the log invariant and
+            # closed any open turn, so it is contiguous and balanced; checking it all again
+            # would double the cost of a resume for nothing.
+            self._fold_seed(seed)
+            return
         for i, event in enumerate(seed):
             if event.seq != i:
                 raise SessionError(
@@ -146,8 +153,13 @@ class Session:
             raise SessionError(
                 f"the seed is not balanced: {exc}", code="SESSION_SEED_INVALID"
             ) from exc
+        self._fold_seed(seed)
+
+    def _fold_seed(self, seed: list[SessionEvent]) -> None:
+        """Take ``seed`` (checked) as the log so far, then write ``session/end-seed``."""
+        folds = _FOLDS
         for event in seed:
-            fold = _FOLDS.get(event.type)
+            fold = folds.get(event.type)
             if fold is not None:
                 fold(self, event.data)
         self._events.extend(seed)
@@ -375,8 +387,8 @@ class SessionStore:
         """Build an unpublished session (nothing is announced or stored yet).
 
         ``restored`` rebuilds a persisted session under its stored header (``seed`` is then the
-        stored log as a backend read it: its typed payloads are not checked again). A live
-        duplicate id, an empty id (``SESSION_INVALID_ID``) or a relative ``cwd`` fails;
+        stored log as a backend read, replay-checked and repaired it: it is not checked again).
+        A live duplicate id, an empty id (``SESSION_INVALID_ID``) or a relative ``cwd`` fails;
         ``id=None`` mints a new id.
         """
         if restored is not None:

@@ -261,6 +261,12 @@ async def boot(
         yield Booted(host=host, parent=parent, provider_owner=owner, events=events, changed=changed)
 
 
+def _turn_start(seq: int, *, turn: int) -> Any:
+    from dsh_core import SessionEvent, TurnStartData
+
+    return SessionEvent(type="turn/start", seq=seq, time=0, data=TurnStartData(turn=turn))
+
+
 def look_tool(name: str = "look") -> ToolDefinition:
     async def run(arguments: Any, ctx: ToolRunContext) -> str:
         return "looked"
@@ -758,23 +764,25 @@ async def test_parent_replaced_during_resume_is_unauthorized() -> None:
         started = await b.start("first")
         await b.settled(started.child_id)
         persistence = b.host.ctx.session_persistence
-        inspect = persistence.inspect
+        prepare = persistence.prepare
         replaced: list[Agent] = []
 
-        async def swap_then_inspect(id: str, signal: Any = None) -> Any:
-            found = await inspect(id, signal)
+        async def swap_then_prepare(id: str, signal: Any = None, **kwargs: Any) -> Any:
+            found = await prepare(id, signal, **kwargs)
+            if id != started.child_id:
+                return found  # the parent's own resume below
             await b.host.ctx.agents._svc.agents[b.parent.id].handle.dispose()
             replaced.append((await b.host.resume_agent("session-root")).agent)
             return found
 
-        persistence.inspect = swap_then_inspect
+        persistence.prepare = swap_then_prepare
         with pytest.raises(SubagentError, match="exact live parent agent") as caught:
             await b.send(started.child_id, "never logged")
         assert caught.value.code == "UNAUTHORIZED"
         assert replaced[0].id == b.parent.id and replaced[0] is not b.parent
         assert [args[0].id for name, args in b.named("agent/created")].count(started.child_id) == 2
         assert not live(b, started.child_id)
-        del persistence.inspect
+        del persistence.prepare
         _, events = await persistence.inspect(started.child_id)
         assert "never logged" not in str([e.data for e in events])
 
@@ -1142,30 +1150,89 @@ async def test_delivery_racing_disposal_waits_then_resumes() -> None:
         await handle.dispose()
 
 
-async def test_abort_during_cold_inspect_rejects_with_the_reason() -> None:
-    """CONT-9: the caller's signal is forwarded to persistence.inspect; aborted there, the
-    follow-up rejects with the abort reason itself and nothing is resumed or delivered."""
-    async with boot() as b:
+@pytest.mark.parametrize("when", ["during", "after"])
+@pytest.mark.parametrize("store", ["memory", "jsonl"])
+async def test_abort_during_cold_read_rejects_with_the_reason(
+    store: str, when: str, tmp_path: Path
+) -> None:
+    """CONT-9: the caller's signal is forwarded to the cold read of the log (the store's
+    prepare); aborted during it or right after it, the follow-up rejects with the abort reason
+    itself, nothing is resumed or delivered, and the log is let go (a later follow-up resumes
+    it)."""
+    async with boot(store=store, store_root=tmp_path) as b:
         started = await b.start("first")
         await b.settled(started.child_id)
         persistence = b.host.ctx.session_persistence
-        inspect = persistence.inspect
+        prepare = persistence.prepare
         controller = AbortController()
         seen: list[Any] = []
 
-        async def aborting_inspect(id: str, signal: Any = None) -> Any:
+        async def aborting_prepare(id: str, signal: Any = None, **kwargs: Any) -> Any:
             seen.append(signal)
+            if when == "during":
+                controller.abort("changed my mind")
+            prepared = await prepare(id, signal, **kwargs)
             controller.abort("changed my mind")
-            return await inspect(id, signal)
+            return prepared
 
-        persistence.inspect = aborting_inspect
+        persistence.prepare = aborting_prepare
         with pytest.raises(AbortedError) as caught:
             await b.send(started.child_id, "never", signal=controller.signal)
-        del persistence.inspect
+        del persistence.prepare
         assert caught.value.reason == "changed my mind"
         assert seen == [controller.signal]
         assert not live(b, started.child_id)
         assert len(b.ends()) == 1
+        await b.send(started.child_id, "later")
+        await b.settled(started.child_id)
+        assert len(b.ends()) == 2
+
+
+@pytest.mark.parametrize("store", ["memory", "jsonl"])
+async def test_cold_resume_reads_the_log_once(
+    store: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """CONT-10, issue 13 performance: a cold-resume follow-up reads the child's stored log
+    once (the read that authorizes and folds the descriptor becomes the resumed session)."""
+    async with boot(store=store, store_root=tmp_path) as b:
+        started = await b.start("first")
+        await b.settled(started.child_id)
+        persistence = b.host.ctx.session_persistence
+        read = persistence._read
+        reads: list[str] = []
+
+        def counting_read(id: str, handle: Any) -> Any:
+            reads.append(id)
+            return read(id, handle)
+
+        monkeypatch.setattr(persistence, "_read", counting_read)
+        await b.send(started.child_id, "again")
+        await b.settled(started.child_id)
+        assert reads == [started.child_id]
+        assert len(b.ends()) == 2
+
+
+async def test_a_foreign_cold_resume_leaves_the_log_untouched(tmp_path: Path) -> None:
+    """CONT-10, CONT-8: a follow-up from another parent to a child whose stored log ended
+    inside a turn fails UNAUTHORIZED before the log's crash repair is written, and the log
+    is let go at once (a later read sees it unrepaired, unlocked)."""
+    async with boot(store="jsonl", store_root=tmp_path) as b:
+        started = await b.start("first")
+        await b.settled(started.child_id)
+        persistence = b.host.ctx.session_persistence
+        await persistence.append(
+            started.child_id,
+            [_turn_start(len((await persistence.inspect(started.child_id))[1]), turn=2)],
+        )
+        path = persistence.path_of(started.child_id)
+        before = path.read_bytes()
+        other = (await b.host.create_agent(session_id="session-other")).agent
+        with pytest.raises(SubagentError, match="another parent session") as caught:
+            await b.send(started.child_id, "hello", parent=other)
+        assert caught.value.code == "UNAUTHORIZED"
+        assert path.read_bytes() == before
+        prepared = await persistence.prepare(started.child_id)  # not held: no SESSION_LOCKED
+        prepared.dispose()
 
 
 @pytest.mark.parametrize("store", ["memory", "jsonl"])

@@ -53,6 +53,8 @@ from dsh_core import (
     Message,
     ResumeAgentOptions,
     ServiceKey,
+    SessionEvent,
+    SessionHeader,
     SessionMeta,
     SharedDisposal,
     TextBlock,
@@ -898,30 +900,52 @@ class ContinuationManager:
             async with self._child_lock(child_id):
                 if child_id in self.activations or child_id in self.retiring:
                     return None
+                found: list[ContinuableDescriptor] = []
+                refused: list[BaseException] = []
+
+                def judge(header: SessionHeader, events: Sequence[SessionEvent]) -> None:
+                    try:
+                        judged(header, events)
+                    except BaseException as exc:
+                        refused.append(exc)
+                        raise
+
+                def judged(header: SessionHeader, events: Sequence[SessionEvent]) -> None:
+                    # Before anything is written or built: the stored parent, then the state.
+                    if header.parent_session != parent.id:
+                        raise _foreign(child_id)
+                    descriptor = fold_descriptor(events, header.seed_length).descriptor
+                    if not isinstance(descriptor, ContinuableDescriptor):
+                        raise _error(
+                            f"subagent {child_id} has no supported continuation state and "
+                            "cannot be resumed; do not retry send_message with this id",
+                            "NOT_RESUMABLE",
+                        )
+                    found.append(descriptor)
+
+                # The log is read once: ``judge`` sees it as ``inspect`` would, and the same
+                # read becomes the resumed session.
                 try:
-                    header, events = await persistence.inspect(child_id, signal)
+                    preparation = await persistence.prepare(child_id, signal, check=judge)
                 except AbortedError:
                     raise
                 except Exception as exc:
+                    if refused and exc is refused[0]:  # the judgement's own error, as it is
+                        raise
                     raise _error(f"subagent {child_id} is unavailable", "NOT_RESUMABLE") from exc
-                _throw_if_aborted(signal)
-                if header.parent_session != parent.id:
-                    raise _foreign(child_id)
-                fold = fold_descriptor(events, header.seed_length)
-                descriptor = fold.descriptor
-                if not isinstance(descriptor, ContinuableDescriptor):
-                    raise _error(
-                        f"subagent {child_id} has no supported continuation state and cannot "
-                        "be resumed; do not retry send_message with this id",
-                        "NOT_RESUMABLE",
-                    )
-                del events
-                self.check_admission(self.lineage_of(parent))
-                owner = self.owner_ctx.extend(agent=parent)
+                try:  # until agents.resume owns the preparation, it is disposed here
+                    _throw_if_aborted(signal)
+                    self.check_admission(self.lineage_of(parent))
+                    descriptor = found[0]
+                    owner = self.owner_ctx.extend(agent=parent)
+                except BaseException:
+                    preparation.dispose()
+                    raise
                 try:
                     handle = await owner[_AGENTS].resume(
                         ResumeAgentOptions(
                             resume_session_id=child_id,
+                            preparation=preparation,
                             agent_options=AgentOptions(
                                 provider=descriptor.agent_provider, model=descriptor.agent_model
                             ),
