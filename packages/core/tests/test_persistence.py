@@ -226,6 +226,7 @@ class GatedWrites:
             real_write(handle, events, sync)
 
         persistence._write = slow_write
+        persistence._inline_close_limit = -1  # every close writes in a worker thread
 
 
 async def test_cancelled_flush_still_counts_its_write(jsonl: Env) -> None:

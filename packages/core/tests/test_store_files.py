@@ -430,6 +430,38 @@ async def test_dispose_does_not_wait_for_the_last_fsync_but_close_does(
     assert synced and not persistence._syncs
 
 
+@posix_only
+@pytest.mark.parametrize("big", [False, True])
+async def test_a_disposed_sessions_last_write_is_done_when_the_detach_returns(
+    tmp_path: Path, big: bool
+) -> None:
+    """host-core §9, hardening 11.10: a disposed session's last lines (up to the inline limit)
+    are written and its lock let go by the time ``session/disposed`` is over, with no worker
+    round trip (``released`` has nothing to wait for); a larger rest goes through a worker
+    thread, and ``dispose`` waits for it. Either way every line is stored."""
+    import fcntl
+
+    root = tmp_path / "sessions"
+    reply = "x" * (70 * 1024) if big else "done"
+    seen: list[tuple[bool, int]] = []
+    async with scripted_host(model=[reply], store="jsonl", store_root=root) as h:
+        persistence = h.ctx.session_persistence
+
+        def after_persistence(session: Any) -> None:  # runs after the backend's own listener
+            stored = (root / "s.jsonl").read_bytes().count(b"\n") - 1  # minus the header
+            seen.append(("s" not in persistence._closing, stored))
+
+        h.ctx.on("session/disposed", after_persistence, global_=True)
+        handle = await h.create_agent(session_id="s")
+        assert await h.run(handle.agent, "go") == reply
+        total = handle.agent.session.seq
+        await handle.dispose()
+        assert "s" not in persistence._closing  # dispose waited for a threaded close
+        _, events = await persistence.inspect("s")
+        assert events[-1].type == "turn/end" and len(events) == total
+    assert seen == ([(False, 0)] if big else [(True, total)])
+
+
 # -- bounded retries and the header limit --------------------------------------------------------
 
 

@@ -420,6 +420,8 @@ class SessionPersistence:
     """
 
     _threaded = False
+    #: The most bytes a disposed session's last write may take on the loop (see _close_inline).
+    _inline_close_limit = 64 * 1024
     #: Worker threads of a threaded backend (flushes of different sessions run side by side).
     _workers = min(32, (os.cpu_count() or 1) + 4)
 
@@ -572,8 +574,20 @@ class SessionPersistence:
         except RuntimeError:
             self._close_now(rec)
             return
+        if rec.writing is None and self._close_inline(rec):
+            return
         assert ctx is not None
         self._closing[sid] = ctx.host.spawn(self._close(rec), name=f"persist {sid}")
+
+    def _close_inline(self, rec: _Tracked) -> bool:
+        """Write a disposed session's last events right here, on the loop, if that is cheap
+        (a backend decides; ``False``: not done, write them in a worker thread).
+
+        The JSONL store does so for up to :attr:`_inline_close_limit` bytes: one ``write`` to
+        the page cache, like a new file's header at creation, with the ``fsync`` left to a
+        worker thread. That spares the disposal a round trip through the pool.
+        """
+        return False
 
     async def _close(self, rec: _Tracked) -> None:
         """Write a disposed session's last events and let go of it; its file's ``fsync``
@@ -1979,7 +1993,33 @@ class JsonlSessionPersistence(SessionPersistence):
     def _write(self, handle: _Handle, events: Sequence[SessionEvent], sync: bool = True) -> None:
         assert isinstance(handle, _FileHandle)
         failed: list[str] = []
-        data = self._lines(events, failed)
+        self._put(handle, self._lines(events, failed), failed, sync)
+
+    def _close_inline(self, rec: _Tracked) -> bool:
+        assert isinstance(rec.handle, _FileHandle)
+        batch = rec.pending()
+        failed: list[str] = []
+        data = self._lines(batch, failed)
+        if len(data) > self._inline_close_limit:
+            return False
+        try:
+            self._put(rec.handle, data, failed, False)
+            rec.stored += len(batch)
+        except _Unwritten as exc:  # stored, some events as stand-ins
+            rec.stored += len(batch)
+            _log.error("%s", exc)
+        except Exception:
+            _log.exception(
+                "could not store the last %d event(s) of session %r",
+                len(batch),
+                rec.session.header.id,
+            )
+        self._let_go_later(rec)
+        return True
+
+    def _put(self, handle: _FileHandle, data: bytes, failed: list[str], sync: bool) -> None:
+        """Append the encoded ``data`` (and sync it, if asked); ``failed`` names the events
+        written as stand-ins."""
         fd = handle.fd
         try:
             if handle.truncate:
