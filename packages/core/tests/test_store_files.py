@@ -439,7 +439,6 @@ async def test_a_disposed_sessions_last_write_is_done_when_the_detach_returns(
     are written and its lock let go by the time ``session/disposed`` is over, with no worker
     round trip (``released`` has nothing to wait for); a larger rest goes through a worker
     thread, and ``dispose`` waits for it. Either way every line is stored."""
-    import fcntl
 
     root = tmp_path / "sessions"
     reply = "x" * (70 * 1024) if big else "done"
