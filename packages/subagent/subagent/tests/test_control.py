@@ -24,6 +24,8 @@ from dsh_core import (
     Agent,
     AgentCancelCause,
     AgentHandle,
+    AgentRegistry,
+    CreateAgentOptions,
     Message,
     SessionMeta,
     TextBlock,
@@ -828,6 +830,45 @@ async def test_a_start_caught_mid_create_is_rolled_back() -> None:
             await asyncio.wait_for(starting, BOUND)
         assert caught.value.code == "DRAINING"
         await asyncio.wait_for(drained, BOUND)
+        assert w.host.ctx.agents.get("kid") is None
+        assert w.ends == []
+
+
+async def test_a_drain_waits_for_a_materialization_under_the_root(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """DRN-2, CONT-3: a start admitted under the root and caught inside the child's creation
+    when the drain begins is awaited by the drain: it publishes, fails its final admission
+    check with DRAINING and is rolled back (no subagent/end) before the drain resolves."""
+    async with world() as w:
+        creating, release = asyncio.Event(), asyncio.Event()
+        original = AgentRegistry.create
+
+        async def gated(registry: AgentRegistry, options: CreateAgentOptions) -> AgentHandle:
+            if options.session_id == "kid":
+                creating.set()
+                await release.wait()
+            return await original(registry, options)
+
+        monkeypatch.setattr(AgentRegistry, "create", gated)
+        order: list[str] = []
+        w.host.ctx.on("agent/disposed", lambda agent: order.append(f"disposed {agent.id}"))
+        starting = asyncio.ensure_future(w.start(w.root, "kid"))
+        await asyncio.wait_for(creating.wait(), BOUND)
+
+        async def drain() -> None:
+            await w.svc.drain_continuable_descendants([w.root])
+            order.append("drained")
+
+        draining = asyncio.ensure_future(drain())
+        with pytest.raises(TimeoutError):  # held while the creation is: never resolves early
+            await asyncio.wait_for(asyncio.shield(draining), 0.1)
+        release.set()
+        with pytest.raises(SubagentError) as caught:
+            await asyncio.wait_for(starting, BOUND)
+        assert caught.value.code == "DRAINING"
+        await asyncio.wait_for(draining, BOUND)
+        assert order == ["disposed kid", "drained"]
         assert w.host.ctx.agents.get("kid") is None
         assert w.ends == []
 
