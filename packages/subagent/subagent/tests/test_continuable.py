@@ -15,15 +15,31 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+import pytest
 
 import dsh_subagent.plugin
 from dsh_core import (
     AbortController,
+    AbortedError,
     Agent,
+    AgentHandle,
     AgentOptions,
+    ConsumedWork,
     Context,
+    LlmFailure,
     Message,
+    PreStep,
+    PreStepDecision,
+    SessionMeta,
+    ToolDefinition,
+    ToolRestriction,
+    ToolRunContext,
+    TurnEndData,
+    TurnEndReason,
+    blocks_text,
     text_blocks,
+    thaw_json,
+    user_message,
 )
 from dsh_core.testing import (
     ScriptedReply,
@@ -33,20 +49,34 @@ from dsh_core.testing import (
     scripted_host,
 )
 from dsh_subagent import (
+    DESCRIPTOR_EVENT,
+    SUBAGENT_DEPTH_KEY,
     SUBAGENTS,
     ContinuableCreateRequest,
     ContinuableCreateSpec,
     ContinuableStart,
     ContinuableStartSpec,
     CoordinatorMessageSource,
+    InvalidMaxDepthError,
     ResolvedSubagentStartRequest,
     SubagentCapabilities,
+    SubagentDepthError,
+    SubagentError,
     SubagentFollowupOptions,
     SubagentRun,
     SubagentService,
+    SubagentStartRequest,
+    descriptor_payload,
+    fold_descriptor,
+    snapshot_continuable_descriptor,
 )
-from dsh_subagent._continuation import ContinuationManager
-from dsh_subagent.in_process import completed_turn_prefix, start_in_process_run
+from dsh_subagent._continuation import ContinuationManager, residency
+from dsh_subagent._output import continuable_stop_reason
+from dsh_subagent.in_process import (
+    DELEGATION_STATEMENT,
+    completed_turn_prefix,
+    start_in_process_run,
+)
 
 Script = Callable[[ScriptedRequest], "ScriptedReply | str | Awaitable[ScriptedReply | str]"]
 ALL = SubagentCapabilities(output_schema=True, depth_limit=True, tool_filter=True, persona=True)
@@ -54,6 +84,7 @@ WATCHED = (
     "session/created",
     "agent/created",
     "agent/disposed",
+    "agent/status",
     "agent/inbox/inserted",
     "agent/inbox/claimed",
     "subagent/start",
@@ -83,6 +114,37 @@ class LocalProvider:
 
 def echo(request: ScriptedRequest) -> str:
     return "answer: " + request.last_user_text
+
+
+class Model:
+    """The scripted model of these tests: ``hold ...`` prompts wait for their gate (opened by
+    ``release``), ``fail ...`` prompts fail the request, anything else is echoed. Every
+    request sets ``changed`` (so ``Booted.until`` re-checks)."""
+
+    def __init__(self) -> None:
+        self.changed = asyncio.Event()
+        self.gates: dict[str, asyncio.Event] = {}
+        self.requests: list[ScriptedRequest] = []
+
+    def release(self, text: str) -> None:
+        self.gates.setdefault(text, asyncio.Event()).set()
+
+    def held(self, session_id: str) -> bool:
+        return any(
+            r.session_id == session_id and r.last_user_text.startswith("hold")
+            for r in self.requests
+        )
+
+    def __call__(self, request: ScriptedRequest) -> ScriptedReply | str:
+        self.requests.append(request)
+        self.changed.set()
+        text = request.last_user_text
+        if text.startswith("hold"):
+            gate = self.gates.setdefault(text, asyncio.Event())
+            return ScriptedReply(text="held: " + text, wait=gate.wait)
+        if text.startswith("fail"):
+            return ScriptedReply(failure=LlmFailure(message="model failed", code="BOOM"))
+        return "answer: " + text
 
 
 @attrs.define
@@ -183,7 +245,7 @@ async def boot(
             )
         ).agent
         events: list[tuple[str, Any]] = []
-        changed = asyncio.Event()
+        changed = model.changed if isinstance(model, Model) else asyncio.Event()
 
         def record(name: str) -> Callable[..., None]:
             def on(*args: Any) -> None:
@@ -195,6 +257,13 @@ async def boot(
         for name in WATCHED:
             host.ctx.on(name, record(name))
         yield Booted(host=host, parent=parent, provider_owner=owner, events=events, changed=changed)
+
+
+def look_tool(name: str = "look") -> ToolDefinition:
+    async def run(arguments: Any, ctx: ToolRunContext) -> str:
+        return "looked"
+
+    return ToolDefinition(name=name, description="Look around.", execute=run)
 
 
 def texts(message: Message) -> list[str]:
@@ -247,3 +316,726 @@ async def test_settled_child_notifies_parent_and_cold_resumes() -> None:
         ends = b.ends()
         assert [e.stop_reason for e in ends] == ["completed", "completed"]
         assert ends[0].run_id != ends[1].run_id
+
+
+def notices_of(agent: Agent) -> list[Message]:
+    """The settlement notices ``agent``'s model has seen."""
+    return [
+        m
+        for m in agent.session.derive_messages()
+        if getattr(m.source, "kind", None) == "subagent-settled"
+    ]
+
+
+def live(b: Booted, child_id: str) -> bool:
+    """Whether anything of ``child_id`` is live: agent, session, Activation or ownership."""
+    manager = b.manager
+    return (
+        b.host.ctx.agents.get(child_id) is not None
+        or b.host.ctx.sessions.get(child_id) is not None
+        or child_id in manager.activations
+        or child_id in manager.retiring
+        or any(child_id in a.owned_children for a in manager.activations.values())
+    )
+
+
+@attrs.frozen
+class OneShotOnly:
+    """A provider without ``prepare_continuable``."""
+
+    name: str = "oneshot"
+    capabilities: SubagentCapabilities = ALL
+    inherits_parent_context: bool = False
+
+    async def start(self, request: ResolvedSubagentStartRequest) -> SubagentRun:
+        return await start_in_process_run(request)
+
+
+async def test_start_checks_run_in_order_before_the_provider() -> None:
+    """CONT-1: DRAINING, then max_depth (TypeError), then the child id (DUPLICATE_CHILD for the
+    parent's own id or a live agent), then depth (SubagentDepthError), then the provider
+    (NO_PROVIDER, UNSUPPORTED_CAPABILITY); none of them reaches prepare_continuable."""
+    async with boot() as b:
+        provider = b.svc.get_provider("local")
+        assert isinstance(provider, LocalProvider)
+        b.provider_owner[SUBAGENTS].register_provider(OneShotOnly())
+        with pytest.raises(InvalidMaxDepthError):
+            await b.start(max_depth=-1, child_id=b.parent.id)
+        with pytest.raises(SubagentError) as caught:
+            await b.start(child_id=b.parent.id, max_depth=0)
+        assert caught.value.code == "DUPLICATE_CHILD"
+        with pytest.raises(SubagentDepthError):
+            await b.start(max_depth=0, provider="nope")
+        with pytest.raises(SubagentError) as caught:
+            await b.start(provider="nope")
+        assert caught.value.code == "NO_PROVIDER"
+        with pytest.raises(SubagentError) as caught:
+            await b.start(provider="oneshot")
+        assert caught.value.code == "UNSUPPORTED_CAPABILITY"
+        b.manager.closed = True
+        with pytest.raises(SubagentError) as caught:
+            await b.start(max_depth=-1)
+        assert caught.value.code == "DRAINING"
+        b.manager.closed = False
+        assert provider.prepared == []
+        assert b.host.ctx.agents.list() == [b.parent]
+
+
+async def test_start_without_persistence_is_refused() -> None:
+    """CONT-1: without session persistence start_continuable fails PERSISTENCE_UNAVAILABLE
+    before the depth check."""
+    async with boot(store=None) as b:
+        with pytest.raises(SubagentError) as caught:
+            await b.start(max_depth=-1)
+        assert caught.value.code == "PERSISTENCE_UNAVAILABLE"
+
+
+async def test_reserved_child_id_is_used_and_refused_when_taken() -> None:
+    """CONT-1 [M]: a reserved child_id names the child; it is DUPLICATE_CHILD while live and
+    afterwards while stored, and for any live agent's id."""
+    async with boot() as b:
+        started = await b.start(child_id="session-reserved")
+        assert started.child_id == "session-reserved"
+        with pytest.raises(SubagentError) as caught:
+            await b.start(child_id="session-reserved")
+        assert caught.value.code == "DUPLICATE_CHILD"
+        await b.settled("session-reserved")
+        with pytest.raises(SubagentError) as caught:
+            await b.start(child_id="session-reserved")
+        assert caught.value.code == "DUPLICATE_CHILD"
+        other = (await b.host.create_agent()).agent
+        with pytest.raises(SubagentError) as caught:
+            await b.start(child_id=other.id)
+        assert caught.value.code == "DUPLICATE_CHILD"
+
+
+# -- CONT-3: rollback before acceptance -----------------------------------------------------------
+
+
+async def test_abort_before_start_rejects_with_the_reason() -> None:
+    """CONT-3, CONT-9: an already-aborted signal rejects with its own reason; nothing exists."""
+    async with boot() as b:
+        controller = AbortController()
+        controller.abort("stop")
+        with pytest.raises(AbortedError) as caught:
+            await b.start(signal=controller.signal, child_id="session-x")
+        assert caught.value.reason == "stop"
+        assert not live(b, "session-x")
+
+
+async def test_abort_inside_creation_setup_rolls_back() -> None:
+    """CONT-3: an abort inside the creation window rolls everything back: no session, agent,
+    Activation or ownership edge, and no subagent/start."""
+    async with boot() as b:
+        controller = AbortController()
+
+        def on_created(session: Any) -> None:
+            if session.id == "session-x":
+                controller.abort("late")
+
+        b.host.ctx.on("session/created", on_created)
+        with pytest.raises(AbortedError):
+            await b.start(signal=controller.signal, child_id="session-x")
+        assert not live(b, "session-x")
+        assert b.named("subagent/start") == []
+
+
+async def test_abort_from_a_start_listener_rolls_back() -> None:
+    """CONT-3: aborted between publication and acceptance (from a subagent/start listener):
+    rejected, no ids, nothing left, the prompt never entered the inbox."""
+    async with boot() as b:
+        controller = AbortController()
+        b.host.ctx.on("subagent/start", lambda info: controller.abort("listener"))
+        with pytest.raises(AbortedError):
+            await b.start(signal=controller.signal, child_id="session-x")
+        assert not live(b, "session-x")
+        assert b.named("agent/inbox/inserted") == []
+
+
+async def test_throwing_start_listener_rolls_back_without_end() -> None:
+    """CONT-3: a subagent/start dispatch that throws rolls back with no subagent/end, and a
+    later drain still succeeds."""
+    async with boot() as b:
+
+        def veto(info: Any) -> None:
+            raise RuntimeError("no")
+
+        remove = b.host.ctx.on("subagent/start", veto)
+        with pytest.raises(RuntimeError):
+            await b.start(child_id="session-x")
+        remove()
+        assert not live(b, "session-x")
+        assert b.named("subagent/end") == []
+        await b.manager.drain()
+
+
+async def test_drain_after_materialization_rejects_draining() -> None:
+    """CONT-3, DRN-1: a drain that starts after the child was created rejects the start with
+    DRAINING before anything entered the inbox, and the child is rolled back."""
+    async with boot() as b:
+        drains: list[asyncio.Task[None]] = []
+
+        def on_created(agent: Agent) -> None:
+            if agent.id == "session-x":
+                drains.append(asyncio.ensure_future(b.manager.drain()))
+                b.manager.closed = True
+
+        b.host.ctx.on("agent/created", on_created)
+        with pytest.raises(SubagentError) as caught:
+            await b.start(child_id="session-x")
+        assert caught.value.code == "DRAINING"
+        async with asyncio.timeout(5):
+            await drains[0]
+        assert not live(b, "session-x")
+        assert b.named("agent/inbox/inserted") == []
+
+
+# -- DSC-5, CONT-4: the child's log and composition -----------------------------------------------
+
+
+async def test_descriptor_follows_the_provider_seed_and_turns_continue() -> None:
+    """DSC-5: the continuable descriptor is appended after the provider seed and before the
+    prompt; seed_length counts only the provider seed; with one inherited turn the child's
+    first turn is turn 2."""
+    async with boot(seeded=True) as b:
+        await b.host.run(b.parent, "first parent turn")
+        prefix = completed_turn_prefix(b.parent)
+        assert prefix is not None
+        started = await b.start(persona="Be terse.")
+        child = b.manager.activations[started.child_id].agent
+        header = child.session.header
+        assert header.seed_length == len(prefix)
+        own = list(child.session.events_since(len(prefix)))
+        descriptors = [e for e in own if e.type == DESCRIPTOR_EVENT]
+        assert len(descriptors) == 1
+        assert thaw_json(descriptors[0].data) == {
+            "version": 2,
+            "mode": "continuable",
+            "provider": "local",
+            "label": "helper",
+            "agent_provider": "scripted",
+            "agent_model": "scripted-1",
+            "persona": "Be terse.",
+        }
+        types = [e.type for e in own]
+        assert types.index(DESCRIPTOR_EVENT) < types.index("agent/inbox/spliced")
+        assert descriptors[0].surface_op is None
+        turns = [e.data.turn for e in own if e.type == "turn/start"]
+        assert turns == [2]
+        fold = fold_descriptor(child.session.events, header.seed_length)
+        assert fold.status == "ok"
+        assert fold.seq == descriptors[0].seq
+        await b.settled(started.child_id)
+
+
+async def test_child_is_composed_by_the_manager() -> None:
+    """CONT-4, DEP-5: the manager applies persona, tool filter and the delegation statement
+    and records depth in header and options; the child is created through its private owner
+    scope (the parent owns it in the registry, its disposal does not bypass the manager)."""
+    model = Model()
+    async with boot(model) as b:
+        b.host.ctx.tools.register(look_tool())
+        b.host.ctx.tools.register(look_tool("peek"))
+        started = await b.start(
+            "hold compose", persona="Be terse.", tool_filter=ToolRestriction(deny=("peek",))
+        )
+        child = b.manager.activations[started.child_id].agent
+        await b.until(lambda: model.held(child.id))
+        request = next(r for r in model.requests if r.session_id == child.id)
+        assert "Be terse." in request.system
+        assert DELEGATION_STATEMENT in [m.text for m in request.messages]
+        names = [t.name for t in request.tools or ()]
+        assert "look" in names and "peek" not in names
+        assert child.session.header.delegation_depth == 1
+        assert child.options.extensions[SUBAGENT_DEPTH_KEY] == 1
+        assert b.host.ctx.agents.owner_of(child.id) is b.parent
+        model.release("hold compose")
+        await b.settled(started.child_id)
+
+
+# -- CONT-5..9, CONT-13: residency, routing, authority --------------------------------------------
+
+
+async def test_followup_to_a_running_child_joins_its_inbox() -> None:
+    """CONT-5, CONT-6, CONT-7: a follow-up to a running child is accepted into the same
+    Activation's inbox FIFO (same agent, accounted in accepted until claimed); the child runs
+    both turns in order within one epoch."""
+    model = Model()
+    async with boot(model) as b:
+        started = await b.start("hold first")
+        act = b.manager.activations[started.child_id]
+        child = act.agent
+        await b.until(lambda: model.held(child.id))
+        assert residency(act) == "running"
+        second = await b.send(started.child_id, "second")
+        assert b.manager.activations[started.child_id] is act
+        assert act.accepted == {second}
+        assert [m.id for m in child.inbox.next_turn] == [second]
+        model.release("hold first")
+        await b.settled(started.child_id)
+        answers = [m.text for m in child.session.derive_messages() if m.role == "assistant"]
+        assert answers == ["held: hold first", "answer: second"]
+        assert len(b.ends()) == 1
+        assert act.accepted == set()
+
+
+async def test_waiting_child_is_woken_not_resumed() -> None:
+    """CONT-6, CONT-7, CONT-13: a child whose turn ended but which owns a resident grandchild
+    is waiting (same Agent retained); a follow-up wakes that same agent; it settles only
+    after the grandchild was disposed."""
+    model = Model()
+    async with boot(model) as b:
+        started = await b.start("hold child")
+        act = b.manager.activations[started.child_id]
+        child = act.agent
+        grand = await b.svc.start_continuable(b.spec("hold grand", parent=child))
+        assert act.owned_children == {grand.child_id}
+        model.release("hold child")
+        await b.until(lambda: child.status == "idle")
+        assert residency(act) == "waiting"
+        await b.send(started.child_id, "wake up")
+        assert b.manager.activations[started.child_id] is act
+        await b.until(lambda: child.status == "idle" and not act.accepted)
+        assert residency(act) == "waiting"
+        assert b.manager.activations.get(started.child_id) is act
+        model.release("hold grand")
+        await b.settled(started.child_id)
+        disposed = [args[0].id for name, args in b.named("agent/disposed")]
+        assert disposed.index(grand.child_id) < disposed.index(started.child_id)
+        assert b.host.ctx.agents.get(b.parent.id) is b.parent
+
+
+async def test_followup_needs_the_exact_live_direct_parent() -> None:
+    """CONT-8: a follow-up from an agent that is not the live registered object is
+    UNAUTHORIZED (exact live parent), and from a live agent that is not the durable parent
+    too (another parent session); nothing is delivered."""
+    model = Model()
+    async with boot(model) as b:
+        started = await b.start("hold x")
+        other_handle = await b.host.create_agent()
+        other = other_handle.agent
+        with pytest.raises(SubagentError, match="belongs to another parent session") as caught:
+            await b.send(started.child_id, "from a stranger", parent=other)
+        assert caught.value.code == "UNAUTHORIZED"
+        await other_handle.dispose()
+        with pytest.raises(SubagentError, match="exact live parent agent") as caught:
+            await b.send(started.child_id, "from a ghost", parent=other)
+        assert caught.value.code == "UNAUTHORIZED"
+        child = b.manager.activations[started.child_id].agent
+        assert child.inbox.next_turn == []
+        model.release("hold x")
+        await b.settled(started.child_id)
+        with pytest.raises(SubagentError, match="belongs to another parent session"):
+            await b.send(
+                started.child_id, "cold from a stranger", parent=(await b.host.create_agent()).agent
+            )
+
+
+async def test_caller_signal_owns_only_the_span_before_acceptance() -> None:
+    """CONT-9: an aborted signal rejects a follow-up with its reason and delivers nothing;
+    aborting after acceptance cancels neither the turn nor the child."""
+    model = Model()
+    async with boot(model) as b:
+        controller = AbortController()
+        started = await b.start("hold run", signal=controller.signal)
+        controller.abort("too late")
+        act = b.manager.activations[started.child_id]
+        stopped = AbortController()
+        stopped.abort("no")
+        with pytest.raises(AbortedError) as caught:
+            await b.send(started.child_id, "never", signal=stopped.signal)
+        assert caught.value.reason == "no"
+        assert act.agent.inbox.next_turn == []
+        model.release("hold run")
+        await b.settled(started.child_id)
+        assert [e.stop_reason for e in b.ends()] == ["completed"]
+
+
+# -- CONT-10..12: cold resume ---------------------------------------------------------------------
+
+
+async def test_cold_resume_works_without_the_provider() -> None:
+    """CONT-10: after the provider unregisters, a follow-up cold-resumes the settled child
+    from its descriptor: persona and route reapplied, no second descriptor, a new epoch that
+    still reports the original provider, and turn numbering continues."""
+    model = Model()
+    async with boot(model) as b:
+        started = await b.start("first", persona="Be terse.")
+        await b.settled(started.child_id)
+        await b.provider_owner.dispose()
+        assert b.svc.get_provider("local") is None
+        await b.send(started.child_id, "hold second")
+        act = b.manager.activations[started.child_id]
+        child = act.agent
+        await b.until(lambda: model.held(child.id))
+        request = [r for r in model.requests if r.session_id == child.id][-1]
+        assert "Be terse." in request.system
+        assert (request.provider, request.model) == ("scripted", "scripted-1")
+        assert child.options.max_tokens is None
+        model.release("hold second")
+        await b.settled(started.child_id)
+        handle = await b.host.resume_agent(started.child_id)
+        events = handle.agent.session.events
+        assert [e.type for e in events].count(DESCRIPTOR_EVENT) == 1
+        assert [e.data.turn for e in events if e.type == "turn/start"] == [1, 2]
+        await handle.dispose()
+        starts = [args[0] for _, args in b.named("subagent/start")]
+        assert [s.provider for s in starts] == ["local", "local"]
+        assert starts[0].run_id != starts[1].run_id
+
+
+async def test_cold_resume_after_a_restart_on_the_jsonl_store(tmp_path: Path) -> None:
+    """CONT-10: a child settled in one process is resumed by a follow-up in a fresh host on
+    the same JSONL store, with its descriptor's persona, by a parent recreated under the same
+    id; the epoch's answer reaches that parent as a settlement notice."""
+    async with boot(store="jsonl", store_root=tmp_path, parent_id="session-root") as b:
+        started = await b.start("first", persona="Be terse.")
+        await b.settled(started.child_id)
+    model = Model()
+    async with boot(model, store="jsonl", store_root=tmp_path, parent_id="session-root2") as b:
+        persistence = b.host.ctx.session_persistence
+        header, _ = await persistence.inspect(started.child_id)
+        assert header.parent_session == "session-root"
+        with pytest.raises(SubagentError, match="another parent session"):
+            await b.send(started.child_id, "hello again")
+    # The parent's own session is stored too: resume it in a fresh host and follow up.
+    async with scripted_host(
+        "subagent",
+        model=model,
+        modules={"subagent": dsh_subagent.plugin},
+        store="jsonl",
+        store_root=tmp_path,
+    ) as host:
+        parent = (await host.resume_agent("session-root")).agent
+        svc = parent.ctx[SUBAGENTS]
+        options = SubagentFollowupOptions(
+            source=CoordinatorMessageSource(sender_session_id=parent.id)
+        )
+        await svc.followup(parent, started.child_id, text_blocks("second"), options)
+        manager = svc._state.continuation
+        child = manager.activations[started.child_id].agent
+        async with asyncio.timeout(5):
+            await child.when_idle()
+            while started.child_id in manager.activations or started.child_id in manager.retiring:
+                await asyncio.wait([t for t in host.ctx.host.tasks if not t.done()])
+            await parent.when_idle()
+        request = [r for r in model.requests if r.session_id == started.child_id][-1]
+        assert "Be terse." in request.system
+        assert texts(notices_of(parent)[-1])[-1] == "answer: second"
+
+
+async def test_cold_resume_refuses_what_has_no_continuation_state() -> None:
+    """CONT-10: an unknown id is NOT_RESUMABLE (unavailable); a one-shot child of the parent is
+    NOT_RESUMABLE with the do-not-retry wording."""
+    async with boot() as b:
+        with pytest.raises(SubagentError, match="is unavailable") as caught:
+            await b.send("session-nobody", "hi")
+        assert caught.value.code == "NOT_RESUMABLE"
+        run = await b.svc.start(
+            "local", SubagentStartRequest(prompt=text_blocks("one shot"), parent=b.parent)
+        )
+        await run.result
+        await run.dispose()
+        with pytest.raises(SubagentError) as caught:
+            await b.send(run.id, "hi")
+        assert caught.value.code == "NOT_RESUMABLE"
+        assert str(caught.value) == (
+            f"subagent {run.id} has no supported continuation state and cannot be resumed; "
+            "do not retry send_message with this id"
+        )
+
+
+async def test_parent_replaced_during_resume_is_unauthorized() -> None:
+    """CONT-11: a parent disposed and recreated under the same id while its child is being
+    cold-resumed fails the final admission check UNAUTHORIZED; the resumed child is rolled
+    back and the message is never logged."""
+    async with boot(parent_id="session-root") as b:
+        started = await b.start("first")
+        await b.settled(started.child_id)
+        persistence = b.host.ctx.session_persistence
+        inspect = persistence.inspect
+        replaced: list[Agent] = []
+
+        async def swap_then_inspect(id: str, signal: Any = None) -> Any:
+            found = await inspect(id, signal)
+            await b.host.ctx.agents._svc.agents[b.parent.id].handle.dispose()
+            replaced.append((await b.host.resume_agent("session-root")).agent)
+            return found
+
+        persistence.inspect = swap_then_inspect
+        with pytest.raises(SubagentError, match="exact live parent agent") as caught:
+            await b.send(started.child_id, "never logged")
+        assert caught.value.code == "UNAUTHORIZED"
+        assert replaced[0].id == b.parent.id and replaced[0] is not b.parent
+        assert [args[0].id for name, args in b.named("agent/created")].count(started.child_id) == 2
+        assert not live(b, started.child_id)
+        del persistence.inspect
+        _, events = await persistence.inspect(started.child_id)
+        assert "never logged" not in str([e.data for e in events])
+
+
+async def test_live_agent_without_activation_is_never_adopted() -> None:
+    """CONT-12: a child id held by a live agent that has no Activation is not adopted: the
+    resume collides, the call fails with a SubagentError and the live agent is untouched."""
+    async with boot() as b:
+        handle = await b.host.create_agent(
+            session_id="session-squatter",
+            meta=SessionMeta(cwd=str(Path.cwd()), parent_session=b.parent.id),
+        )
+        squatter = handle.agent
+        payload = descriptor_payload(
+            snapshot_continuable_descriptor(provider="local", label="squatter")
+        )
+        squatter.session.append(DESCRIPTOR_EVENT, payload, ignorable=True)
+        await squatter.ctx.sessions.flush(squatter.session)
+        with pytest.raises(SubagentError):
+            await b.send("session-squatter", "adopt me")
+        assert b.host.ctx.agents.get("session-squatter") is squatter
+        assert "session-squatter" not in b.manager.activations
+        assert squatter.inbox.next_turn == [] and squatter.status == "idle"
+        await handle.dispose()
+
+
+# -- CONT-14, CONT-15: disposal and the epoch's end -----------------------------------------------
+
+
+async def test_final_flush_failure_is_logged_not_fatal(caplog: pytest.LogCaptureFixture) -> None:
+    """CONT-14: a failing final flush is logged and ignored: the Activation still settles
+    completed, its handle is disposed and the parent is notified."""
+    async with boot() as b:
+
+        def failing(session: Any) -> None:
+            if session.header.parent_session == b.parent.id:
+                raise RuntimeError("disk on fire")
+
+        b.host.ctx.on("session/flush", failing)
+        started = await b.start()
+        await b.settled(started.child_id)
+        assert [e.stop_reason for e in b.ends()] == ["completed"]
+        assert "final flush of continuable subagent" in caplog.text
+        assert b.host.ctx.agents.get(started.child_id) is None
+
+
+async def test_teardown_failure_forces_error_and_aggregates(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """CONT-14, CONT-15: a failing handle disposal still releases the child, forces the stop
+    reason error with no closing message, and the drain rejects ACTIVATION_TEARDOWN_FAILED
+    naming the cause."""
+    model = Model()
+    async with boot(model) as b:
+        started = await b.start("hold forever")
+        original = AgentHandle.dispose
+
+        async def failing(self: AgentHandle) -> None:
+            await original(self)
+            if self.agent.id == started.child_id:
+                raise RuntimeError("handle broke")
+
+        monkeypatch.setattr(AgentHandle, "dispose", failing)
+        with pytest.raises(SubagentError, match="handle broke") as caught:
+            await b.manager.drain()
+        assert caught.value.code == "ACTIVATION_TEARDOWN_FAILED"
+        (end,) = b.ends()
+        assert (end.stop_reason, end.last_assistant_message) == ("error", None)
+        assert texts(b.parent.inbox.next_step[0])[:2] == [
+            f"Background subagent {started.child_id} failed before it finished.",
+            "It left no closing message.",
+        ]
+        assert not live(b, started.child_id)
+
+
+@pytest.mark.parametrize(
+    ("kind", "dropped", "stop"),
+    [
+        (None, False, "completed"),
+        (None, True, "aborted"),
+        ("completed", False, "completed"),
+        ("completed", True, "aborted"),
+        ("max-tokens", False, "max-tokens"),
+        ("aborted", False, "aborted"),
+        ("interrupted", False, "aborted"),
+        ("error", False, "error"),
+        ("blocked", False, "refusal"),
+        ("strange", False, "error"),
+    ],
+)
+def test_epoch_stop_reason_fold(kind: str | None, dropped: bool, stop: str) -> None:
+    """CONT-15: the epoch's stop reason from its last consumed-work end and droppedUnrun."""
+    end = (
+        None if kind is None else TurnEndData(turn=1, reason=TurnEndReason(kind=kind))  # type: ignore[arg-type]
+    )
+    work = ConsumedWork(end=end, end_seq=None if end is None else 3, dropped_unrun=dropped)
+    assert continuable_stop_reason(work) == stop
+
+
+async def test_epoch_end_reads_only_its_own_suffix() -> None:
+    """CONT-15, SET-2: a resumed epoch whose only turn is refused ends refusal with no
+    last_assistant_message (never the previous epoch's answer); its notice says it declined
+    and left no closing message."""
+    async with boot() as b:
+
+        async def refuse(
+            pre: PreStep, next_: Callable[..., Awaitable[PreStepDecision]]
+        ) -> PreStepDecision:
+            if any(m.text == "refuse" for m in pre.messages):
+                return PreStepDecision(kind="reject", reason="policy")
+            return await next_()
+
+        b.host.ctx.on("agent/pre-step", refuse)
+        started = await b.start("first")
+        await b.settled(started.child_id)
+        await b.send(started.child_id, "refuse")
+        await b.settled(started.child_id)
+        await b.parent.when_idle()
+        first, second = b.ends()
+        assert first.stop_reason == "completed"
+        assert blocks_text(first.last_assistant_message) == "answer: first"
+        assert (second.stop_reason, second.last_assistant_message) == ("refusal", None)
+        assert texts(notices_of(b.parent)[-1]) == [
+            f"Background subagent {started.child_id} declined the task.",
+            "It left no closing message.",
+        ]
+
+
+async def test_failed_turn_notice() -> None:
+    """CONT-15, SET-2: a child whose turn fails ends error; the notice says it failed before
+    it finished."""
+    async with boot(Model()) as b:
+        started = await b.start("fail now")
+        await b.settled(started.child_id)
+        await b.parent.when_idle()
+        assert [e.stop_reason for e in b.ends()] == ["error"]
+        assert texts(notices_of(b.parent)[0])[0] == (
+            f"Background subagent {started.child_id} failed before it finished."
+        )
+
+
+# -- SET-1..4: settlement notices -----------------------------------------------------------------
+
+
+def kinds(messages: list[Message]) -> list[str]:
+    return [getattr(m.source, "kind", "?") for m in messages]
+
+
+async def test_busy_parent_gets_the_notice_at_its_next_step() -> None:
+    """SET-3, BUG-2: a child settling while its parent is in a model request is steered into
+    the parent's next-step batch (no next-turn item, no new parent turn)."""
+    model = Model()
+    async with boot(model) as b:
+        b.parent.followup(user_message("hold parent"))
+        await b.until(lambda: model.held(b.parent.id))
+        started = await b.start("quick")
+        await b.settled(started.child_id)
+        assert kinds(b.parent.inbox.next_step) == ["subagent-settled"]
+        assert b.parent.inbox.next_turn == []
+        model.release("hold parent")
+        await b.until(lambda: b.parent.status == "idle")
+        assert [e.data.turn for e in b.parent.session.events if e.type == "turn/start"] == [1]
+        assert len(notices_of(b.parent)) == 1
+
+
+async def test_notice_is_sent_while_the_parent_still_owns_the_child() -> None:
+    """SET-1: the notice reaches a continuable parent before ownership is released: at its
+    insertion the parent's Activation still lists the child, and the waking send is accounted
+    so the parent stays resident until it read the notice."""
+    model = Model()
+    async with boot(model) as b:
+        mid = await b.start("hold mid")
+        mid_act = b.manager.activations[mid.child_id]
+        leaf = await b.svc.start_continuable(b.spec("hold leaf", parent=mid_act.agent))
+        owned_at_notice: list[tuple[set[str], bool]] = []
+
+        def on_inserted(agent: Agent, message: Message) -> None:
+            if agent is mid_act.agent and kinds([message]) == ["subagent-settled"]:
+                owned_at_notice.append(
+                    (set(mid_act.owned_children), message.id in mid_act.accepted)
+                )
+
+        b.host.ctx.on("agent/inbox/inserted", on_inserted)
+        model.release("hold mid")
+        await b.until(lambda: mid_act.agent.status == "idle")
+        model.release("hold leaf")
+        await b.settled(mid.child_id)
+        assert owned_at_notice == [({leaf.child_id}, True)]
+        assert kinds(notices_of(mid_act.agent)) == ["subagent-settled"]
+        await b.parent.when_idle()
+        assert len(notices_of(b.parent)) == 1
+
+
+async def test_notice_to_a_gone_parent_is_dropped() -> None:
+    """SET-1: when the stored parent is no longer registered the notice is dropped silently
+    and the child still ends normally."""
+    model = Model()
+    async with boot(model) as b:
+        started = await b.start("hold orphan")
+        await b.host.ctx.agents._svc.agents[b.parent.id].handle.dispose()
+        model.release("hold orphan")
+        await b.settled(started.child_id)
+        assert [e.stop_reason for e in b.ends()] == ["completed"]
+
+
+async def test_failing_notice_send_is_logged(caplog: pytest.LogCaptureFixture) -> None:
+    """SET-4: a notice whose send throws is logged as not delivered and the teardown still
+    succeeds."""
+    async with boot() as b:
+
+        def refuse_notices(session: Any, event: Any) -> None:
+            if event.type == "agent/inbox/spliced" and "subagent-settled" in str(event.data):
+                raise RuntimeError("no notices here")
+
+        b.parent.session.add_validator(refuse_notices)
+        started = await b.start()
+        await b.settled(started.child_id)
+        assert "was not delivered to its parent" in caplog.text
+        assert [e.stop_reason for e in b.ends()] == ["completed"]
+        assert not live(b, started.child_id)
+
+
+# -- DRN-1: the manager-wide drain ----------------------------------------------------------------
+
+
+async def test_drain_releases_every_forest_child_first() -> None:
+    """DRN-1, CONT-14, SET-3, SET-4: the drain closes admission, disposes every Activation
+    child-first (the grandchild's agent/disposed first); notices during the drain are
+    injected without waking, and one a disposed parent never claimed is spliced out again;
+    afterwards starts and follow-ups fail DRAINING and nothing is left."""
+    model = Model()
+    async with boot(model) as b:
+        mid = await b.start("hold mid")
+        mid_agent = b.manager.activations[mid.child_id].agent
+        leaf = await b.svc.start_continuable(b.spec("hold leaf", parent=mid_agent))
+        await b.until(lambda: model.held(leaf.child_id) and model.held(mid.child_id))
+        async with asyncio.timeout(5):
+            await b.manager.drain()
+        disposed = [args[0].id for name, args in b.named("agent/disposed")]
+        assert disposed == [leaf.child_id, mid.child_id]
+        assert b.manager.activations == {} and b.manager.retiring == {}
+        assert {e.stop_reason for e in b.ends()} == {"aborted"}
+        # The leaf's notice went into mid's inbox and was removed with mid's disposal.
+        mid_splices = [e.data for e in mid_agent.session.events if e.type == "agent/inbox/spliced"]
+        inserted = [d for d in mid_splices if "subagent-settled" in str(d.inserted)]
+        assert len(inserted) == 1
+        assert mid_splices[-1].outcome == "canceled"
+        # The root parent recorded its notice without starting a turn.
+        assert b.parent.status == "idle"
+        assert kinds(b.parent.inbox.next_step) == ["subagent-settled"]
+        for attempt in (b.start(), b.send(mid.child_id, "more")):
+            with pytest.raises(SubagentError) as caught:
+                await attempt
+            assert caught.value.code == "DRAINING"
+        assert b.host.ctx.agents.list() == [b.parent]
+
+
+async def test_unloading_the_service_drains_it() -> None:
+    """DRN-1: disposing the service's owning context (plugin unload) runs the drain: every
+    resident child ends and is released before the service is gone."""
+    model = Model()
+    async with boot(model) as b:
+        started = await b.start("hold until unload")
+        state = b.host.ctx[SUBAGENTS]._state
+        async with asyncio.timeout(5):
+            await state.ctx.dispose()
+        assert [e.stop_reason for e in b.ends()] == ["aborted"]
+        assert b.host.ctx.agents.get(started.child_id) is None
+        assert state.continuation.activations == {}

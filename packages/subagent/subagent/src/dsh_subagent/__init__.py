@@ -39,6 +39,7 @@ from ._errors import (
 )
 from ._output import (
     DIAGNOSTIC_LIMIT,
+    continuable_stop_reason,
     one_shot_stop_reason,
     select_output,
     settle_run,
@@ -138,6 +139,7 @@ __all__ = [
     "__version__",
     "assert_object_json_schema",
     "assert_subagent_max_depth",
+    "continuable_stop_reason",
     "delegation_depth_of",
     "descriptor_payload",
     "fold_descriptor",
