@@ -1023,3 +1023,52 @@ async def test_without_an_agents_service_reports_fail_and_the_rest_do_nothing() 
         assert svc.interrupt("kid", UserInterruptAuthority(parent_session_id="root")) is None
         await asyncio.wait_for(svc.drain_continuable_descendants([stranger]), BOUND)
         await asyncio.wait_for(svc.drain_continuable_children(stranger, ["kid"]), BOUND)
+
+
+# -- hardening 8 and waking accounting ------------------------------------------------------------
+
+
+async def test_a_caller_that_stops_waiting_never_stops_a_drain() -> None:
+    """DRN-2, seam-continuable 13.4, hardening 11.8: cancelling the task awaiting a drain
+    cancels only that wait: the release goes on, and awaiting the same result again sees it
+    finish."""
+    async with world() as w:
+        await w.start(w.root, "kid", hold=True)
+        release = w.svc.drain_continuable_descendants([w.root])
+        inside = asyncio.Event()
+
+        async def wait() -> None:
+            inside.set()
+            await release  # reached without yielding after the event is set
+
+        waiting = asyncio.ensure_future(wait())
+        await asyncio.wait_for(inside.wait(), BOUND)
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        await asyncio.wait_for(release, BOUND)
+        assert (await w.ended("kid")).stop_reason == "aborted"
+        assert w.host.ctx.agents.get("kid") is None
+
+
+@pytest.mark.parametrize("delivery", ["next-step", "wakeup"])
+async def test_a_waking_report_keeps_a_continuable_parent_running_until_claimed(
+    delivery: str,
+) -> None:
+    """RPT-S2, CONT-6: a waking report to a parent that is itself a resident continuable child
+    is accounted as accepted work of the parent's Activation until the parent claims it."""
+    async with world() as w:
+        held = w.models.hold("mid")
+        mid, _ = await w.start(w.root, "mid")
+        await w.models.requested("mid")
+        kid, gate = await w.start(mid, "kid", hold=True)
+        message_id = await w.svc.report_from(kid, report("found it"), opts(delivery))
+        accepted = w.svc._state.continuation.activations["mid"].accepted
+        assert message_id in accepted
+        held.set()
+        await idle(mid)
+        assert message_id not in accepted
+        assert message_id in [m.id for m in user_messages(mid)]
+        assert w.host.ctx.agents.get("mid") is mid  # still waiting for its child
+        assert gate is not None
+        gate.set()
