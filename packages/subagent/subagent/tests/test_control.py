@@ -321,6 +321,18 @@ async def test_delivery_to_a_busy_parent_picks_its_queue(delivery: str, queue: s
         held.set()
 
 
+async def test_an_unknown_delivery_is_refused_before_anything_is_sent() -> None:
+    """RPT-S2: a delivery other than quiet, next-step or wakeup raises ValueError and delivers
+    nothing."""
+    async with world() as w:
+        kid, gate = await w.start(w.root, "kid", hold=True)
+        with pytest.raises(ValueError, match="unknown report delivery 'loud'"):
+            await w.svc.report_from(kid, report("x"), opts("loud"))
+        assert len(w.root.inbox) == 0
+        assert gate is not None
+        gate.set()
+
+
 # -- report_from: its checks, in order (RPT-S1, RPT-S3) -------------------------------------------
 
 

@@ -86,12 +86,14 @@ def report_from(
     error as its cause.
     """
     registry = manager.agents()
-    delivery = (options or _DEFAULT_REPORT).delivery
+    if options is None:
+        options = _DEFAULT_REPORT
+    delivery = options.delivery
     if delivery not in ("quiet", "next-step", "wakeup"):
         raise ValueError(
             f"unknown report delivery {delivery!r}: expected 'quiet', 'next-step' or 'wakeup'"
         )
-    signal = (options or _DEFAULT_REPORT).signal
+    signal = options.signal
     if signal.aborted:
         raise AbortedError(signal.reason)
     manager.check_admission(_report_lineage(manager, registry, child))
