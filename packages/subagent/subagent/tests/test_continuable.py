@@ -1039,3 +1039,89 @@ async def test_unloading_the_service_drains_it() -> None:
         assert [e.stop_reason for e in b.ends()] == ["aborted"]
         assert b.host.ctx.agents.get(started.child_id) is None
         assert state.continuation.activations == {}
+
+
+async def test_start_under_a_closing_parent_activation_rolls_back() -> None:
+    """CONT-3, CONT-13: a start under a continuable parent whose Activation begins disposal
+    during the child's creation fails ACTIVATION_CLOSING and leaves no child behind."""
+    model = Model()
+    async with boot(model) as b:
+        mid = await b.start("hold mid")
+        mid_act = b.manager.activations[mid.child_id]
+        disposals: list[asyncio.Task[None]] = []
+
+        def on_created(agent: Agent) -> None:
+            if agent.id == "session-grand":
+                disposals.append(asyncio.ensure_future(mid_act.dispose()))
+
+        b.host.ctx.on("agent/created", on_created)
+        with pytest.raises(SubagentError) as caught:
+            await b.svc.start_continuable(
+                b.spec("grand", parent=mid_act.agent, child_id="session-grand")
+            )
+        assert caught.value.code == "ACTIVATION_CLOSING"
+        async with asyncio.timeout(5):
+            await disposals[0]
+        assert not live(b, "session-grand")
+        assert not live(b, mid.child_id)
+
+
+async def test_accepted_is_forgotten_when_the_send_throws(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """CONT-5: a follow-up whose inbox send throws leaves no id in accepted, so the child is
+    not pinned as running and still settles."""
+    model = Model()
+    async with boot(model) as b:
+        started = await b.start("hold on")
+        act = b.manager.activations[started.child_id]
+        original = Agent.followup
+
+        def refusing(self: Agent, message: Message) -> None:
+            if self is act.agent and message.text == "refused":
+                raise RuntimeError("no")
+            original(self, message)
+
+        monkeypatch.setattr(Agent, "followup", refusing)
+        with pytest.raises(RuntimeError):
+            await b.send(started.child_id, "refused")
+        assert act.accepted == set()
+        model.release("hold on")
+        await b.settled(started.child_id)
+
+
+async def test_delivery_racing_disposal_waits_then_resumes() -> None:
+    """CONT-7, hardening 11.8: follow-ups arriving while the settled child is being disposed
+    (held in its final flush) wait for that disposal; one whose task is cancelled meanwhile
+    cancels nothing of it, the other lands in a new epoch (a new agent)."""
+    async with boot() as b:
+        gate = asyncio.Event()
+        flushing: list[str] = []
+
+        async def slow_flush(session: Any) -> None:
+            if session.header.parent_session == b.parent.id and not flushing:
+                flushing.append(session.id)
+                b.changed.set()
+                await gate.wait()
+
+        b.host.ctx.on("session/flush", slow_flush)
+        started = await b.start("first")
+        await b.until(lambda: bool(flushing))
+        act = b.manager.activations[started.child_id]
+        assert act.closing
+        cancelled = asyncio.ensure_future(b.send(started.child_id, "cancelled"))
+        second = asyncio.ensure_future(b.send(started.child_id, "second"))
+        cancelled.cancel()
+        gate.set()
+        async with asyncio.timeout(5):
+            message_id = await second
+        assert cancelled.cancelled()
+        assert b.manager.activations[started.child_id] is not act
+        await b.settled(started.child_id)
+        first, later = b.ends()
+        assert first.stop_reason == later.stop_reason == "completed"
+        assert blocks_text(later.last_assistant_message) == "answer: second"
+        handle = await b.host.resume_agent(started.child_id)
+        users = [m.id for m in handle.agent.session.derive_messages() if m.role == "user"]
+        assert message_id in users
+        await handle.dispose()

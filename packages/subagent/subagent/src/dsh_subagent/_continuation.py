@@ -217,12 +217,16 @@ class Activation:
                 out.append(agent)
         return out
 
-    async def dispose(self) -> None:
+    def dispose(self) -> Awaitable[None]:
         """Dispose this Activation in CONT-14's order (memoized: every caller shares one
         teardown, and no caller's cancellation stops it, hardening 11.8). Raises
-        ``ACTIVATION_TEARDOWN_FAILED`` when any step failed; the child is released anyway."""
+        ``ACTIVATION_TEARDOWN_FAILED`` when any step failed; the child is released anyway.
+
+        ``closing`` is set by the call itself, before the returned awaitable runs, so
+        admission to this Activation is refused from that moment on.
+        """
         self.closing = True
-        await self._disposal.run(self._teardown)
+        return self._disposal.run(self._teardown)
 
     async def ended(self) -> None:
         """Wait until this Activation's disposal finished, whatever its outcome."""
@@ -921,7 +925,11 @@ class ContinuationManager:
                             agent_options=AgentOptions(
                                 provider=descriptor.agent_provider, model=descriptor.agent_model
                             ),
-                            signal=signal,
+                            # Not the caller's signal: the resume then runs inline, so a
+                            # caller cancelled meanwhile unwinds its hold on the stored log
+                            # before this child's lock is let go (the signal is checked
+                            # again right after, at admission).
+                            signal=None,
                             setup=self._setup(
                                 descriptor=None,
                                 persona=descriptor.persona,
