@@ -817,6 +817,17 @@ async def test_a_scoped_drain_cancels_descendants_at_once_and_keeps_the_root() -
         assert w.host.ctx.agents.get("root") is w.root
 
 
+async def test_a_root_below_another_root_is_released_with_it() -> None:
+    """DRN-2: a continuable root is kept only as a root of its own: named together with an
+    ancestor root, it is that root's strict descendant and is released."""
+    async with world() as w:
+        mid, _ = await w.start(w.root, "mid", hold=True)
+        await w.start(mid, "grandkid", hold=True)
+        await asyncio.wait_for(w.svc.drain_continuable_descendants([mid, w.root]), BOUND)
+        assert sorted(e.id for e in w.ends) == ["grandkid", "mid"]
+        assert w.host.ctx.agents.get("root") is w.root
+
+
 async def test_a_drained_root_admits_nothing_until_it_is_disposed() -> None:
     """DRN-2: after a scoped drain a follow-up from the root and a new start under it fail
     DRAINING, even with no descendant left; once the root agent is disposed a new agent with

@@ -313,14 +313,13 @@ def _close_under(manager: ContinuationManager, root: Agent) -> None:
 
 
 def _descendants(manager: ContinuationManager, roots: Sequence[Agent]) -> list[Activation]:
-    """Every resident (or retiring) Activation strictly below one of ``roots``."""
+    """Every resident (or retiring) Activation strictly below one of ``roots`` (a root below
+    another root is released with that one)."""
     found: list[Activation] = []
     for act in (*manager.activations.values(), *manager.retiring.values()):
         agent = act.handle.agent
-        if agent in roots:
-            continue
         for root in roots:
-            if act.in_ancestry(root):
+            if root is not agent and act.in_ancestry(root):
                 found.append(act)
                 break
     return found
