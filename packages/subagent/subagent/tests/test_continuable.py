@@ -30,6 +30,7 @@ from dsh_core import (
     Message,
     PreStep,
     PreStepDecision,
+    SessionError,
     SessionMeta,
     ToolDefinition,
     ToolRestriction,
@@ -57,6 +58,7 @@ from dsh_subagent import (
     ContinuableStart,
     ContinuableStartSpec,
     CoordinatorMessageSource,
+    DescriptorError,
     InvalidMaxDepthError,
     ResolvedSubagentStartRequest,
     SubagentCapabilities,
@@ -919,20 +921,30 @@ def kinds(messages: list[Message]) -> list[str]:
 
 
 async def test_busy_parent_gets_the_notice_at_its_next_step() -> None:
-    """SET-3, BUG-2: a child settling while its parent is in a model request is steered into
-    the parent's next-step batch (no next-turn item, no new parent turn)."""
+    """SET-3, BUG-2: children settling while their parent is in a model request are steered
+    into the parent's next-step batch (no next-turn item, no new parent turn): both notices
+    enter the parent's next step together."""
     model = Model()
     async with boot(model) as b:
         b.parent.followup(user_message("hold parent"))
         await b.until(lambda: model.held(b.parent.id))
-        started = await b.start("quick")
-        await b.settled(started.child_id)
-        assert kinds(b.parent.inbox.next_step) == ["subagent-settled"]
+        one = await b.start("quick one")
+        two = await b.start("quick two")
+        await b.settled(one.child_id)
+        await b.settled(two.child_id)
+        assert kinds(b.parent.inbox.next_step) == ["subagent-settled", "subagent-settled"]
         assert b.parent.inbox.next_turn == []
         model.release("hold parent")
         await b.until(lambda: b.parent.status == "idle")
         assert [e.data.turn for e in b.parent.session.events if e.type == "turn/start"] == [1]
-        assert len(notices_of(b.parent)) == 1
+        steps: list[int] = []
+        step = 0
+        for e in b.parent.session.events:
+            if e.type == "step/start":
+                step = e.data.step
+            elif e.type == "user/message" and kinds([e.data]) == ["subagent-settled"]:
+                steps.append(step)
+        assert steps == [2, 2]
 
 
 async def test_notice_is_sent_while_the_parent_still_owns_the_child() -> None:
@@ -1125,3 +1137,65 @@ async def test_delivery_racing_disposal_waits_then_resumes() -> None:
         users = [m.id for m in handle.agent.session.derive_messages() if m.role == "user"]
         assert message_id in users
         await handle.dispose()
+
+
+async def test_abort_during_cold_inspect_rejects_with_the_reason() -> None:
+    """CONT-9: the caller's signal is forwarded to persistence.inspect; aborted there, the
+    follow-up rejects with the abort reason itself and nothing is resumed or delivered."""
+    async with boot() as b:
+        started = await b.start("first")
+        await b.settled(started.child_id)
+        persistence = b.host.ctx.session_persistence
+        inspect = persistence.inspect
+        controller = AbortController()
+        seen: list[Any] = []
+
+        async def aborting_inspect(id: str, signal: Any = None) -> Any:
+            seen.append(signal)
+            controller.abort("changed my mind")
+            return await inspect(id, signal)
+
+        persistence.inspect = aborting_inspect
+        with pytest.raises(AbortedError) as caught:
+            await b.send(started.child_id, "never", signal=controller.signal)
+        del persistence.inspect
+        assert caught.value.reason == "changed my mind"
+        assert seen == [controller.signal]
+        assert not live(b, started.child_id)
+        assert len(b.ends()) == 1
+
+
+@pytest.mark.parametrize("store", ["memory", "jsonl"])
+async def test_reserved_id_no_store_can_hold_is_refused_as_such(store: str, tmp_path: Path) -> None:
+    """CONT-1, hardening 11.5: a reserved child_id that cannot name a session fails
+    SESSION_INVALID_ID on every store (not DUPLICATE_CHILD) and leaves nothing behind."""
+    async with boot(store=store, store_root=tmp_path) as b:
+        for bad in ("", "a/b", ".."):
+            with pytest.raises(SessionError) as caught:
+                await b.start(child_id=bad)
+            assert caught.value.code == "SESSION_INVALID_ID"
+        assert b.host.ctx.agents.list() == [b.parent]
+        assert b.manager.activations == {}
+
+
+async def test_cold_resume_of_unsupported_or_malformed_descriptors() -> None:
+    """CONT-10, DSC-2: a child whose own descriptor has another version is NOT_RESUMABLE; a
+    malformed current-version descriptor surfaces as the parser's DescriptorError; neither
+    leaves a live agent."""
+    async with boot() as b:
+        for child_id, payload in (
+            ("session-future", {"version": 3, "mode": "continuable"}),
+            ("session-broken", {"version": 2, "mode": "continuable", "provider": "local"}),
+        ):
+            handle = await b.host.create_agent(
+                session_id=child_id,
+                meta=SessionMeta(cwd=str(Path.cwd()), parent_session=b.parent.id),
+            )
+            handle.agent.session.append(DESCRIPTOR_EVENT, payload, ignorable=True)
+            await handle.dispose()
+        with pytest.raises(SubagentError, match="no supported continuation state") as caught:
+            await b.send("session-future", "hi")
+        assert caught.value.code == "NOT_RESUMABLE"
+        with pytest.raises(DescriptorError):
+            await b.send("session-broken", "hi")
+        assert b.host.ctx.agents.list() == [b.parent]

@@ -18,8 +18,9 @@ Names other modules build on (kept stable):
   admission is closed; the scoped drains fill it), ``closed`` (the manager-wide drain began),
   ``materializations`` (admitted creations and resumes still in flight, each with its
   ``lineage``), ``check_admission(lineage)`` (``DRAINING``), ``lineage_of(agent)``,
-  ``activation_of(agent)``, ``submit(activation, message)``, ``send_waking(agent, message,
-  target)``, ``drain()``.
+  ``activation_of(agent)``, ``lineage_closing(agent)``, ``submit(activation, message)``,
+  ``send_waking(agent, message, target)``, ``cancel_tree(activation)`` (close and cancel an
+  Activation and its resident descendants top-down, synchronously), ``drain()``.
 - :class:`Activation`: ``child_id``, ``parent_session``, ``provider``, ``handle``,
   ``ancestry``, ``owned_children``, ``accepted``, ``announced``, ``closing``, ``owner`` (the
   parent's Activation holding this child in its ``owned_children``), ``agent``,
@@ -48,6 +49,7 @@ from dsh_core import (
     ContentBlock,
     Context,
     CreateAgentOptions,
+    DshError,
     Message,
     ResumeAgentOptions,
     ServiceKey,
@@ -467,7 +469,7 @@ class ContinuationManager:
 
     # -- disposal (CONT-14) ---------------------------------------------------------------------
 
-    def _cancel_tree(self, act: Activation) -> None:
+    def cancel_tree(self, act: Activation) -> None:
         """Top-down, in one synchronous span: close and cancel ``act`` and every resident
         descendant (inboxes cleared)."""
         act.closing = True
@@ -475,7 +477,7 @@ class ContinuationManager:
         for child_id in tuple(act.owned_children):
             child = self.activations.get(child_id)
             if child is not None and not child.closing:
-                self._cancel_tree(child)
+                self.cancel_tree(child)
 
     async def _teardown(self, act: Activation) -> None:
         failures: list[BaseException] = []
@@ -484,7 +486,7 @@ class ContinuationManager:
         output: tuple[ContentBlock, ...] | None = None
         try:
             # 1-2. cancel without keeping the inbox, the whole subtree top-down, at once.
-            self._cancel_tree(act)
+            self.cancel_tree(act)
             # 3. dispose owned children (each its own memoized teardown), collecting failures.
             children = [
                 c
@@ -811,14 +813,19 @@ class ContinuationManager:
     async def _refuse_stored_id(
         self, persistence: SessionPersistence, child_id: str, signal: AbortSignal
     ) -> None:
-        """A reserved id must name no stored session (CONT-1 step 10)."""
+        """A reserved id must name no stored session (CONT-1 step 10). An id no store can
+        hold (``SESSION_INVALID_ID``) or a store that cannot be read (``SESSION_IO``) fails as
+        such; any other stored entry, readable or damaged, is ``DUPLICATE_CHILD``."""
         try:
             await persistence.inspect(child_id, signal)
         except AbortedError:
             raise
         except Exception as exc:
-            if getattr(exc, "code", None) == "SESSION_NOT_FOUND":
+            code = getattr(exc, "code", None)
+            if code == "SESSION_NOT_FOUND":
                 return
+            if code in ("SESSION_INVALID_ID", "SESSION_IO") or not isinstance(exc, DshError):
+                raise
         raise _error(f"child id {child_id} is already in use", "DUPLICATE_CHILD")
 
     async def _prepare(
@@ -987,7 +994,7 @@ class ContinuationManager:
             if not branches:  # an ownership cycle cannot form; release whatever is left
                 branches = [*self.activations.values(), *self.retiring.values()]
             for branch in branches:
-                self._cancel_tree(branch)
+                self.cancel_tree(branch)
             outcomes = await asyncio.gather(
                 *(b.dispose() for b in branches), return_exceptions=True
             )
