@@ -252,7 +252,8 @@ def drain_descendants(manager: ContinuationManager, parents: Iterable[Agent]) ->
     for root in roots:
         _close_under(manager, root)
     for act in _descendants(manager, roots):
-        _stop(act)
+        if not act.closing:
+            manager.cancel_tree(act)
     return _spawn(manager, _release_descendants(manager, roots), "drain continuable descendants")
 
 
@@ -286,7 +287,7 @@ def drain_children(
     if not targets:
         return _DONE
     for act in targets:
-        _stop_tree(manager, act)
+        manager.cancel_tree(act)
     return _spawn(manager, _dispose_all(targets, "selected"), "drain continuable children")
 
 
@@ -325,21 +326,6 @@ def _descendants(manager: ContinuationManager, roots: Sequence[Agent]) -> list[A
     return found
 
 
-def _stop(act: Activation) -> None:
-    """Close ``act`` to admission and cancel its child (its inbox cleared), synchronously."""
-    act.closing = True
-    act.handle.agent.cancel(_PARENT_CANCEL)
-
-
-def _stop_tree(manager: ContinuationManager, act: Activation) -> None:
-    """:func:`_stop` ``act`` and, top-down, every resident child it owns."""
-    _stop(act)
-    for child_id in tuple(act.owned_children):
-        child = manager.activations.get(child_id)
-        if child is not None and not child.closing:
-            _stop_tree(manager, child)
-
-
 async def _release_descendants(
     manager: ContinuationManager, roots: Sequence[Agent]
 ) -> SubagentError | None:
@@ -349,7 +335,7 @@ async def _release_descendants(
     targets = _descendants(manager, roots)
     for act in targets:
         if not act.closing:  # published meanwhile, before admission closed
-            _stop(act)
+            manager.cancel_tree(act)
     inside = set(targets)
     tops = [a for a in targets if a.owner is None or a.owner not in inside]
     return await _dispose_all(tops, "scoped")
