@@ -371,6 +371,9 @@ async def test_start_checks_run_in_order_before_the_provider() -> None:
         with pytest.raises(SubagentError) as caught:
             await b.start(provider="nope")
         assert caught.value.code == "NO_PROVIDER"
+        with pytest.raises(SubagentError, match="provided by dsh-subagent-spawn") as caught:
+            await b.start(provider="spawn")
+        assert "registered providers: 'local', 'oneshot'" in str(caught.value)
         with pytest.raises(SubagentError) as caught:
             await b.start(provider="oneshot")
         assert caught.value.code == "UNSUPPORTED_CAPABILITY"
@@ -1199,3 +1202,24 @@ async def test_cold_resume_of_unsupported_or_malformed_descriptors() -> None:
         with pytest.raises(DescriptorError):
             await b.send("session-broken", "hi")
         assert b.host.ctx.agents.list() == [b.parent]
+
+
+async def test_drain_on_the_jsonl_store_leaves_nothing_open(tmp_path: Path) -> None:
+    """DRN-1: after the drain on the JSONL store no child agent, Activation, settlement task
+    or held log is left, and the children's logs stay stored."""
+    model = Model()
+    async with boot(model, store="jsonl", store_root=tmp_path) as b:
+        mid = await b.start("hold mid")
+        mid_agent = b.manager.activations[mid.child_id].agent
+        leaf = await b.svc.start_continuable(b.spec("hold leaf", parent=mid_agent))
+        async with asyncio.timeout(5):
+            await b.manager.drain()
+            await b.host.ctx.host.drain_tasks()
+        persistence = b.host.ctx.session_persistence
+        assert b.host.ctx.agents.list() == [b.parent]
+        assert b.manager.activations == {} and b.manager.materializations == set()
+        assert b.host.ctx.host.tasks == set()
+        held = {*persistence._tracked, *persistence._prepared, *persistence._closing}
+        assert held == {b.parent.id}
+        stored = {h.id for h in await persistence.list()}
+        assert {mid.child_id, leaf.child_id} <= stored

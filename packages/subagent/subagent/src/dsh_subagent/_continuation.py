@@ -73,7 +73,7 @@ from ._descriptor import (
     fold_descriptor,
     snapshot_continuable_descriptor,
 )
-from ._errors import SubagentError
+from ._errors import SubagentError, no_provider
 from ._output import continuable_stop_reason, select_output
 from ._types import (
     ContinuableCreateRequest,
@@ -833,7 +833,7 @@ class ContinuationManager:
     ) -> ContinuableCreateSpec:
         provider = self.state.providers.get(name)
         if provider is None:
-            raise _error(f"no subagent provider is registered as {name!r}", "NO_PROVIDER")
+            raise _error(no_provider(name, self.state.providers), "NO_PROVIDER")
         prepare = getattr(provider, "prepare_continuable", None)
         if prepare is None:
             raise _error(
