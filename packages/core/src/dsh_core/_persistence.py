@@ -1379,8 +1379,10 @@ def _stand_in(event: SessionEvent, exc: Exception) -> str:
 
 #: A line nests at most this deep: a payload's MAX_NESTING levels inside the event object.
 _LINE_NESTING = MAX_NESTING + 1
-#: How many lines of a sound log are parsed at once (see ``_parse_sound``).
-_PARSE_CHUNK = 256
+#: How many lines of a sound log are parsed at once (see ``_parse_sound``). Small enough that
+#: a chunk's parsed containers stay under the collector's first threshold (700 allocations):
+#: 256 made a 100,000-event load run twice the collections and take 18 % longer than 32.
+_PARSE_CHUNK = 32
 
 
 class _TooDeep(ValueError):
