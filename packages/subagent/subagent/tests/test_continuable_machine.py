@@ -1,0 +1,523 @@
+"""The continuation manager under random operations (a hypothesis state machine).
+
+One root parent on a JSONL store starts continuable children (and children start
+grandchildren); the test follows up with them, makes them report, interrupts them, drains some,
+lets their held model requests complete one child at a time, disposes and resumes the root, and
+restarts the whole host on the same folder (cold resume from disk). After every step the
+manager's residency bookkeeping must match the live agents, and no accepted message may vanish
+while its agent is resident; after every host unload nothing may be left: no agent, task,
+Activation or open file (CONT-4..16, SET-1, RPT-S1..3, INT-1/2, DRN-1, DRN-3; issue 13 "Tests").
+
+Each step ends once the host is quiet: every host task done, and every live agent idle or held
+in a model request the test has not released. The state a step leaves is then the same however
+the persistence threads were scheduled, so hypothesis replays an example exactly.
+
+What it reads of the manager's private state (by name): ``SubagentState.continuation``, the
+``ContinuationManager``; its ``activations`` (child id -> resident Activation) and ``retiring``;
+of each Activation ``handle`` (its ``agent``), ``owned_children`` (ids), ``closing`` (disposal
+began), and ``residency()`` of ``dsh_subagent._continuation``. Of the host: ``Host.tasks``.
+
+Run it longer with ``nox -s continuable_machine``; ``DSH_CONTINUABLE_EXAMPLES`` and
+``DSH_CONTINUABLE_STEPS`` set the size (by default 200 examples of up to 12 steps).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import tempfile
+from collections.abc import Awaitable, Coroutine
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+from hypothesis import event, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+import dsh_subagent.plugin
+from dsh_core import Agent, AgentHandle, Context, Message, PluginSpec, text_blocks
+from dsh_core.testing import ScriptedReply, ScriptedRequest, TestHost
+from dsh_subagent import (
+    SUBAGENTS,
+    AncestorInterruptAuthority,
+    ContinuableCreateRequest,
+    ContinuableCreateSpec,
+    ContinuableStartSpec,
+    CoordinatorMessageSource,
+    SubagentError,
+    SubagentFollowupOptions,
+    SubagentReportOptions,
+    UserInterruptAuthority,
+)
+from dsh_subagent._continuation import residency
+from dsh_subagent.in_process import IN_PROCESS_CAPABILITIES, start_in_process_run
+
+T = TypeVar("T")
+
+
+def _has(name: str) -> bool:  # TEMPORARY while the ctl branch is not merged
+    from dsh_subagent import SubagentService
+
+    return hasattr(SubagentService, name)
+
+
+ROOT = "machine-root"
+#: Every await of the machine is bounded by this (seconds); nothing here should take long.
+BOUND = 10
+EXAMPLES = int(os.environ.get("DSH_CONTINUABLE_EXAMPLES", "200"))
+STEPS = int(os.environ.get("DSH_CONTINUABLE_STEPS", "12"))
+#: The stores live in memory-backed files where there are some: every flush ends in an fsync.
+SCRATCH = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+#: Refusals a step may meet by the documented rules (CONT-1, CONT-13, DRN-1..3, RPT-S1).
+DOCUMENTED = frozenset({"ACTIVATION_CLOSING", "DRAINING", "PARENT_UNAVAILABLE", "DUPLICATE_CHILD"})
+
+pytestmark = pytest.mark.skipif(
+    not os.path.isdir("/proc/self/fd"), reason="counts open files through /proc/self/fd"
+)
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+class FreshProvider:
+    """A provider of fresh in-process children (what ``spawn`` is; this distribution's tests
+    do not depend on it)."""
+
+    name = "fresh"
+    capabilities = IN_PROCESS_CAPABILITIES
+    inherits_parent_context = False
+    start = staticmethod(start_in_process_run)
+
+    async def prepare_continuable(self, request: ContinuableCreateRequest) -> ContinuableCreateSpec:
+        return ContinuableCreateSpec()
+
+
+def _register(ctx: Context, _: None) -> None:
+    ctx.subagents.register_provider(FreshProvider())
+
+
+FRESH = PluginSpec(name="subagent-fresh", apply=_register, requires=("subagents",))
+
+
+async def _first(*waits: Awaitable[Any]) -> None:
+    """Wait until the first of ``waits`` is done; cancel the others."""
+    futures = {asyncio.ensure_future(w) for w in waits}
+    _, pending = await asyncio.wait(futures, return_when=asyncio.FIRST_COMPLETED)
+    for f in pending:
+        f.cancel()
+    await asyncio.gather(*pending, return_exceptions=True)
+
+
+class ContinuableMachine(RuleBasedStateMachine):
+    """start_continuable / followup / report_from / interrupt / drain_continuable_children /
+    a child turn completing / root disposal / process restart, with invariants after each."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.runner = asyncio.Runner()
+        self.tmp = tempfile.TemporaryDirectory(prefix="dsh-machine-", dir=SCRATCH)
+        self.folder = Path(self.tmp.name)
+        # every child ever started, in start order, and its durable parent's id
+        self.children: list[str] = []
+        self.parents: dict[str, str] = {}
+        # the model requests the test holds, by session id: gates to open, and how many wait
+        self.gates: dict[str, list[asyncio.Event]] = {}
+        self.waiting: dict[str, int] = {}
+        self.asked: dict[str, asyncio.Event] = {}
+        # every message id that entered an inbox (and whose), and what became of it
+        self.inserted: dict[str, str] = {}
+        self.claimed: set[str] = set()
+        self.discarded: set[str] = set()
+        self.sent = 0
+        self.runner.get_loop()  # the loop's own files (selector, self-pipe) are the baseline
+        self.baseline_fds = _open_fds()
+        self.host: TestHost | None = None
+        self.root: Agent | None = None
+        self.root_handle: AgentHandle | None = None
+        self.boot()
+
+    # -- plumbing --------------------------------------------------------------------------------
+
+    def run(self, aw: Coroutine[Any, Any, T]) -> T:
+        """Run ``aw`` on this example's loop, then until the host is quiet; all bounded."""
+
+        async def bounded() -> T:
+            async with asyncio.timeout(BOUND):
+                try:
+                    return await aw
+                finally:
+                    await self.quiesce()
+
+        return self.runner.run(bounded())
+
+    async def quiesce(self) -> None:
+        """Until nothing moves: every host task done (settlements, disposals), every live
+        agent idle or held in a model request the test holds."""
+        host = self.host
+        while host is not None:
+            moved = False
+            tasks = [t for t in host.ctx.host.tasks if not t.done()]
+            if tasks:
+                await asyncio.wait(tasks)
+                moved = True
+            for agent in host.ctx.agents.list():
+                if agent.status == "running" and not self.waiting.get(agent.id):
+                    asked = self.asked[agent.id] = asyncio.Event()
+                    await _first(agent.when_idle(), asked.wait())
+                    moved = True
+            if not moved:
+                return
+
+    def boot(self) -> None:
+        """A host on the JSONL folder; the root parent created (first boot) or resumed."""
+
+        async def start() -> None:
+            host = self.host = await TestHost.start(
+                "subagent",
+                "subagent-fresh",
+                model=self.script,
+                store="jsonl",
+                store_root=self.folder,
+                modules={"subagent": dsh_subagent.plugin},
+                extra=[FRESH],
+            )
+            host.ctx.on("agent/inbox/inserted", self.on_inserted)
+            host.ctx.on("agent/inbox/claimed", self.on_claimed)
+            host.ctx.on("agent/inbox/discarded", self.on_discarded)
+            await self.open_root()
+
+        self.run(start())
+
+    async def open_root(self) -> None:
+        host = self.host
+        assert host is not None
+        if self.root_handle is None:
+            self.root_handle = await host.create_agent(session_id=ROOT)
+        else:
+            self.root_handle = await host.resume_agent(ROOT)
+        self.root = self.root_handle.agent
+
+    def on_inserted(self, agent: Agent, message: Message) -> None:
+        self.inserted[message.id] = agent.id
+
+    def on_claimed(self, agent: Agent, message: Message, turn: int) -> None:
+        self.claimed.add(message.id)
+
+    def on_discarded(self, agent: Agent, message: Message) -> None:
+        self.discarded.add(message.id)
+
+    def script(self, request: ScriptedRequest) -> ScriptedReply | str:
+        """The root answers at once; a child's request is held until the test releases it."""
+        session_id = request.session_id
+        if session_id == ROOT:
+            return "noted"
+        gate = asyncio.Event()
+        self.gates.setdefault(session_id, []).append(gate)
+
+        async def held() -> None:
+            self.waiting[session_id] = self.waiting.get(session_id, 0) + 1
+            asked = self.asked.get(session_id)
+            if asked is not None:
+                asked.set()
+            try:
+                await gate.wait()
+            finally:
+                self.waiting[session_id] -= 1
+
+        return ScriptedReply(text=f"answer {request.index}", wait=held)
+
+    def activations(self) -> dict[str, Any]:
+        assert self.host is not None
+        return dict(self.host.ctx[SUBAGENTS]._state.continuation.activations)
+
+    def live(self, agent_id: str) -> Agent | None:
+        assert self.host is not None
+        agent: Agent | None = self.host.ctx.agents.get(agent_id)
+        return agent
+
+    def resident(self) -> list[str]:
+        """Children with an Activation that is not closing, in start order."""
+        activations = self.activations()
+        return [c for c in self.children if c in activations and not activations[c].closing]
+
+    def parent_of(self, child_id: str) -> Agent | None:
+        return self.live(self.parents[child_id])
+
+    def accepted(self, message_id: str, target: str) -> None:
+        """A returned message id was accepted into ``target``'s inbox (CONT-2, CONT-5)."""
+        assert self.inserted.get(message_id) == target, (message_id, target)
+
+    def refused(self, error: SubagentError, *, duplicate: bool = False) -> None:
+        """A refusal is one the contract documents (a taken id: DUPLICATE_CHILD, CONT-1)."""
+        event(f"refused {error.code}")
+        assert error.code in DOCUMENTED, error
+        if duplicate:  # CONT-1: only admission (step 1) is checked before the id (step 4)
+            assert error.code in {"DUPLICATE_CHILD", "DRAINING"}, error
+
+    # -- rules -----------------------------------------------------------------------------------
+
+    @precondition(lambda self: self.root is not None)
+    @rule(pick=st.integers(0, 7), reserve=st.sampled_from(["fresh", "named", "taken"]))
+    def start(self, pick: int, reserve: str) -> None:
+        """CONT-1/2/13: start a child under the root or a resident child."""
+        assert self.root is not None
+        candidates = [self.root, *filter(None, map(self.live, self.resident()))]
+        parent = candidates[pick % len(candidates)]
+        self.sent += 1
+        child_id: str | None = None
+        if reserve == "named":
+            child_id = f"child-{self.sent}"
+        elif reserve == "taken":  # a known child (live or stored), else the parent's own id
+            child_id = self.children[pick % len(self.children)] if self.children else parent.id
+        spec = ContinuableStartSpec(
+            provider="fresh",
+            label=f"job {self.sent}",
+            prompt=text_blocks(f"task {self.sent}"),
+            parent=parent,
+            child_id=child_id,
+        )
+        try:
+            started = self.run(parent.ctx[SUBAGENTS].start_continuable(spec))
+        except SubagentError as error:
+            self.refused(error, duplicate=reserve == "taken")
+            return
+        assert reserve != "taken", "a live, stored or the parent's own id must be refused"
+        assert child_id in {None, started.child_id}
+        assert started.child_id not in self.parents
+        event("started under a child" if parent is not self.root else "started under the root")
+        self.children.append(started.child_id)
+        self.parents[started.child_id] = parent.id
+        self.accepted(started.message_id, started.child_id)
+
+    @precondition(lambda self: self.children)
+    @rule(pick=st.integers(0, 63))
+    def followup(self, pick: int) -> None:
+        """CONT-7/8/10: follow up with any child ever started: resident, settled or on disk."""
+        child_id = self.children[pick % len(self.children)]
+        parent = self.parent_of(child_id)
+        if parent is None:
+            event("followup: parent not live")
+            return
+        self.sent += 1
+        activation = self.activations().get(child_id)
+        event("followup: cold" if activation is None else f"followup: {residency(activation)}")
+        options = SubagentFollowupOptions(
+            source=CoordinatorMessageSource(sender_session_id=parent.id)
+        )
+        content = text_blocks(f"more {self.sent}")
+        try:
+            message_id = self.run(
+                parent.ctx[SUBAGENTS].followup(parent, child_id, content, options)
+            )
+        except SubagentError as error:
+            self.refused(error)
+            return
+        self.accepted(message_id, child_id)
+
+    @precondition(lambda self: self.children and self.root is not None)
+    @rule(pick=st.integers(0, 63))
+    def followup_from_a_stranger(self, pick: int) -> None:
+        """CONT-8: only the exact live direct parent may follow up; nothing is delivered."""
+        assert self.root is not None
+        grandchildren = [c for c in self.children if self.parents[c] != ROOT]
+        if not grandchildren:
+            return
+        child_id = grandchildren[pick % len(grandchildren)]
+        before = sum(1 for target in self.inserted.values() if target == child_id)
+        options = SubagentFollowupOptions(source=CoordinatorMessageSource(sender_session_id=ROOT))
+        service = self.root.ctx[SUBAGENTS]
+        with pytest.raises(SubagentError) as caught:
+            self.run(service.followup(self.root, child_id, text_blocks("not yours"), options))
+        assert caught.value.code == "UNAUTHORIZED"
+        assert sum(1 for target in self.inserted.values() if target == child_id) == before
+
+    @precondition(lambda self: self.children and _has("report_from"))
+    @rule(pick=st.integers(0, 63), delivery=st.sampled_from(["quiet", "wakeup", "next-step"]))
+    def report(self, pick: int, delivery: Any) -> None:
+        """RPT-S1..3: a resident child reports one edge up; the id lands in the parent's inbox."""
+        resident = self.resident()
+        if not resident:
+            return
+        child_id = resident[pick % len(resident)]
+        child = self.live(child_id)
+        assert child is not None
+        self.sent += 1
+        content = text_blocks(f"progress {self.sent}")
+        options = SubagentReportOptions(delivery=delivery)
+        try:
+            message_id = self.run(child.ctx[SUBAGENTS].report_from(child, content, options))
+        except SubagentError as error:
+            self.refused(error)
+            return
+        self.accepted(message_id, self.parents[child_id])
+
+    @precondition(lambda self: self.children and _has("interrupt"))
+    @rule(pick=st.integers(0, 63), by=st.sampled_from(["user", "ancestor"]))
+    def interrupt(self, pick: int, by: str) -> None:
+        """INT-1/2: interrupting a child (resident or not) by its direct parent is synchronous
+        and never refused; queued input stays parked."""
+        child_id = self.children[pick % len(self.children)]
+        parent = self.parent_of(child_id)
+        if parent is None:
+            return
+        authority: Any
+        if by == "user":
+            authority = UserInterruptAuthority(parent_session_id=parent.id)
+        else:
+            authority = AncestorInterruptAuthority(agent=parent)
+
+        async def inside() -> None:
+            parent.ctx[SUBAGENTS].interrupt(child_id, authority)
+
+        self.run(inside())
+
+    @precondition(lambda self: self.children and _has("drain_continuable_children"))
+    @rule(pick=st.integers(0, 63), how_many=st.integers(1, 3))
+    def drain_children(self, pick: int, how_many: int) -> None:
+        """DRN-3: a parent releases some of its resident children (and their descendants)."""
+        resident = self.resident()
+        if not resident:
+            return
+        parent = self.parent_of(resident[pick % len(resident)])
+        if parent is None:
+            return
+        mine = [c for c in resident if self.parents[c] == parent.id]
+        chosen = [mine[(pick + i) % len(mine)] for i in range(how_many)]
+        try:
+            self.run(parent.ctx[SUBAGENTS].drain_continuable_children(parent, chosen))
+        except SubagentError as error:
+            self.refused(error)
+            return
+        activations = self.activations()
+        assert not any(c in activations for c in chosen)
+
+    @precondition(lambda self: self.children)
+    @rule(pick=st.integers(0, 63))
+    def release(self, pick: int) -> None:
+        """A child's held model requests complete (its turn goes on or ends)."""
+        held = [c for c in self.children if self.waiting.get(c)]
+        if not held:
+            return
+        child_id = held[pick % len(held)]
+        gates, self.gates[child_id] = self.gates.get(child_id, []), []
+
+        async def release() -> None:
+            for gate in gates:
+                gate.set()
+
+        self.run(release())
+
+    @precondition(lambda self: self.root is not None)
+    @rule()
+    def dispose_root(self) -> None:
+        """The root parent goes away: its children's notices are dropped (SET-1)."""
+        assert self.root_handle is not None
+        self.run(self.root_handle.dispose())
+        self.root = None
+
+    @precondition(lambda self: self.root is None)
+    @rule()
+    def resume_root(self) -> None:
+        """The root comes back from the store under the same id."""
+        self.run(self.open_root())
+
+    @rule()
+    def restart(self) -> None:
+        """The process restarts: the host unloads (manager-wide drain, DRN-1) and a new one
+        opens the same JSONL folder; follow-ups then cold-resume children (CONT-10)."""
+        self.close_host()
+        self.boot()
+
+    # -- invariants ------------------------------------------------------------------------------
+
+    @invariant()
+    def every_activation_has_a_live_handle(self) -> None:
+        """CONT-4/14: an Activation holds the live agent of its child (none is mid-disposal
+        once the host is quiet), and none is left retiring."""
+        assert self.host is not None
+        manager = self.host.ctx[SUBAGENTS]._state.continuation
+        assert not manager.retiring
+        for child_id, activation in manager.activations.items():
+            assert not activation.closing, child_id
+            assert activation.handle.agent is self.live(child_id), child_id
+
+    @invariant()
+    def every_live_child_has_an_activation(self) -> None:
+        """CONT-4/12: no live child agent without an Activation (the machine starts no run)."""
+        assert self.host is not None
+        activations = self.activations()
+        for agent in self.host.ctx.agents.list():
+            if agent.id != ROOT:
+                assert agent.id in activations, agent.id
+
+    @invariant()
+    def every_owned_child_is_resident(self) -> None:
+        """CONT-13/14: a parent's owned children are resident children of that parent."""
+        assert self.host is not None
+        activations = self.activations()
+        for parent_id, activation in activations.items():
+            for child_id in activation.owned_children:
+                assert child_id in activations, (parent_id, child_id)
+                assert self.parents[child_id] == parent_id
+
+    @invariant()
+    def settled_children_are_not_resident(self) -> None:
+        """CONT-5/6: once the host is quiet an Activation is running (its agent runs or holds
+        unclaimed accepted messages, each still pending in its inbox) or waiting on owned
+        children; never settled."""
+        for child_id, activation in self.activations().items():
+            assert residency(activation) != "settled", child_id
+            inbox = activation.handle.agent.inbox
+            assert all(map(inbox.contains, activation.accepted)), child_id  # CONT-5
+            if self.waiting.get(child_id):
+                assert activation.handle.agent.status == "running"
+
+    @invariant()
+    def no_accepted_message_is_lost(self) -> None:
+        """CONT-5/16: every accepted id is claimed, discarded, or still pending in the inbox of
+        its live agent; never gone without trace."""
+        for message_id, agent_id in self.inserted.items():
+            if message_id in self.claimed or message_id in self.discarded:
+                continue
+            agent = self.live(agent_id) if self.host is not None else None
+            assert agent is not None, f"{message_id} to {agent_id} vanished"
+            assert agent.inbox.contains(message_id), f"{message_id} vanished from {agent_id}"
+
+    # -- unloading the host ----------------------------------------------------------------------
+
+    def close_host(self) -> None:
+        """Unload the host (the manager drains, DRN-1) and prove nothing is left behind."""
+        host, self.host = self.host, None
+        self.root = None
+        assert host is not None
+        manager = host.ctx[SUBAGENTS]._state.continuation
+        agents = host.ctx.agents  # the registry's view outlives the service's withdrawal
+        self.run(host.aclose())
+        assert not manager.activations
+        assert not manager.retiring
+        assert not agents.list()
+
+        async def others() -> set[asyncio.Task[Any]]:
+            return asyncio.all_tasks() - {asyncio.current_task()}  # type: ignore[operator]
+
+        assert not self.run(others())
+        assert _open_fds() == self.baseline_fds
+        self.no_accepted_message_is_lost()
+        self.gates.clear()
+        self.waiting.clear()
+
+    def teardown(self) -> None:
+        try:
+            if self.host is not None:
+                self.close_host()
+        finally:
+            self.runner.close()
+            self.tmp.cleanup()
+
+
+ContinuableMachine.TestCase.settings = settings(
+    max_examples=EXAMPLES, stateful_step_count=STEPS, deadline=None
+)
+TestContinuableMachine = ContinuableMachine.TestCase
