@@ -122,9 +122,10 @@ class ContinuableMachine(RuleBasedStateMachine):
         # every child ever started, in start order, and its durable parent's id
         self.children: list[str] = []
         self.parents: dict[str, str] = {}
-        # the model requests the test holds, by session id: gates to open, and how many wait
+        # the model requests the test holds, by session id: gates to open, and the waits on
+        # them still running (an aborted request cancels its wait: it ends a turn later)
         self.gates: dict[str, list[asyncio.Event]] = {}
-        self.waiting: dict[str, int] = {}
+        self.waiting: dict[str, dict[asyncio.Task[Any], tuple[asyncio.Event, Any]]] = {}
         self.asked: dict[str, asyncio.Event] = {}
         # every message id that entered an inbox (and whose), and what became of it
         self.inserted: dict[str, str] = {}
@@ -159,16 +160,39 @@ class ContinuableMachine(RuleBasedStateMachine):
         while host is not None:
             moved = False
             tasks = [t for t in host.ctx.host.tasks if not t.done()]
+            for session_id in self.waiting:
+                tasks += self.ending(session_id)
             if tasks:
                 await asyncio.wait(tasks)
                 moved = True
             for agent in host.ctx.agents.list():
-                if agent.status == "running" and not self.waiting.get(agent.id):
+                if agent.status == "running" and not self.holds(agent.id):
                     asked = self.asked[agent.id] = asyncio.Event()
                     await _first(agent.when_idle(), asked.wait())
                     moved = True
             if not moved:
                 return
+
+    def held(self, task: asyncio.Task[Any], session_id: str) -> bool:
+        """Whether this wait holds a model request: its gate closed, its request not aborted
+        (an abort cancels the wait a loop turn later), its agent still running."""
+        assert self.host is not None
+        agent = self.host.ctx.agents.get(session_id)
+        if agent is None or agent.status != "running":
+            return False
+        gate, signal = self.waiting[session_id][task]
+        aborted = signal is not None and signal.aborted
+        return not (task.done() or task.cancelling() or gate.is_set() or aborted)
+
+    def holds(self, session_id: str) -> int:
+        """How many of ``session_id``'s model requests are held."""
+        waits = self.waiting.get(session_id, {})
+        return sum(1 for task in waits if self.held(task, session_id))
+
+    def ending(self, session_id: str) -> list[asyncio.Task[Any]]:
+        """``session_id``'s waits that are released or aborted but not yet finished."""
+        waits = self.waiting.get(session_id, {})
+        return [task for task in waits if not self.held(task, session_id)]
 
     def boot(self) -> None:
         """A host on the JSONL folder; the root parent created (first boot) or resumed."""
@@ -216,17 +240,20 @@ class ContinuableMachine(RuleBasedStateMachine):
         gate = asyncio.Event()
         self.gates.setdefault(session_id, []).append(gate)
 
-        async def held() -> None:
-            self.waiting[session_id] = self.waiting.get(session_id, 0) + 1
+        async def hold() -> None:
+            task = asyncio.current_task()
+            assert task is not None
+            waits = self.waiting.setdefault(session_id, {})
+            waits[task] = (gate, request.options.signal)
             asked = self.asked.get(session_id)
             if asked is not None:
                 asked.set()
             try:
                 await gate.wait()
             finally:
-                self.waiting[session_id] -= 1
+                del waits[task]
 
-        return ScriptedReply(text=f"answer {request.index}", wait=held)
+        return ScriptedReply(text=f"answer {request.index}", wait=hold)
 
     def activations(self) -> dict[str, Any]:
         assert self.host is not None
@@ -357,7 +384,7 @@ class ContinuableMachine(RuleBasedStateMachine):
     @rule(pick=st.integers(0, 63), by=st.sampled_from(["user", "ancestor"]))
     def interrupt(self, pick: int, by: str) -> None:
         """INT-1/2: interrupting a child (resident or not) by its direct parent is synchronous
-        and never refused; queued input stays parked."""
+        and refused only for an ancestor the child was not materialized under."""
         child_id = self.children[pick % len(self.children)]
         parent = self.parent_of(child_id)
         if parent is None:
@@ -368,9 +395,21 @@ class ContinuableMachine(RuleBasedStateMachine):
         else:
             authority = AncestorInterruptAuthority(agent=parent)
 
+        activation = self.activations().get(child_id)
+        # INT-1: an ancestor must be in the target's materialization-time ancestry (a root
+        # resumed since is another object); an absent target is a no-op for anyone
+        stranger = by == "ancestor" and activation is not None
+        stranger = stranger and not activation.in_ancestry(parent)
+
         async def inside() -> None:
             parent.ctx[SUBAGENTS].interrupt(child_id, authority)
 
+        if stranger:
+            with pytest.raises(SubagentError) as caught:
+                self.run(inside())
+            assert caught.value.code == "UNAUTHORIZED"
+            event("interrupt: ancestor replaced since materialization")
+            return
         self.run(inside())
 
     @precondition(lambda self: self.children and _has("drain_continuable_children"))
@@ -385,11 +424,19 @@ class ContinuableMachine(RuleBasedStateMachine):
             return
         mine = [c for c in resident if self.parents[c] == parent.id]
         chosen = [mine[(pick + i) % len(mine)] for i in range(how_many)]
+        activations = self.activations()
+        # DRN-3: the parent must be in each target's materialization-time ancestry; a root
+        # resumed since (a new object under the same id) is not
+        stranger = not all(activations[c].in_ancestry(parent) for c in chosen)
         try:
             self.run(parent.ctx[SUBAGENTS].drain_continuable_children(parent, chosen))
         except SubagentError as error:
+            if stranger and error.code == "UNAUTHORIZED":
+                event("drain: parent replaced since materialization")
+                return
             self.refused(error)
             return
+        assert not stranger, "DRN-3: a parent not in the target's ancestry must be refused"
         activations = self.activations()
         assert not any(c in activations for c in chosen)
 
@@ -397,7 +444,7 @@ class ContinuableMachine(RuleBasedStateMachine):
     @rule(pick=st.integers(0, 63))
     def release(self, pick: int) -> None:
         """A child's held model requests complete (its turn goes on or ends)."""
-        held = [c for c in self.children if self.waiting.get(c)]
+        held = [c for c in self.children if self.holds(c)]
         if not held:
             return
         child_id = held[pick % len(held)]
@@ -471,8 +518,6 @@ class ContinuableMachine(RuleBasedStateMachine):
             assert residency(activation) != "settled", child_id
             inbox = activation.handle.agent.inbox
             assert all(map(inbox.contains, activation.accepted)), child_id  # CONT-5
-            if self.waiting.get(child_id):
-                assert activation.handle.agent.status == "running"
 
     @invariant()
     def no_accepted_message_is_lost(self) -> None:
