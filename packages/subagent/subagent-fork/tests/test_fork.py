@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
@@ -30,7 +31,10 @@ from dsh_subagent import (
     DESCRIPTOR_EVENT,
     SUBAGENTS,
     ContinuableCreateRequest,
+    ContinuableStartSpec,
+    CoordinatorMessageSource,
     SubagentCapabilities,
+    SubagentFollowupOptions,
     SubagentResult,
     SubagentRun,
     SubagentService,
@@ -225,3 +229,63 @@ async def test_prepare_continuable_captures_the_prefix_once() -> None:
         await b.host.run(b.parent, "two")
         assert len(spec.seed) == length
         assert spec.seed[-1].type == "turn/end"
+
+
+async def settled(b: Booted, child_id: str) -> None:
+    """Wait (bounded) until continuable child ``child_id`` has no Activation left."""
+    manager = b.svc._state.continuation
+    async with asyncio.timeout(5):
+        while child_id in manager.activations or child_id in manager.retiring:
+            child = b.host.ctx.agents.get(child_id)
+            if child is not None and child.status == "running":
+                await child.when_idle()
+                continue
+            pending = [t for t in b.host.ctx.host.tasks if not t.done()]
+            assert pending, "a resident child that neither runs nor is being disposed"
+            await asyncio.wait(pending)
+
+
+async def test_continuable_fork_end_to_end() -> None:
+    """FORK-1, DSC-5, CONT-10: a continuable fork child sees the parent's completed turns;
+    seed_length is the prefix alone, the descriptor sits in the child's own suffix, turn
+    numbering continues after the inherited turn, the parent hears its settlement, and a
+    follow-up cold-resumes it without re-seeding."""
+    async with boot() as b:
+        await b.host.run(b.parent, "first")
+        prefix_length = last_turn_end(b.parent) + 1
+        started = await b.svc.start_continuable(
+            ContinuableStartSpec(
+                provider="fork",
+                label="forked helper",
+                prompt=text_blocks("child: what do you know?"),
+                parent=b.parent,
+            )
+        )
+        child = b.host.ctx.agents.get(started.child_id)
+        assert child is not None
+        assert child.session.header.seed_length == prefix_length
+        own = child.session.events[prefix_length:]
+        assert [e.type for e in own].count(DESCRIPTOR_EVENT) == 1
+        await settled(b, started.child_id)
+        events = child.session.events
+        assert [e.data.turn for e in events if e.type == "turn/start"] == [1, 2]
+        answers = [m.text for m in child.session.derive_messages() if m.role == "assistant"]
+        assert answers[-1] == "child saw first | child: what do you know?"
+        await b.parent.when_idle()
+        notices = [
+            m for m in b.parent.session.derive_messages() if m.source.kind == "subagent-settled"
+        ]
+        assert len(notices) == 1
+        await b.svc.followup(
+            b.parent,
+            started.child_id,
+            text_blocks("child: and now?"),
+            SubagentFollowupOptions(source=CoordinatorMessageSource(sender_session_id=b.parent.id)),
+        )
+        resumed = b.host.ctx.agents.get(started.child_id)
+        assert resumed is not None and resumed is not child
+        await settled(b, started.child_id)
+        events = resumed.session.events
+        assert [e.data.turn for e in events if e.type == "turn/start"] == [1, 2, 3]
+        assert [e.type for e in events].count(DESCRIPTOR_EVENT) == 1  # never a second one
+        assert check_balanced(events) is None

@@ -25,8 +25,11 @@ from dsh_subagent import (
     SUBAGENTS,
     ContinuableCreateRequest,
     ContinuableCreateSpec,
+    ContinuableStartSpec,
+    CoordinatorMessageSource,
     SubagentCapabilities,
     SubagentError,
+    SubagentFollowupOptions,
     SubagentRun,
     SubagentService,
     SubagentStartRequest,
@@ -227,3 +230,53 @@ async def test_structured_output_through_spawn() -> None:
         scope = child.ctx.scope
         await run.dispose()
         assert b.host.ctx.tools.get("structured_output", scope=scope) is None
+
+
+async def test_continuable_spawn_end_to_end() -> None:
+    """CONT-2, DSC-5, CONT-10: a continuable spawn child starts fresh (no seed, no seed_length,
+    turn 1), settles, and after the spawn plugin unloads a follow-up still cold-resumes it;
+    both epochs report provider spawn."""
+    async with boot() as b:
+        ends: list[Any] = []
+        b.host.ctx.on("subagent/end", ends.append)
+        await b.host.run(b.parent, "parent turn")
+        started = await b.svc.start_continuable(
+            ContinuableStartSpec(
+                provider="spawn", label="helper", prompt=text_blocks("fresh"), parent=b.parent
+            )
+        )
+        child = b.host.ctx.agents.get(started.child_id)
+        assert child is not None
+        assert child.session.header.seed_length is None
+        manager = b.svc._state.continuation
+
+        async def settled() -> None:
+            async with asyncio.timeout(5):
+                while started.child_id in manager.activations or started.child_id in (
+                    manager.retiring
+                ):
+                    agent = b.host.ctx.agents.get(started.child_id)
+                    if agent is not None and agent.status == "running":
+                        await agent.when_idle()
+                        continue
+                    pending = [t for t in b.host.ctx.host.tasks if not t.done()]
+                    assert pending
+                    await asyncio.wait(pending)
+
+        await settled()
+        assert [e.data.turn for e in child.session.events if e.type == "turn/start"] == [1]
+        users = [m.text for m in child.session.derive_messages() if m.role == "user"]
+        assert "parent turn" not in users
+        await b.plugin_context("subagent-spawn").dispose()
+        assert b.svc.get_provider("spawn") is None
+        await b.svc.followup(
+            b.parent,
+            started.child_id,
+            text_blocks("again"),
+            SubagentFollowupOptions(source=CoordinatorMessageSource(sender_session_id=b.parent.id)),
+        )
+        await settled()
+        assert [(e.provider, e.stop_reason) for e in ends] == [
+            ("spawn", "completed"),
+            ("spawn", "completed"),
+        ]

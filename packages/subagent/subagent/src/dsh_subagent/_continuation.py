@@ -62,6 +62,7 @@ from dsh_core import (
     user_message,
 )
 
+from ._control import queued_report
 from ._depth import assert_subagent_max_depth, resolve_child_depth
 from ._descriptor import (
     DESCRIPTOR_EVENT,
@@ -565,10 +566,16 @@ class ContinuationManager:
             source=SubagentSettledMessageSource(sender_session_id=act.child_id, summary=summary),
         )
         try:
+            # BUG-2: never ahead of a report of this child still queued for a next turn.
+            behind = queued_report(parent, act.child_id)
             if self.lineage_closing(parent):
-                parent.inject(message)
+                if behind:
+                    parent.send(message, "next-turn", False)
+                else:
+                    parent.inject(message)
             else:
-                self.send_waking(parent, message, "turn" if parent.status == "idle" else "step")
+                turn = behind or parent.status == "idle"
+                self.send_waking(parent, message, "turn" if turn else "step")
         except Exception:
             _log.warning(
                 "the settlement notice of subagent %s was not delivered to its parent %s",

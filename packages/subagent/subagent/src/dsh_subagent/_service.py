@@ -9,7 +9,7 @@ Lifecycle events are observation only: a listener failure is logged and containe
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Awaitable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -24,6 +24,7 @@ from dsh_core import (
     ToolRestriction,
 )
 
+from . import _control
 from ._continuation import ContinuationManager
 from ._depth import assert_subagent_max_depth
 from ._descriptor import OneShotDescriptor, snapshot_one_shot_descriptor
@@ -36,7 +37,9 @@ from ._types import (
     ResolvedSubagentStartRequest,
     SharedResult,
     SubagentFollowupOptions,
+    SubagentInterruptAuthority,
     SubagentProvider,
+    SubagentReportOptions,
     SubagentRun,
     SubagentRunEndInfo,
     SubagentRunInfo,
@@ -244,6 +247,71 @@ class SubagentService:
         if descriptor is None:
             descriptor = cache[name] = snapshot_one_shot_descriptor(name)
         return descriptor
+
+    # -- reports, interrupts and scoped drains (RPT-S1..3, INT-1/2, DRN-2/3; in _control) ---
+
+    async def report_from(
+        self,
+        child: Agent,
+        content: Sequence[ContentBlock],
+        options: SubagentReportOptions | None = None,
+    ) -> str:
+        """Report ``content`` from continuable child ``child`` to its durable direct parent;
+        return the accepted message id (there is no recipient to choose: one edge up).
+
+        Checks in RPT-S1's order: ``options.signal`` (raised as its own reason), admission
+        for the child's lineage (``DRAINING``), ``child`` being the exact agent of a resident
+        Activation (``UNAUTHORIZED``) that is not being disposed (``ACTIVATION_CLOSING``), a
+        live direct parent (``PARENT_UNAVAILABLE``). The parent receives ``[text "Background
+        subagent <id> reported:", *content]`` from a ``subagent-report`` source, delivered by
+        ``options.delivery``: ``next-step`` (default; steers, waking an idle parent),
+        ``quiet`` (injects, no wake) or ``wakeup`` (a new parent turn). A send that raises is
+        ``PARENT_UNAVAILABLE`` with the error as its cause. Reporting never ends the child's
+        turn, and a report accepted before the child settles reaches the parent's model before
+        its settlement notice, whatever the delivery (RPT-S3, BUG-2). Without an ``agents``
+        service: ``CONTINUATION_UNAVAILABLE`` (SVC-14).
+        """
+        return _control.report_from(self._state.continuation, child, content, options)
+
+    def interrupt(self, target_id: str, authority: SubagentInterruptAuthority) -> None:
+        """Stop resident continuable child ``target_id``'s current turn; returns once the
+        cancel was issued (INT-1).
+
+        ``UserInterruptAuthority(parent_session_id)`` must name the child's durable parent;
+        ``AncestorInterruptAuthority(agent)`` must be the exact live agent, not the target,
+        and in the target's ancestry (``UNAUTHORIZED``; the first two are checked even for an
+        absent target). An absent target and one already being disposed are no-ops. Queued
+        follow-ups stay parked until the next waking send runs them first, in order; the
+        child's own children are not signalled (INT-2, BUG-6). Without an ``agents`` service
+        this does nothing (SVC-14).
+        """
+        _control.interrupt(self._state.continuation, target_id, authority)
+
+    def drain_continuable_descendants(self, parents: Iterable[Agent]) -> Awaitable[None]:
+        """Release every continuable descendant of the exact live agents ``parents``; await
+        the result for the outcome (DRN-2).
+
+        On the call, admission closes under each root until that agent is disposed
+        (``DRAINING`` for a start under it, a follow-up from it or a report from below), and
+        every strict descendant is cancelled; the release then waits for admitted
+        materializations under the roots and disposes the descendants child-first, keeping
+        the roots. Failed branches come as one ``ACTIVATION_TEARDOWN_FAILED`` after every
+        branch settled. A no-op without an ``agents`` service (SVC-14).
+        """
+        return _control.drain_descendants(self._state.continuation, parents)
+
+    def drain_continuable_children(
+        self, parent: Agent, child_ids: Iterable[str]
+    ) -> Awaitable[None]:
+        """Release the selected resident direct children of the exact live ``parent`` and
+        their descendants; await the result for the outcome (DRN-3).
+
+        ``UNAUTHORIZED`` (on the call) for a stale parent or a resident id that is not its
+        direct child; absent ids are skipped. Admission stays open, siblings stay resident;
+        failures come as one ``ACTIVATION_TEARDOWN_FAILED`` after the release. A no-op
+        without an ``agents`` service (SVC-14).
+        """
+        return _control.drain_children(self._state.continuation, parent, child_ids)
 
 
 def _check_fields(request: SubagentStartRequest) -> None:

@@ -378,9 +378,11 @@ class SubagentFollowupOptions:
 
 @attrs.frozen(kw_only=True)
 class SubagentReportOptions:
-    """Options for one continuable child's report to its direct parent."""
+    """Options for one continuable child's report to its direct parent: ``delivery`` is
+    ``next-step`` (steer, the default), ``quiet`` (inject, no wake) or ``wakeup`` (a new
+    parent turn)."""
 
-    delivery: SubagentReportDelivery
+    delivery: SubagentReportDelivery = "next-step"
     signal: AbortSignal = attrs.field(eq=False, factory=AbortSignal)
 
 
