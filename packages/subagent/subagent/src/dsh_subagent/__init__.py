@@ -48,6 +48,7 @@ from ._output import (
 )
 from ._schema import SUPPORTED_KEYWORDS, assert_object_json_schema
 from ._service import SUBAGENTS, SubagentService, SubagentState
+from ._setup import ActivationSetupInstallation, ActivationSetupRegistry, ContinuableSetup
 from ._structured import STRUCTURED_OUTPUT_TOOL, StructuredCapture
 from ._types import (
     KNOWN_STOP_REASONS,
@@ -94,10 +95,13 @@ __all__ = [
     "SUBAGENT_DEPTH_KEY",
     "SUBAGENT_DESCRIPTOR_VERSION",
     "SUPPORTED_KEYWORDS",
+    "ActivationSetupInstallation",
+    "ActivationSetupRegistry",
     "AncestorInterruptAuthority",
     "ContinuableCreateRequest",
     "ContinuableCreateSpec",
     "ContinuableDescriptor",
+    "ContinuableSetup",
     "ContinuableStart",
     "ContinuableStartSpec",
     "CoordinatorMessageSource",

@@ -30,7 +30,7 @@ from ._depth import assert_subagent_max_depth
 from ._descriptor import OneShotDescriptor, snapshot_one_shot_descriptor
 from ._errors import InvalidStartRequestError, SubagentError
 from ._schema import assert_object_json_schema
-from ._setup import ActivationSetupRegistry
+from ._setup import ActivationSetupRegistry, ContinuableSetup
 from ._types import (
     ContinuableStart,
     ContinuableStartSpec,
@@ -60,7 +60,7 @@ class SubagentState:
         self.providers: dict[str, SubagentProvider] = {}
         #: Label-less one-shot descriptors by registry name (immutable values, built once).
         self.descriptors: dict[str, OneShotDescriptor] = {}
-        #: Contributions applied to every continuable child before publication (REG-1..5).
+        #: Setup contributions for continuable children (REG-1..5).
         self.setups = ActivationSetupRegistry()
         #: The continuation manager; unloading the service drains it first (DRN-1).
         self.continuation = ContinuationManager(self)
@@ -312,6 +312,17 @@ class SubagentService:
         without an ``agents`` service (SVC-14).
         """
         return _control.drain_children(self._state.continuation, parent, child_ids)
+
+    # -- continuable setup contributions (REG-1..5) ----------------------------------------------
+
+    def register_continuable_setup(self, setup: ContinuableSetup) -> Registration:
+        """Install ``setup(child_ctx)`` into every later fresh or resumed continuable child.
+
+        The registration belongs to this context: unmounting the registering plugin (or
+        calling the returned registration) revokes the setup from resident children at once
+        (REG-4); a failing disposer surfaces as ``ACTIVATION_SETUP_RELEASE_FAILED`` (REG-5).
+        """
+        return self._state.setups.register(setup, self._ctx)
 
 
 def _check_fields(request: SubagentStartRequest) -> None:
