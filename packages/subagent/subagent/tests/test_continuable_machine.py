@@ -56,12 +56,6 @@ from dsh_subagent.in_process import IN_PROCESS_CAPABILITIES, start_in_process_ru
 T = TypeVar("T")
 
 
-def _has(name: str) -> bool:  # TEMPORARY while the ctl branch is not merged
-    from dsh_subagent import SubagentService
-
-    return hasattr(SubagentService, name)
-
-
 ROOT = "machine-root"
 #: Every await of the machine is bounded by this (seconds); nothing here should take long.
 BOUND = 10
@@ -343,6 +337,46 @@ class ContinuableMachine(RuleBasedStateMachine):
             return
         self.accepted(message_id, child_id)
 
+    @precondition(lambda self: self.children)
+    @rule(pick=st.integers(0, 63))
+    def followup_as_it_settles(self, pick: int) -> None:
+        """CONT-7: a child's held requests complete and, the moment it goes idle (its
+        disposal just opened), its parent follows up: the message waits for the disposal and
+        lands in a new epoch, never in the handle being torn down."""
+        held = [c for c in self.children if self.holds(c)]
+        if not held:
+            return
+        child_id = held[pick % len(held)]
+        child, parent = self.live(child_id), self.parent_of(child_id)
+        if child is None or parent is None:
+            return
+        gates, self.gates[child_id] = self.gates.get(child_id, []), []
+        self.sent += 1
+        options = SubagentFollowupOptions(
+            source=CoordinatorMessageSource(sender_session_id=parent.id)
+        )
+        content = text_blocks(f"right after {self.sent}")
+        asked = self.asked[child_id] = asyncio.Event()
+
+        async def race() -> str:
+            for gate in gates:
+                gate.set()
+            await _first(child.when_idle(), asked.wait())
+            activation = self.activations().get(child_id)
+            closing = activation is not None and activation.closing
+            event("followup as it settles: " + ("closing" if closing else "not settling"))
+            message_id: str = await parent.ctx[SUBAGENTS].followup(
+                parent, child_id, content, options
+            )
+            return message_id
+
+        try:
+            message_id = self.run(race())
+        except SubagentError as error:
+            self.refused(error)
+            return
+        self.accepted(message_id, child_id)
+
     @precondition(lambda self: self.children and self.root is not None)
     @rule(pick=st.integers(0, 63))
     def followup_from_a_stranger(self, pick: int) -> None:
@@ -360,7 +394,7 @@ class ContinuableMachine(RuleBasedStateMachine):
         assert caught.value.code == "UNAUTHORIZED"
         assert sum(1 for target in self.inserted.values() if target == child_id) == before
 
-    @precondition(lambda self: self.children and _has("report_from"))
+    @precondition(lambda self: self.children)
     @rule(pick=st.integers(0, 63), delivery=st.sampled_from(["quiet", "wakeup", "next-step"]))
     def report(self, pick: int, delivery: Any) -> None:
         """RPT-S1..3: a resident child reports one edge up; the id lands in the parent's inbox."""
@@ -378,9 +412,10 @@ class ContinuableMachine(RuleBasedStateMachine):
         except SubagentError as error:
             self.refused(error)
             return
+        event(f"reported ({delivery})")
         self.accepted(message_id, self.parents[child_id])
 
-    @precondition(lambda self: self.children and _has("interrupt"))
+    @precondition(lambda self: self.children)
     @rule(pick=st.integers(0, 63), by=st.sampled_from(["user", "ancestor"]))
     def interrupt(self, pick: int, by: str) -> None:
         """INT-1/2: interrupting a child (resident or not) by its direct parent is synchronous
@@ -410,9 +445,10 @@ class ContinuableMachine(RuleBasedStateMachine):
             assert caught.value.code == "UNAUTHORIZED"
             event("interrupt: ancestor replaced since materialization")
             return
+        event("interrupt: absent (a no-op)" if activation is None else "interrupt: resident")
         self.run(inside())
 
-    @precondition(lambda self: self.children and _has("drain_continuable_children"))
+    @precondition(lambda self: self.children)
     @rule(pick=st.integers(0, 63), how_many=st.integers(1, 3))
     def drain_children(self, pick: int, how_many: int) -> None:
         """DRN-3: a parent releases some of its resident children (and their descendants)."""
@@ -439,6 +475,7 @@ class ContinuableMachine(RuleBasedStateMachine):
         assert not stranger, "DRN-3: a parent not in the target's ancestry must be refused"
         activations = self.activations()
         assert not any(c in activations for c in chosen)
+        event("drained children")
 
     @precondition(lambda self: self.children)
     @rule(pick=st.integers(0, 63))
