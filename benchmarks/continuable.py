@@ -2,12 +2,16 @@
 
 Three measurements, each in a process of its own (``spawn`` provider, scripted model):
 
-- ``roundtrip`` (in memory): a parent's follow-up to its continuable child, through the child's
-  turn, to the settlement notice in the parent's inbox (``agent/inbox/inserted``). Between
-  round trips the child has settled and released its Activation, so each ``followup`` finds it
-  idle in the store and brings it back (CONT-7); the parent's own turn over the notice is left
-  to finish outside the timed span. Reported: ms per round trip, and the part of it spent until
-  ``followup`` returned (acceptance).
+- ``roundtrip`` (in memory), two ways. *Settled*: a parent's follow-up to its continuable child,
+  through the child's turn, to the settlement notice in the parent's inbox
+  (``agent/inbox/inserted``). Between round trips the child has settled and released its
+  Activation, so each ``followup`` brings it back from the store (CONT-7); a fresh child is
+  taken every ``PER_CHILD`` rounds (untimed), since a resume reads the whole log and each round
+  adds a turn to it. The parent's own turn over the notice finishes outside the timed span.
+  Reported: ms per round trip, and the part until ``followup`` returned (acceptance).
+  *Waiting*: the child stays resident and idle because its own child works on; a follow-up
+  wakes the same agent (no resume), and the round trip ends when its turn is done (a waiting
+  child does not settle, so there is no notice).
 - ``resume`` (JSONL): a settled child whose log holds about 10 / 1,000 / 10,000 events, built
   once in a folder; then a fresh process opens the folder, resumes the parent and times one
   follow-up: until acceptance (the cold resume: inspect, load, materialise) and until the
@@ -112,46 +116,77 @@ async def _followup(parent: Any, child_id: str, text: str) -> str:
 
 # -- (a) the follow-up round trip -------------------------------------------------------------
 
+#: Follow-ups per settled child before the next round takes a fresh one: each settled round trip
+#: cold-resumes the child, whose log grows by a turn each time (a resume reads it all).
+PER_CHILD = 10
+
 
 async def _roundtrip(rounds: int) -> dict[str, Any]:
-    from dsh_core.testing import ScriptedAdapter, scripted_host
+    from dsh_core.testing import ScriptedAdapter, ScriptedReply, scripted_host
+
+    never = asyncio.Event()  # the waiting child's own child works until the host closes
+    gate = asyncio.Event()
+
+    def model(request: Any) -> Any:
+        if request.last_user_text == "work forever":
+            return ScriptedReply(text="working", wait=never.wait)
+        if request.last_user_text == "set up":
+            return ScriptedReply(text="ready", wait=gate.wait)
+        return _model(request)
 
     async with scripted_host(
         "subagent",
         "subagent-spawn",
-        model=ScriptedAdapter(_model, record=False),
+        model=ScriptedAdapter(model, record=False),
         invariants=False,
         modules=_modules(),
     ) as host:
         parent = (await host.create_agent(session_id=PARENT)).agent
         watch = _Watch(host, parent)
         async with asyncio.timeout(BOUND):
-            notice = watch.arm()
-            started = await _start(host, parent, "first")
-            await notice
-            await parent.when_idle()
-            for _ in range(20):  # warm-up
-                notice = watch.arm()
-                await _followup(parent, started.child_id, "again")
-                await notice
-                await parent.when_idle()
-            gc.collect()
-            total = accepted = 0.0
-            for _ in range(rounds):
+            # settled: follow-up -> cold resume -> the child's turn -> the notice to the parent
+            settled = accepted = 0.0
+            child_id = ""
+            for i in range(rounds + PER_CHILD):  # the first child's rounds warm up
+                if i % PER_CHILD == 0:
+                    notice = watch.arm()
+                    child_id = (await _start(host, parent, "first")).child_id
+                    await notice
+                    await parent.when_idle()
+                    if i == PER_CHILD:
+                        gc.collect()
                 notice = watch.arm()
                 t0 = time.perf_counter()
-                await _followup(parent, started.child_id, "again")
+                await _followup(parent, child_id, "again")
                 t1 = time.perf_counter()
                 await notice
                 t2 = time.perf_counter()
-                total += t2 - t0
-                accepted += t1 - t0
+                if i >= PER_CHILD:
+                    settled += t2 - t0
+                    accepted += t1 - t0
                 await parent.when_idle()
+            # waiting: a resident idle child (its own child still works) is woken in place
+            started = await _start(host, parent, "set up")
+            middle = host.ctx.agents.get(started.child_id)
+            await _start(host, middle, "work forever")
+            gate.set()
+            await middle.when_idle()
+            for _ in range(PER_CHILD):  # warm-up
+                await _followup(parent, started.child_id, "again")
+                await middle.when_idle()
+            gc.collect()
+            t0 = time.perf_counter()
+            for _ in range(rounds):
+                await _followup(parent, started.child_id, "again")
+                await middle.when_idle()
+            waiting = time.perf_counter() - t0
+            never.set()
     return {
         "measure": "roundtrip",
         "rounds": rounds,
-        "ms": total / rounds * 1000,
+        "ms": settled / rounds * 1000,
         "accept_ms": accepted / rounds * 1000,
+        "waiting_ms": waiting / rounds * 1000,
     }
 
 
@@ -328,8 +363,9 @@ def main() -> None:
     if "roundtrip" in only:
         r = _run_child(["--child", "roundtrip", "--rounds", str(args.rounds)])
         print(
-            f"roundtrip (memory)  {r['ms']:.3f} ms per follow-up -> notice "
-            f"({r['accept_ms']:.3f} ms until accepted), {r['rounds']} rounds"
+            f"roundtrip (memory)  settled child: {r['ms']:.3f} ms per follow-up -> notice "
+            f"({r['accept_ms']:.3f} ms until accepted); waiting child: {r['waiting_ms']:.3f} ms "
+            f"per follow-up -> its turn done; {r['rounds']} rounds each"
         )
     if "resume" in only:
         for size in args.sizes:
