@@ -283,7 +283,7 @@ def thorough(session: nox.Session) -> None:
 def continuable_machine(session: nox.Session) -> None:
     """Slow tier, outside the default set: the continuation manager's state machine, longer.
 
-    The default run (in ``tests`` and ``all``) explores 200 examples of up to 12 steps; this
+    The default run (in ``tests`` and ``all``) explores 200 examples of up to 16 steps; this
     one explores ``DSH_CONTINUABLE_EXAMPLES`` (default 5000) of up to ``DSH_CONTINUABLE_STEPS``
     (default 30). Set either in the environment to change it.
     """

@@ -4,9 +4,10 @@ One root parent on a JSONL store starts continuable children (and children start
 grandchildren); the test follows up with them, makes them report, interrupts them, drains some,
 lets their held model requests complete one child at a time, disposes and resumes the root, and
 restarts the whole host on the same folder (cold resume from disk). After every step the
-manager's residency bookkeeping must match the live agents, and no accepted message may vanish
-while its agent is resident; after every host unload nothing may be left: no agent, task,
-Activation or open file (CONT-4..16, SET-1, RPT-S1..3, INT-1/2, DRN-1, DRN-3; issue 13 "Tests").
+manager's residency bookkeeping must match the live agents, no accepted message may vanish
+(only a release may discard one), and each settled epoch sends its parent one notice while the
+parent still owns it; after every host unload nothing may be left: no agent, task, Activation or
+open file (CONT-4..16, SET-1, RPT-S1..3, INT-1/2, DRN-1, DRN-3; issue 13 "Tests").
 
 Each step ends once the host is quiet: every host task done, and every live agent idle or held
 in a model request the test has not released. The state a step leaves is then the same however
@@ -14,11 +15,12 @@ the persistence threads were scheduled, so hypothesis replays an example exactly
 
 What it reads of the manager's private state (by name): ``SubagentState.continuation``, the
 ``ContinuationManager``; its ``activations`` (child id -> resident Activation) and ``retiring``;
-of each Activation ``handle`` (its ``agent``), ``owned_children`` (ids), ``closing`` (disposal
-began), and ``residency()`` of ``dsh_subagent._continuation``. Of the host: ``Host.tasks``.
+of each Activation ``handle`` (its ``agent``), ``owned_children`` (ids), ``accepted`` (ids),
+``closing`` (disposal began) and ``in_ancestry(agent)``, and ``residency()`` of
+``dsh_subagent._continuation``. Of the host: ``Host.tasks``.
 
 Run it longer with ``nox -s continuable_machine``; ``DSH_CONTINUABLE_EXAMPLES`` and
-``DSH_CONTINUABLE_STEPS`` set the size (by default 200 examples of up to 12 steps).
+``DSH_CONTINUABLE_STEPS`` set the size (by default 200 examples of up to 16 steps).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import os
 import tempfile
+from collections import Counter
 from collections.abc import Awaitable, Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
@@ -48,6 +51,8 @@ from dsh_subagent import (
     SubagentError,
     SubagentFollowupOptions,
     SubagentReportOptions,
+    SubagentRunEndInfo,
+    SubagentSettledMessageSource,
     UserInterruptAuthority,
 )
 from dsh_subagent._continuation import residency
@@ -60,7 +65,7 @@ ROOT = "machine-root"
 #: Every await of the machine is bounded by this (seconds); nothing here should take long.
 BOUND = 10
 EXAMPLES = int(os.environ.get("DSH_CONTINUABLE_EXAMPLES", "200"))
-STEPS = int(os.environ.get("DSH_CONTINUABLE_STEPS", "12"))
+STEPS = int(os.environ.get("DSH_CONTINUABLE_STEPS", "16"))
 #: The stores live in memory-backed files where there are some: every flush ends in an fsync.
 SCRATCH = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
 #: Refusals a step may meet by the documented rules (CONT-1, CONT-13, DRN-1..3, RPT-S1).
@@ -125,6 +130,16 @@ class ContinuableMachine(RuleBasedStateMachine):
         self.inserted: dict[str, str] = {}
         self.claimed: set[str] = set()
         self.discarded: set[str] = set()
+        # settlement notices (SET-1): by sender; epochs ended, and those whose parent was live
+        self.noticed: Counter[str] = Counter()
+        self.ended: Counter[str] = Counter()
+        self.live_ends: Counter[str] = Counter()
+        self.misdelivered: list[str] = []
+        self.refusals = 0
+        # a step that releases agents (a drain, the root's disposal, the host's unload) may
+        # discard their pending input (CONT-14 step 1, SET-4); no other step may
+        self.releasing = False
+        self.undocumented: list[str] = []
         self.sent = 0
         self.runner.get_loop()  # the loop's own files (selector, self-pipe) are the baseline
         self.baseline_fds = _open_fds()
@@ -204,6 +219,9 @@ class ContinuableMachine(RuleBasedStateMachine):
             host.ctx.on("agent/inbox/inserted", self.on_inserted)
             host.ctx.on("agent/inbox/claimed", self.on_claimed)
             host.ctx.on("agent/inbox/discarded", self.on_discarded)
+            host.ctx.on("subagent/end", self.on_end)
+            self.manager = host.ctx[SUBAGENTS]._state.continuation
+            self.agents = host.ctx.agents
             await self.open_root()
 
         self.run(start())
@@ -219,12 +237,27 @@ class ContinuableMachine(RuleBasedStateMachine):
 
     def on_inserted(self, agent: Agent, message: Message) -> None:
         self.inserted[message.id] = agent.id
+        source = message.source
+        if isinstance(source, SubagentSettledMessageSource):
+            sender = source.sender_session_id
+            self.noticed[sender] += 1
+            owner = self.manager.activations.get(agent.id)
+            if owner is not None and sender not in owner.owned_children:
+                self.misdelivered.append(f"{sender}'s notice reached {agent.id} after release")
+
+    def on_end(self, info: SubagentRunEndInfo) -> None:
+        self.ended[info.id] += 1
+        parent_id = self.parents.get(info.id)
+        if parent_id is not None and self.agents.get(parent_id) is not None:
+            self.live_ends[info.id] += 1
 
     def on_claimed(self, agent: Agent, message: Message, turn: int) -> None:
         self.claimed.add(message.id)
 
     def on_discarded(self, agent: Agent, message: Message) -> None:
         self.discarded.add(message.id)
+        if not self.releasing:  # CONT-14 step 1: only a release clears an inbox
+            self.undocumented.append(f"{message.id} discarded from {agent.id}")
 
     def script(self, request: ScriptedRequest) -> ScriptedReply | str:
         """The root answers at once; a child's request is held until the test releases it."""
@@ -273,6 +306,7 @@ class ContinuableMachine(RuleBasedStateMachine):
     def refused(self, error: SubagentError, *, duplicate: bool = False) -> None:
         """A refusal is one the contract documents (a taken id: DUPLICATE_CHILD, CONT-1)."""
         event(f"refused {error.code}")
+        self.refusals += 1  # a call refused after publication rolls back: no notice (SET-1)
         assert error.code in DOCUMENTED, error
         if duplicate:  # CONT-1: only admission (step 1) is checked before the id (step 4)
             assert error.code in {"DUPLICATE_CHILD", "DRAINING"}, error
@@ -280,7 +314,7 @@ class ContinuableMachine(RuleBasedStateMachine):
     # -- rules -----------------------------------------------------------------------------------
 
     @precondition(lambda self: self.root is not None)
-    @rule(pick=st.integers(0, 7), reserve=st.sampled_from(["fresh", "named", "taken"]))
+    @rule(pick=st.integers(0, 7), reserve=st.sampled_from(["fresh", "named", "fresh", "taken"]))
     def start(self, pick: int, reserve: str) -> None:
         """CONT-1/2/13: start a child under the root or a resident child."""
         assert self.root is not None
@@ -465,6 +499,7 @@ class ContinuableMachine(RuleBasedStateMachine):
         # resumed since (a new object under the same id) is not
         stranger = not all(activations[c].in_ancestry(parent) for c in chosen)
         try:
+            self.releasing = True
             self.run(parent.ctx[SUBAGENTS].drain_continuable_children(parent, chosen))
         except SubagentError as error:
             if stranger and error.code == "UNAUTHORIZED":
@@ -472,6 +507,8 @@ class ContinuableMachine(RuleBasedStateMachine):
                 return
             self.refused(error)
             return
+        finally:
+            self.releasing = False
         assert not stranger, "DRN-3: a parent not in the target's ancestry must be refused"
         activations = self.activations()
         assert not any(c in activations for c in chosen)
@@ -498,7 +535,11 @@ class ContinuableMachine(RuleBasedStateMachine):
     def dispose_root(self) -> None:
         """The root parent goes away: its children's notices are dropped (SET-1)."""
         assert self.root_handle is not None
-        self.run(self.root_handle.dispose())
+        self.releasing = True
+        try:
+            self.run(self.root_handle.dispose())
+        finally:
+            self.releasing = False
         self.root = None
 
     @precondition(lambda self: self.root is None)
@@ -557,9 +598,22 @@ class ContinuableMachine(RuleBasedStateMachine):
             assert all(map(inbox.contains, activation.accepted)), child_id  # CONT-5
 
     @invariant()
+    def one_notice_per_settled_epoch(self) -> None:
+        """SET-1: at most one settlement notice per epoch, each delivered while the parent
+        still owns the child; every epoch that ended with its parent live sent one (but for
+        materializations rolled back by a refused call)."""
+        assert not self.misdelivered, self.misdelivered
+        for child_id, count in self.noticed.items():
+            assert count <= self.ended[child_id], child_id
+        missing = sum(max(0, n - self.noticed[c]) for c, n in self.live_ends.items())
+        assert missing <= self.refusals, (dict(self.live_ends), dict(self.noticed))
+
+    @invariant()
     def no_accepted_message_is_lost(self) -> None:
-        """CONT-5/16: every accepted id is claimed, discarded, or still pending in the inbox of
-        its live agent; never gone without trace."""
+        """CONT-5/7/16, INT-2: every accepted id is claimed, discarded by a release (a drain,
+        a disposal, an unload), or still pending in the inbox of its live agent: a settlement
+        or an interrupt never drops queued input."""
+        assert not self.undocumented, self.undocumented
         for message_id, agent_id in self.inserted.items():
             if message_id in self.claimed or message_id in self.discarded:
                 continue
@@ -576,7 +630,11 @@ class ContinuableMachine(RuleBasedStateMachine):
         assert host is not None
         manager = host.ctx[SUBAGENTS]._state.continuation
         agents = host.ctx.agents  # the registry's view outlives the service's withdrawal
-        self.run(host.aclose())
+        self.releasing = True
+        try:
+            self.run(host.aclose())
+        finally:
+            self.releasing = False
         assert not manager.activations
         assert not manager.retiring
         assert not agents.list()
