@@ -30,6 +30,7 @@ from dsh_core import (
     Message,
     PreStep,
     PreStepDecision,
+    SessionError,
     SessionMeta,
     ToolDefinition,
     ToolRestriction,
@@ -57,6 +58,7 @@ from dsh_subagent import (
     ContinuableStart,
     ContinuableStartSpec,
     CoordinatorMessageSource,
+    DescriptorError,
     InvalidMaxDepthError,
     ResolvedSubagentStartRequest,
     SubagentCapabilities,
@@ -369,6 +371,9 @@ async def test_start_checks_run_in_order_before_the_provider() -> None:
         with pytest.raises(SubagentError) as caught:
             await b.start(provider="nope")
         assert caught.value.code == "NO_PROVIDER"
+        with pytest.raises(SubagentError, match="provided by dsh-subagent-spawn") as caught:
+            await b.start(provider="spawn")
+        assert "registered providers: 'local', 'oneshot'" in str(caught.value)
         with pytest.raises(SubagentError) as caught:
             await b.start(provider="oneshot")
         assert caught.value.code == "UNSUPPORTED_CAPABILITY"
@@ -919,20 +924,30 @@ def kinds(messages: list[Message]) -> list[str]:
 
 
 async def test_busy_parent_gets_the_notice_at_its_next_step() -> None:
-    """SET-3, BUG-2: a child settling while its parent is in a model request is steered into
-    the parent's next-step batch (no next-turn item, no new parent turn)."""
+    """SET-3, BUG-2: children settling while their parent is in a model request are steered
+    into the parent's next-step batch (no next-turn item, no new parent turn): both notices
+    enter the parent's next step together."""
     model = Model()
     async with boot(model) as b:
         b.parent.followup(user_message("hold parent"))
         await b.until(lambda: model.held(b.parent.id))
-        started = await b.start("quick")
-        await b.settled(started.child_id)
-        assert kinds(b.parent.inbox.next_step) == ["subagent-settled"]
+        one = await b.start("quick one")
+        two = await b.start("quick two")
+        await b.settled(one.child_id)
+        await b.settled(two.child_id)
+        assert kinds(b.parent.inbox.next_step) == ["subagent-settled", "subagent-settled"]
         assert b.parent.inbox.next_turn == []
         model.release("hold parent")
         await b.until(lambda: b.parent.status == "idle")
         assert [e.data.turn for e in b.parent.session.events if e.type == "turn/start"] == [1]
-        assert len(notices_of(b.parent)) == 1
+        steps: list[int] = []
+        step = 0
+        for e in b.parent.session.events:
+            if e.type == "step/start":
+                step = e.data.step
+            elif e.type == "user/message" and kinds([e.data]) == ["subagent-settled"]:
+                steps.append(step)
+        assert steps == [2, 2]
 
 
 async def test_notice_is_sent_while_the_parent_still_owns_the_child() -> None:
@@ -1039,3 +1054,172 @@ async def test_unloading_the_service_drains_it() -> None:
         assert [e.stop_reason for e in b.ends()] == ["aborted"]
         assert b.host.ctx.agents.get(started.child_id) is None
         assert state.continuation.activations == {}
+
+
+async def test_start_under_a_closing_parent_activation_rolls_back() -> None:
+    """CONT-3, CONT-13: a start under a continuable parent whose Activation begins disposal
+    during the child's creation fails ACTIVATION_CLOSING and leaves no child behind."""
+    model = Model()
+    async with boot(model) as b:
+        mid = await b.start("hold mid")
+        mid_act = b.manager.activations[mid.child_id]
+        disposals: list[asyncio.Task[None]] = []
+
+        def on_created(agent: Agent) -> None:
+            if agent.id == "session-grand":
+                disposals.append(asyncio.ensure_future(mid_act.dispose()))
+
+        b.host.ctx.on("agent/created", on_created)
+        with pytest.raises(SubagentError) as caught:
+            await b.svc.start_continuable(
+                b.spec("grand", parent=mid_act.agent, child_id="session-grand")
+            )
+        assert caught.value.code == "ACTIVATION_CLOSING"
+        async with asyncio.timeout(5):
+            await disposals[0]
+        assert not live(b, "session-grand")
+        assert not live(b, mid.child_id)
+
+
+async def test_accepted_is_forgotten_when_the_send_throws(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """CONT-5: a follow-up whose inbox send throws leaves no id in accepted, so the child is
+    not pinned as running and still settles."""
+    model = Model()
+    async with boot(model) as b:
+        started = await b.start("hold on")
+        act = b.manager.activations[started.child_id]
+        original = Agent.followup
+
+        def refusing(self: Agent, message: Message) -> None:
+            if self is act.agent and message.text == "refused":
+                raise RuntimeError("no")
+            original(self, message)
+
+        monkeypatch.setattr(Agent, "followup", refusing)
+        with pytest.raises(RuntimeError):
+            await b.send(started.child_id, "refused")
+        assert act.accepted == set()
+        model.release("hold on")
+        await b.settled(started.child_id)
+
+
+async def test_delivery_racing_disposal_waits_then_resumes() -> None:
+    """CONT-7, hardening 11.8: follow-ups arriving while the settled child is being disposed
+    (held in its final flush) wait for that disposal; one whose task is cancelled meanwhile
+    cancels nothing of it, the other lands in a new epoch (a new agent)."""
+    async with boot() as b:
+        gate = asyncio.Event()
+        flushing: list[str] = []
+
+        async def slow_flush(session: Any) -> None:
+            if session.header.parent_session == b.parent.id and not flushing:
+                flushing.append(session.id)
+                b.changed.set()
+                await gate.wait()
+
+        b.host.ctx.on("session/flush", slow_flush)
+        started = await b.start("first")
+        await b.until(lambda: bool(flushing))
+        act = b.manager.activations[started.child_id]
+        assert act.closing
+        cancelled = asyncio.ensure_future(b.send(started.child_id, "cancelled"))
+        second = asyncio.ensure_future(b.send(started.child_id, "second"))
+        cancelled.cancel()
+        gate.set()
+        async with asyncio.timeout(5):
+            message_id = await second
+        assert cancelled.cancelled()
+        assert b.manager.activations[started.child_id] is not act
+        await b.settled(started.child_id)
+        first, later = b.ends()
+        assert first.stop_reason == later.stop_reason == "completed"
+        assert blocks_text(later.last_assistant_message) == "answer: second"
+        handle = await b.host.resume_agent(started.child_id)
+        users = [m.id for m in handle.agent.session.derive_messages() if m.role == "user"]
+        assert message_id in users
+        await handle.dispose()
+
+
+async def test_abort_during_cold_inspect_rejects_with_the_reason() -> None:
+    """CONT-9: the caller's signal is forwarded to persistence.inspect; aborted there, the
+    follow-up rejects with the abort reason itself and nothing is resumed or delivered."""
+    async with boot() as b:
+        started = await b.start("first")
+        await b.settled(started.child_id)
+        persistence = b.host.ctx.session_persistence
+        inspect = persistence.inspect
+        controller = AbortController()
+        seen: list[Any] = []
+
+        async def aborting_inspect(id: str, signal: Any = None) -> Any:
+            seen.append(signal)
+            controller.abort("changed my mind")
+            return await inspect(id, signal)
+
+        persistence.inspect = aborting_inspect
+        with pytest.raises(AbortedError) as caught:
+            await b.send(started.child_id, "never", signal=controller.signal)
+        del persistence.inspect
+        assert caught.value.reason == "changed my mind"
+        assert seen == [controller.signal]
+        assert not live(b, started.child_id)
+        assert len(b.ends()) == 1
+
+
+@pytest.mark.parametrize("store", ["memory", "jsonl"])
+async def test_reserved_id_no_store_can_hold_is_refused_as_such(store: str, tmp_path: Path) -> None:
+    """CONT-1, hardening 11.5: a reserved child_id that cannot name a session fails
+    SESSION_INVALID_ID on every store (not DUPLICATE_CHILD) and leaves nothing behind."""
+    async with boot(store=store, store_root=tmp_path) as b:
+        for bad in ("", "a/b", ".."):
+            with pytest.raises(SessionError) as caught:
+                await b.start(child_id=bad)
+            assert caught.value.code == "SESSION_INVALID_ID"
+        assert b.host.ctx.agents.list() == [b.parent]
+        assert b.manager.activations == {}
+
+
+async def test_cold_resume_of_unsupported_or_malformed_descriptors() -> None:
+    """CONT-10, DSC-2: a child whose own descriptor has another version is NOT_RESUMABLE; a
+    malformed current-version descriptor surfaces as the parser's DescriptorError; neither
+    leaves a live agent."""
+    async with boot() as b:
+        for child_id, payload in (
+            ("session-future", {"version": 3, "mode": "continuable"}),
+            ("session-broken", {"version": 2, "mode": "continuable", "provider": "local"}),
+        ):
+            handle = await b.host.create_agent(
+                session_id=child_id,
+                meta=SessionMeta(cwd=str(Path.cwd()), parent_session=b.parent.id),
+            )
+            handle.agent.session.append(DESCRIPTOR_EVENT, payload, ignorable=True)
+            await handle.dispose()
+        with pytest.raises(SubagentError, match="no supported continuation state") as caught:
+            await b.send("session-future", "hi")
+        assert caught.value.code == "NOT_RESUMABLE"
+        with pytest.raises(DescriptorError):
+            await b.send("session-broken", "hi")
+        assert b.host.ctx.agents.list() == [b.parent]
+
+
+async def test_drain_on_the_jsonl_store_leaves_nothing_open(tmp_path: Path) -> None:
+    """DRN-1: after the drain on the JSONL store no child agent, Activation, settlement task
+    or held log is left, and the children's logs stay stored."""
+    model = Model()
+    async with boot(model, store="jsonl", store_root=tmp_path) as b:
+        mid = await b.start("hold mid")
+        mid_agent = b.manager.activations[mid.child_id].agent
+        leaf = await b.svc.start_continuable(b.spec("hold leaf", parent=mid_agent))
+        async with asyncio.timeout(5):
+            await b.manager.drain()
+            await b.host.ctx.host.drain_tasks()
+        persistence = b.host.ctx.session_persistence
+        assert b.host.ctx.agents.list() == [b.parent]
+        assert b.manager.activations == {} and b.manager.materializations == set()
+        assert b.host.ctx.host.tasks == set()
+        held = {*persistence._tracked, *persistence._prepared, *persistence._closing}
+        assert held == {b.parent.id}
+        stored = {h.id for h in await persistence.list()}
+        assert {mid.child_id, leaf.child_id} <= stored

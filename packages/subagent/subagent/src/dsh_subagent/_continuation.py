@@ -18,8 +18,9 @@ Names other modules build on (kept stable):
   admission is closed; the scoped drains fill it), ``closed`` (the manager-wide drain began),
   ``materializations`` (admitted creations and resumes still in flight, each with its
   ``lineage``), ``check_admission(lineage)`` (``DRAINING``), ``lineage_of(agent)``,
-  ``activation_of(agent)``, ``submit(activation, message)``, ``send_waking(agent, message,
-  target)``, ``drain()``.
+  ``activation_of(agent)``, ``lineage_closing(agent)``, ``submit(activation, message)``,
+  ``send_waking(agent, message, target)``, ``cancel_tree(activation)`` (close and cancel an
+  Activation and its resident descendants top-down, synchronously), ``drain()``.
 - :class:`Activation`: ``child_id``, ``parent_session``, ``provider``, ``handle``,
   ``ancestry``, ``owned_children``, ``accepted``, ``announced``, ``closing``, ``owner`` (the
   parent's Activation holding this child in its ``owned_children``), ``agent``,
@@ -48,6 +49,7 @@ from dsh_core import (
     ContentBlock,
     Context,
     CreateAgentOptions,
+    DshError,
     Message,
     ResumeAgentOptions,
     ServiceKey,
@@ -71,7 +73,7 @@ from ._descriptor import (
     fold_descriptor,
     snapshot_continuable_descriptor,
 )
-from ._errors import SubagentError
+from ._errors import SubagentError, no_provider
 from ._output import continuable_stop_reason, select_output
 from ._types import (
     ContinuableCreateRequest,
@@ -217,12 +219,16 @@ class Activation:
                 out.append(agent)
         return out
 
-    async def dispose(self) -> None:
+    def dispose(self) -> Awaitable[None]:
         """Dispose this Activation in CONT-14's order (memoized: every caller shares one
         teardown, and no caller's cancellation stops it, hardening 11.8). Raises
-        ``ACTIVATION_TEARDOWN_FAILED`` when any step failed; the child is released anyway."""
+        ``ACTIVATION_TEARDOWN_FAILED`` when any step failed; the child is released anyway.
+
+        ``closing`` is set by the call itself, before the returned awaitable runs, so
+        admission to this Activation is refused from that moment on.
+        """
         self.closing = True
-        await self._disposal.run(self._teardown)
+        return self._disposal.run(self._teardown)
 
     async def ended(self) -> None:
         """Wait until this Activation's disposal finished, whatever its outcome."""
@@ -463,7 +469,7 @@ class ContinuationManager:
 
     # -- disposal (CONT-14) ---------------------------------------------------------------------
 
-    def _cancel_tree(self, act: Activation) -> None:
+    def cancel_tree(self, act: Activation) -> None:
         """Top-down, in one synchronous span: close and cancel ``act`` and every resident
         descendant (inboxes cleared)."""
         act.closing = True
@@ -471,7 +477,7 @@ class ContinuationManager:
         for child_id in tuple(act.owned_children):
             child = self.activations.get(child_id)
             if child is not None and not child.closing:
-                self._cancel_tree(child)
+                self.cancel_tree(child)
 
     async def _teardown(self, act: Activation) -> None:
         failures: list[BaseException] = []
@@ -480,7 +486,7 @@ class ContinuationManager:
         output: tuple[ContentBlock, ...] | None = None
         try:
             # 1-2. cancel without keeping the inbox, the whole subtree top-down, at once.
-            self._cancel_tree(act)
+            self.cancel_tree(act)
             # 3. dispose owned children (each its own memoized teardown), collecting failures.
             children = [
                 c
@@ -807,14 +813,19 @@ class ContinuationManager:
     async def _refuse_stored_id(
         self, persistence: SessionPersistence, child_id: str, signal: AbortSignal
     ) -> None:
-        """A reserved id must name no stored session (CONT-1 step 10)."""
+        """A reserved id must name no stored session (CONT-1 step 10). An id no store can
+        hold (``SESSION_INVALID_ID``) or a store that cannot be read (``SESSION_IO``) fails as
+        such; any other stored entry, readable or damaged, is ``DUPLICATE_CHILD``."""
         try:
             await persistence.inspect(child_id, signal)
         except AbortedError:
             raise
         except Exception as exc:
-            if getattr(exc, "code", None) == "SESSION_NOT_FOUND":
+            code = getattr(exc, "code", None)
+            if code == "SESSION_NOT_FOUND":
                 return
+            if code in ("SESSION_INVALID_ID", "SESSION_IO") or not isinstance(exc, DshError):
+                raise
         raise _error(f"child id {child_id} is already in use", "DUPLICATE_CHILD")
 
     async def _prepare(
@@ -822,7 +833,7 @@ class ContinuationManager:
     ) -> ContinuableCreateSpec:
         provider = self.state.providers.get(name)
         if provider is None:
-            raise _error(f"no subagent provider is registered as {name!r}", "NO_PROVIDER")
+            raise _error(no_provider(name, self.state.providers), "NO_PROVIDER")
         prepare = getattr(provider, "prepare_continuable", None)
         if prepare is None:
             raise _error(
@@ -921,7 +932,11 @@ class ContinuationManager:
                             agent_options=AgentOptions(
                                 provider=descriptor.agent_provider, model=descriptor.agent_model
                             ),
-                            signal=signal,
+                            # Not the caller's signal: the resume then runs inline, so a
+                            # caller cancelled meanwhile unwinds its hold on the stored log
+                            # before this child's lock is let go (the signal is checked
+                            # again right after, at admission).
+                            signal=None,
                             setup=self._setup(
                                 descriptor=None,
                                 persona=descriptor.persona,
@@ -979,7 +994,7 @@ class ContinuationManager:
             if not branches:  # an ownership cycle cannot form; release whatever is left
                 branches = [*self.activations.values(), *self.retiring.values()]
             for branch in branches:
-                self._cancel_tree(branch)
+                self.cancel_tree(branch)
             outcomes = await asyncio.gather(
                 *(b.dispose() for b in branches), return_exceptions=True
             )

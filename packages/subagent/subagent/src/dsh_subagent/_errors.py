@@ -8,6 +8,8 @@ mistyped request fields raise a ``TypeError``, and depths outside the safe-integ
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from dsh_core import DshError
 
 __all__ = [
@@ -67,3 +69,24 @@ class DescriptorError(DshError, ValueError):
     """A persisted ``subagent/descriptor`` payload of the current version is malformed."""
 
     code = "SUBAGENT_DESCRIPTOR_INVALID"
+
+
+#: Provider names the project's own distributions register, for NO_PROVIDER's hint.
+_KNOWN_PROVIDERS = {
+    "spawn": "dsh-subagent-spawn",
+    "fork": "dsh-subagent-fork",
+    "acp": "dsh-subagent-acp",
+}
+
+
+def no_provider(name: str, registered: Iterable[str]) -> str:
+    """NO_PROVIDER's text: what is registered, and where a well-known name comes from."""
+    message = f"no subagent provider is registered as {name!r}; registered providers: "
+    message += ", ".join(map(repr, registered)) or "none"
+    distribution = _KNOWN_PROVIDERS.get(name)
+    if distribution is not None:
+        message += (
+            f". {name!r} is provided by {distribution}: install it and mount its plugin "
+            f"{distribution.removeprefix('dsh-')}"
+        )
+    return message

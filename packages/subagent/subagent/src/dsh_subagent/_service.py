@@ -28,7 +28,7 @@ from . import _control
 from ._continuation import ContinuationManager
 from ._depth import assert_subagent_max_depth
 from ._descriptor import OneShotDescriptor, snapshot_one_shot_descriptor
-from ._errors import InvalidStartRequestError, SubagentError
+from ._errors import InvalidStartRequestError, SubagentError, no_provider
 from ._schema import assert_object_json_schema
 from ._setup import ActivationSetupRegistry, ContinuableSetup
 from ._types import (
@@ -73,12 +73,6 @@ class SubagentState:
 #: Typed access to the service: ``ctx[SUBAGENTS]`` (``ctx.subagents`` is untyped).
 SUBAGENTS: ServiceKey[SubagentService] = ServiceKey("subagents")
 
-#: Provider names the project's own distributions register, for NO_PROVIDER's hint.
-_KNOWN_PROVIDERS = {
-    "spawn": "dsh-subagent-spawn",
-    "fork": "dsh-subagent-fork",
-    "acp": "dsh-subagent-acp",
-}
 #: The caller fields a resolved request copies (SVC-7).
 _REQUEST_FIELDS = tuple(a.name for a in attrs.fields(SubagentStartRequest))
 _CAPABILITY_ORDER = (
@@ -159,7 +153,7 @@ class SubagentService:
         """
         provider = self._state.providers.get(name)
         if provider is None:
-            raise SubagentError(self._no_provider(name), code="NO_PROVIDER")
+            raise SubagentError(no_provider(name, self._state.providers), code="NO_PROVIDER")
         caps = provider.capabilities
         for field, flag in _CAPABILITY_ORDER:
             if getattr(request, field) is not None and not getattr(caps, flag):
@@ -224,19 +218,6 @@ class SubagentService:
         ``options.source`` is attribution, never authority.
         """
         return await self._state.continuation.followup(parent, child_id, content, options)
-
-    def _no_provider(self, name: str) -> str:
-        """NO_PROVIDER's text: what is registered, and where a well-known name comes from."""
-        registered = ", ".join(map(repr, self._state.providers)) or "none"
-        message = f"no subagent provider is registered as {name!r}; registered providers: "
-        message += registered
-        distribution = _KNOWN_PROVIDERS.get(name)
-        if distribution is not None:
-            message += (
-                f". {name!r} is provided by {distribution}: install it and mount its plugin "
-                f"{distribution.removeprefix('dsh-')}"
-            )
-        return message
 
     def _descriptor(self, name: str, label: str | None) -> OneShotDescriptor:
         """SVC-7's descriptor; the label-less one is an immutable value kept per name."""
