@@ -16,6 +16,8 @@ from typing import Any
 
 import attrs
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import dsh_subagent.plugin
 from dsh_core import (
@@ -319,6 +321,18 @@ async def test_delivery_to_a_busy_parent_picks_its_queue(delivery: str, queue: s
         held.set()
 
 
+async def test_an_unknown_delivery_is_refused_before_anything_is_sent() -> None:
+    """RPT-S2: a delivery other than quiet, next-step or wakeup raises ValueError and delivers
+    nothing."""
+    async with world() as w:
+        kid, gate = await w.start(w.root, "kid", hold=True)
+        with pytest.raises(ValueError, match="unknown report delivery 'loud'"):
+            await w.svc.report_from(kid, report("x"), opts("loud"))
+        assert len(w.root.inbox) == 0
+        assert gate is not None
+        gate.set()
+
+
 # -- report_from: its checks, in order (RPT-S1, RPT-S3) -------------------------------------------
 
 
@@ -492,6 +506,47 @@ async def test_a_notice_injected_during_a_drain_stays_behind_the_reports(deliver
         assert kinds(shown) == ["user", "subagent-report", "subagent-settled"]
         notice = shown[-1]
         assert notice.content[0].text == "Background subagent kid was stopped before it finished."
+
+
+@settings(max_examples=25)
+@given(
+    deliveries=st.lists(st.sampled_from(["quiet", "next-step", "wakeup"]), min_size=1, max_size=4),
+    parent=st.sampled_from(["idle", "busy", "draining"]),
+)
+async def test_no_mix_of_deliveries_lets_a_notice_overtake_a_report(
+    deliveries: list[str], parent: str
+) -> None:
+    """BUG-2, RPT-S2, SET-3, seam-continuable 13.3: for any mix of deliveries, to a parent that
+    is idle, held in a model request, or held while its lineage drains, the parent's model
+    reads every report of the child before the child's settlement notice, and reports of one
+    delivery in the order they were made."""
+    async with world() as w:
+        held = None
+        if parent != "idle":
+            held = w.models.hold("root")
+            w.root.followup(user_message("go"))
+            await w.models.requested("root")
+        kid, gate = await w.start(w.root, "kid", hold=True)
+        made = [
+            await w.svc.report_from(kid, report(f"{i} {d}"), opts(d))
+            for i, d in enumerate(deliveries)
+        ]
+        if parent == "draining":
+            await asyncio.wait_for(w.svc.drain_continuable_descendants([w.root]), BOUND)
+        else:
+            assert gate is not None
+            gate.set()
+            await w.ended("kid")
+        if held is not None:
+            held.set()
+        await idle(w.root)
+        shown = [m for m in user_messages(w.root) if m.source.kind != "user"]
+        assert kinds(shown)[-1] == "subagent-settled"
+        reports = [m.id for m in shown[:-1]]
+        assert sorted(reports) == sorted(made)
+        for delivery in set(deliveries):
+            mine = [i for i, d in zip(made, deliveries, strict=True) if d == delivery]
+            assert [i for i in reports if i in mine] == mine
 
 
 # -- interrupt (INT-1, INT-2, BUG-6) --------------------------------------------------------------
@@ -759,6 +814,17 @@ async def test_a_scoped_drain_cancels_descendants_at_once_and_keeps_the_root() -
         assert [s is not None and s.aborted for s in signals] == [True, True]
         await asyncio.wait_for(drained, BOUND)
         assert order == ["grandkid", "mid"]
+        assert w.host.ctx.agents.get("root") is w.root
+
+
+async def test_a_root_below_another_root_is_released_with_it() -> None:
+    """DRN-2: a continuable root is kept only as a root of its own: named together with an
+    ancestor root, it is that root's strict descendant and is released."""
+    async with world() as w:
+        mid, _ = await w.start(w.root, "mid", hold=True)
+        await w.start(mid, "grandkid", hold=True)
+        await asyncio.wait_for(w.svc.drain_continuable_descendants([mid, w.root]), BOUND)
+        assert sorted(e.id for e in w.ends) == ["grandkid", "mid"]
         assert w.host.ctx.agents.get("root") is w.root
 
 

@@ -86,12 +86,14 @@ def report_from(
     error as its cause.
     """
     registry = manager.agents()
-    delivery = (options or _DEFAULT_REPORT).delivery
+    if options is None:
+        options = _DEFAULT_REPORT
+    delivery = options.delivery
     if delivery not in ("quiet", "next-step", "wakeup"):
         raise ValueError(
             f"unknown report delivery {delivery!r}: expected 'quiet', 'next-step' or 'wakeup'"
         )
-    signal = (options or _DEFAULT_REPORT).signal
+    signal = options.signal
     if signal.aborted:
         raise AbortedError(signal.reason)
     manager.check_admission(_report_lineage(manager, registry, child))
@@ -250,7 +252,8 @@ def drain_descendants(manager: ContinuationManager, parents: Iterable[Agent]) ->
     for root in roots:
         _close_under(manager, root)
     for act in _descendants(manager, roots):
-        _stop(act)
+        if not act.closing:
+            manager.cancel_tree(act)
     return _spawn(manager, _release_descendants(manager, roots), "drain continuable descendants")
 
 
@@ -284,7 +287,7 @@ def drain_children(
     if not targets:
         return _DONE
     for act in targets:
-        _stop_tree(manager, act)
+        manager.cancel_tree(act)
     return _spawn(manager, _dispose_all(targets, "selected"), "drain continuable children")
 
 
@@ -311,32 +314,16 @@ def _close_under(manager: ContinuationManager, root: Agent) -> None:
 
 
 def _descendants(manager: ContinuationManager, roots: Sequence[Agent]) -> list[Activation]:
-    """Every resident (or retiring) Activation strictly below one of ``roots``."""
+    """Every resident (or retiring) Activation strictly below one of ``roots`` (a root below
+    another root is released with that one)."""
     found: list[Activation] = []
     for act in (*manager.activations.values(), *manager.retiring.values()):
         agent = act.handle.agent
-        if agent in roots:
-            continue
         for root in roots:
-            if act.in_ancestry(root):
+            if root is not agent and act.in_ancestry(root):
                 found.append(act)
                 break
     return found
-
-
-def _stop(act: Activation) -> None:
-    """Close ``act`` to admission and cancel its child (its inbox cleared), synchronously."""
-    act.closing = True
-    act.handle.agent.cancel(_PARENT_CANCEL)
-
-
-def _stop_tree(manager: ContinuationManager, act: Activation) -> None:
-    """:func:`_stop` ``act`` and, top-down, every resident child it owns."""
-    _stop(act)
-    for child_id in tuple(act.owned_children):
-        child = manager.activations.get(child_id)
-        if child is not None and not child.closing:
-            _stop_tree(manager, child)
 
 
 async def _release_descendants(
@@ -348,7 +335,7 @@ async def _release_descendants(
     targets = _descendants(manager, roots)
     for act in targets:
         if not act.closing:  # published meanwhile, before admission closed
-            _stop(act)
+            manager.cancel_tree(act)
     inside = set(targets)
     tops = [a for a in targets if a.owner is None or a.owner not in inside]
     return await _dispose_all(tops, "scoped")
