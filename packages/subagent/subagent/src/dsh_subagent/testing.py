@@ -404,23 +404,30 @@ class ProviderContract:
             assert turns == [inherited + 1, inherited + 2]
 
     async def test_concurrent_continuable_prepares_are_independent(self) -> None:
-        """SVC-13: concurrent preparations and starts do not interfere: a preparation whose
-        caller gave up spares the other, and one child settles while its sibling still runs."""
+        """SVC-13, TOOL-9: concurrent preparations and starts do not interfere: one whose
+        signal is aborted (it may fail with the abort, or finish) spares the other, and one
+        child settles while its sibling still runs."""
         async with self.contract_host() as h:
             provider = self._continuable(h)
-
-            def prepare(session_id: str) -> Any:
-                return provider.prepare_continuable(
-                    ContinuableCreateRequest(session_id=session_id, parent=h.parent)
+            stop = AbortController()
+            stop.abort("the caller gave up")
+            abandoned, kept = await _bounded(
+                asyncio.gather(
+                    provider.prepare_continuable(
+                        ContinuableCreateRequest(
+                            session_id="contract-a", parent=h.parent, signal=stop.signal
+                        )
+                    ),
+                    provider.prepare_continuable(
+                        ContinuableCreateRequest(session_id="contract-b", parent=h.parent)
+                    ),
+                    return_exceptions=True,
                 )
-
-            abandoned = asyncio.ensure_future(prepare("contract-a"))
-            kept = asyncio.ensure_future(prepare("contract-b"))
-            abandoned.cancel()
-            spec = await _bounded(kept)
-            assert isinstance(spec, ContinuableCreateSpec)
-            with contextlib.suppress(asyncio.CancelledError):
-                await abandoned
+            )
+            assert isinstance(kept, ContinuableCreateSpec), kept
+            if isinstance(abandoned, BaseException):
+                assert isinstance(abandoned, AbortedError), abandoned
+                assert abandoned.reason == "the caller gave up"
             watch = _Settlements(h)
             held, quick = await _bounded(
                 asyncio.gather(
