@@ -56,7 +56,11 @@ from dsh_subagent import (
     UserInterruptAuthority,
 )
 from dsh_subagent._continuation import residency
-from dsh_subagent.in_process import IN_PROCESS_CAPABILITIES, start_in_process_run
+from dsh_subagent.in_process import (
+    IN_PROCESS_CAPABILITIES,
+    completed_turn_prefix,
+    start_in_process_run,
+)
 
 T = TypeVar("T")
 
@@ -93,11 +97,23 @@ class FreshProvider:
         return ContinuableCreateSpec()
 
 
+class SeededProvider(FreshProvider):
+    """A provider of children seeded with their parent's completed turns (what ``fork`` is):
+    a grandchild's seed holds its parent's descriptor, which its own must win over (DSC-3)."""
+
+    name = "seeded"
+    inherits_parent_context = True
+
+    async def prepare_continuable(self, request: ContinuableCreateRequest) -> ContinuableCreateSpec:
+        return ContinuableCreateSpec(seed=completed_turn_prefix(request.parent))
+
+
 def _register(ctx: Context, _: None) -> None:
     ctx.subagents.register_provider(FreshProvider())
+    ctx.subagents.register_provider(SeededProvider())
 
 
-FRESH = PluginSpec(name="subagent-fresh", apply=_register, requires=("subagents",))
+PROVIDERS = PluginSpec(name="subagent-machine", apply=_register, requires=("subagents",))
 
 
 async def _first(*waits: Awaitable[Any]) -> None:
@@ -121,6 +137,7 @@ class ContinuableMachine(RuleBasedStateMachine):
         # every child ever started, in start order, and its durable parent's id
         self.children: list[str] = []
         self.parents: dict[str, str] = {}
+        self.providers: dict[str, str] = {}
         # the model requests the test holds, by session id: gates to open, and the waits on
         # them still running (an aborted request cancels its wait: it ends a turn later)
         self.gates: dict[str, list[asyncio.Event]] = {}
@@ -134,7 +151,8 @@ class ContinuableMachine(RuleBasedStateMachine):
         self.noticed: Counter[str] = Counter()
         self.ended: Counter[str] = Counter()
         self.live_ends: Counter[str] = Counter()
-        self.misdelivered: list[str] = []
+        # what the listeners saw that no rule allows (asserted by the invariants)
+        self.violations: list[str] = []
         self.refusals = 0
         # a step that releases agents (a drain, the root's disposal, the host's unload) may
         # discard their pending input (CONT-14 step 1, SET-4); no other step may
@@ -209,12 +227,12 @@ class ContinuableMachine(RuleBasedStateMachine):
         async def start() -> None:
             host = self.host = await TestHost.start(
                 "subagent",
-                "subagent-fresh",
+                "subagent-machine",
                 model=self.script,
                 store="jsonl",
                 store_root=self.folder,
                 modules={"subagent": dsh_subagent.plugin},
-                extra=[FRESH],
+                extra=[PROVIDERS],
             )
             host.ctx.on("agent/inbox/inserted", self.on_inserted)
             host.ctx.on("agent/inbox/claimed", self.on_claimed)
@@ -243,10 +261,13 @@ class ContinuableMachine(RuleBasedStateMachine):
             self.noticed[sender] += 1
             owner = self.manager.activations.get(agent.id)
             if owner is not None and sender not in owner.owned_children:
-                self.misdelivered.append(f"{sender}'s notice reached {agent.id} after release")
+                self.violations.append(f"{sender}'s notice reached {agent.id} after release")
 
     def on_end(self, info: SubagentRunEndInfo) -> None:
         self.ended[info.id] += 1
+        provider = self.providers.get(info.id)
+        if provider is not None and info.provider != provider:  # CONT-10, DSC-3
+            self.violations.append(f"{info.id}'s epoch names {info.provider}, not {provider}")
         parent_id = self.parents.get(info.id)
         if parent_id is not None and self.agents.get(parent_id) is not None:
             self.live_ends[info.id] += 1
@@ -314,8 +335,12 @@ class ContinuableMachine(RuleBasedStateMachine):
     # -- rules -----------------------------------------------------------------------------------
 
     @precondition(lambda self: self.root is not None)
-    @rule(pick=st.integers(0, 7), reserve=st.sampled_from(["fresh", "named", "fresh", "taken"]))
-    def start(self, pick: int, reserve: str) -> None:
+    @rule(
+        pick=st.integers(0, 7),
+        reserve=st.sampled_from(["fresh", "named", "fresh", "taken"]),
+        provider=st.sampled_from(["fresh", "seeded"]),
+    )
+    def start(self, pick: int, reserve: str, provider: str) -> None:
         """CONT-1/2/13: start a child under the root or a resident child."""
         assert self.root is not None
         candidates = [self.root, *filter(None, map(self.live, self.resident()))]
@@ -327,7 +352,7 @@ class ContinuableMachine(RuleBasedStateMachine):
         elif reserve == "taken":  # a known child (live or stored), else the parent's own id
             child_id = self.children[pick % len(self.children)] if self.children else parent.id
         spec = ContinuableStartSpec(
-            provider="fresh",
+            provider=provider,
             label=f"job {self.sent}",
             prompt=text_blocks(f"task {self.sent}"),
             parent=parent,
@@ -344,6 +369,7 @@ class ContinuableMachine(RuleBasedStateMachine):
         event("started under a child" if parent is not self.root else "started under the root")
         self.children.append(started.child_id)
         self.parents[started.child_id] = parent.id
+        self.providers[started.child_id] = provider
         self.accepted(started.message_id, started.child_id)
 
     @precondition(lambda self: self.children)
@@ -601,8 +627,9 @@ class ContinuableMachine(RuleBasedStateMachine):
     def one_notice_per_settled_epoch(self) -> None:
         """SET-1: at most one settlement notice per epoch, each delivered while the parent
         still owns the child; every epoch that ended with its parent live sent one (but for
-        materializations rolled back by a refused call)."""
-        assert not self.misdelivered, self.misdelivered
+        materializations rolled back by a refused call). CONT-10, DSC-3: every epoch, resumed
+        ones too, names the provider its child was started with."""
+        assert not self.violations, self.violations
         for child_id, count in self.noticed.items():
             assert count <= self.ended[child_id], child_id
         missing = sum(max(0, n - self.noticed[c]) for c, n in self.live_ends.items())
