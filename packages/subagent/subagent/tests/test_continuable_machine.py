@@ -541,10 +541,14 @@ class ContinuableMachine(RuleBasedStateMachine):
         event("drained children")
 
     @precondition(lambda self: self.children)
-    @rule(pick=st.integers(0, 63))
-    def release(self, pick: int) -> None:
-        """A child's held model requests complete (its turn goes on or ends)."""
+    @rule(pick=st.integers(0, 63), owner=st.booleans())
+    def release(self, pick: int, owner: bool) -> None:
+        """A child's held model requests complete (its turn goes on or ends); ``owner`` picks
+        among children that own resident children, which then wait (CONT-6, CONT-13)."""
         held = [c for c in self.children if self.holds(c)]
+        if owner:
+            activations = self.activations()
+            held = [c for c in held if c in activations and activations[c].owned_children]
         if not held:
             return
         child_id = held[pick % len(held)]
