@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 from collections import defaultdict, deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -1138,3 +1139,18 @@ async def test_a_waking_report_keeps_a_continuable_parent_running_until_claimed(
         assert w.host.ctx.agents.get("mid") is mid  # still waiting for its child
         assert gate is not None
         gate.set()
+
+
+async def test_a_scoped_drain_while_the_service_unloads_still_releases(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """DRN-2, DRN-1: a scoped drain called while the subagent service is unloading (from a
+    teardown step of the service that runs before the manager's own drain) fails nothing and
+    still releases the descendants."""
+    with caplog.at_level(logging.WARNING):
+        async with world() as w:
+            await w.start(w.root, "kid", hold=True)
+            root = w.root
+            w.svc._state.ctx.fiber.add(lambda: w.svc.drain_continuable_descendants([root]))
+        assert [e.id for e in w.ends] == ["kid"]
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []

@@ -29,6 +29,7 @@ from dsh_core import (
     AgentCancelCause,
     AgentRegistry,
     ContentBlock,
+    ContextError,
     ServiceKey,
     TextBlock,
     user_message,
@@ -310,7 +311,10 @@ def _close_under(manager: ContinuationManager, root: Agent) -> None:
             roots.discard(root)
             remove()
 
-    remove = ctx.on("agent/disposed", forget, global_=True)
+    try:
+        remove = ctx.on("agent/disposed", forget, global_=True)
+    except ContextError:
+        pass  # the service is unloading: its own drain closes admission for everyone
 
 
 def _descendants(manager: ContinuationManager, roots: Sequence[Agent]) -> list[Activation]:
