@@ -2,8 +2,9 @@
 
 One root parent on a JSONL store starts continuable children (and children start
 grandchildren); the test follows up with them, makes them report, interrupts them, drains some,
-lets their held model requests complete one child at a time, disposes and resumes the root, and
-restarts the whole host on the same folder (cold resume from disk). After every step the
+lets their held model requests complete one child at a time, starts and disposes one-shot runs
+(which may parent continuable children too), disposes and resumes the root, and restarts the
+whole host on the same folder (cold resume from disk). After every step the
 manager's residency bookkeeping must match the live agents, no accepted message may vanish
 (only a release may discard one), and each settled epoch sends its parent one notice while the
 parent still owns it; after every host unload nothing may be left: no agent, task, Activation or
@@ -51,8 +52,10 @@ from dsh_subagent import (
     SubagentError,
     SubagentFollowupOptions,
     SubagentReportOptions,
+    SubagentRun,
     SubagentRunEndInfo,
     SubagentSettledMessageSource,
+    SubagentStartRequest,
     UserInterruptAuthority,
 )
 from dsh_subagent._continuation import residency
@@ -127,7 +130,8 @@ async def _first(*waits: Awaitable[Any]) -> None:
 
 class ContinuableMachine(RuleBasedStateMachine):
     """start_continuable / followup / report_from / interrupt / drain_continuable_children /
-    a child turn completing / root disposal / process restart, with invariants after each."""
+    a child turn completing / one-shot runs / root disposal / process restart, with invariants
+    after each."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -138,6 +142,8 @@ class ContinuableMachine(RuleBasedStateMachine):
         self.children: list[str] = []
         self.parents: dict[str, str] = {}
         self.providers: dict[str, str] = {}
+        # one-shot runs started under the root, live until the test disposes them
+        self.runs: dict[str, SubagentRun] = {}
         # the model requests the test holds, by session id: gates to open, and the waits on
         # them still running (an aborted request cancels its wait: it ends a turn later)
         self.gates: dict[str, list[asyncio.Event]] = {}
@@ -344,6 +350,7 @@ class ContinuableMachine(RuleBasedStateMachine):
         """CONT-1/2/13: start a child under the root or a resident child."""
         assert self.root is not None
         candidates = [self.root, *filter(None, map(self.live, self.resident()))]
+        candidates += [run.local_agent for run in self.runs.values() if run.local_agent]
         parent = candidates[pick % len(candidates)]
         self.sent += 1
         child_id: str | None = None
@@ -562,6 +569,32 @@ class ContinuableMachine(RuleBasedStateMachine):
 
     @precondition(lambda self: self.root is not None)
     @rule()
+    def one_shot(self) -> None:
+        """A one-shot run under the root (a live child agent with a run, no Activation); it
+        can parent continuable children of its own (DRN-2's intermediate one-shot agent)."""
+        assert self.root is not None
+        self.sent += 1
+        request = SubagentStartRequest(
+            prompt=text_blocks(f"one-shot {self.sent}"), parent=self.root, label="one-shot"
+        )
+        run = self.run(self.root.ctx[SUBAGENTS].start("fresh", request))
+        self.runs[run.id] = run
+
+    @precondition(lambda self: self.runs)
+    @rule(pick=st.integers(0, 63))
+    def dispose_run(self, pick: int) -> None:
+        """A one-shot run is disposed (its continuable children keep going, parentless)."""
+        run_id = list(self.runs)[pick % len(self.runs)]
+        run = self.runs.pop(run_id)
+        self.releasing = True
+        try:
+            self.run(run.dispose())
+        finally:
+            self.releasing = False
+        assert self.live(run_id) is None
+
+    @precondition(lambda self: self.root is not None)
+    @rule()
     def dispose_root(self) -> None:
         """The root parent goes away: its children's notices are dropped (SET-1)."""
         assert self.root_handle is not None
@@ -600,11 +633,11 @@ class ContinuableMachine(RuleBasedStateMachine):
 
     @invariant()
     def every_live_child_has_an_activation(self) -> None:
-        """CONT-4/12: no live child agent without an Activation (the machine starts no run)."""
+        """CONT-4/12: no live child agent without an Activation or a run."""
         assert self.host is not None
         activations = self.activations()
         for agent in self.host.ctx.agents.list():
-            if agent.id != ROOT:
+            if agent.id != ROOT and agent.id not in self.runs:
                 assert agent.id in activations, agent.id
 
     @invariant()
@@ -658,6 +691,7 @@ class ContinuableMachine(RuleBasedStateMachine):
         """Unload the host (the manager drains, DRN-1) and prove nothing is left behind."""
         host, self.host = self.host, None
         self.root = None
+        self.runs.clear()  # the registry disposes their agents with the host
         assert host is not None
         manager = host.ctx[SUBAGENTS]._state.continuation
         agents = host.ctx.agents  # the registry's view outlives the service's withdrawal
