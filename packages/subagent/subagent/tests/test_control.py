@@ -200,15 +200,6 @@ async def idle(*agents: Agent) -> None:
             await agent.when_idle()
 
 
-def logged_sources(agent: Agent) -> list[tuple[str, str]]:
-    """``(kind, first text)`` of every user message the agent's model was shown, in order."""
-    return [
-        (e.data.source.kind, e.data.content[0].text)
-        for e in agent.session.events
-        if e.type == "user/message"
-    ]
-
-
 def report(text: str) -> tuple[TextBlock, ...]:
     return text_blocks(text)
 
