@@ -1,7 +1,8 @@
 """Development sessions: per-distribution isolated tests, cross-package tests, lint, types, demo.
 
 ``nox`` runs the default set (everything CI runs); ``nox -s demo`` runs the offline demo;
-``nox -s thorough`` and ``nox -s interop`` are the slow tiers, never part of the default set.
+``nox -s thorough``, ``nox -s interop`` and ``nox -s continuable_machine`` are the slow tiers,
+never part of the default set.
 Every test venv installs wheels built from this checkout (``dist/``, made once per run by the
 ``build`` session), never the source tree, so a test proves what users get from ``pip install``.
 
@@ -286,6 +287,22 @@ ACP_SDK = "agent-client-protocol==0.12.1"
 
 
 @nox.session(requires=["build"])
+def continuable_machine(session: nox.Session) -> None:
+    """Slow tier, outside the default set: the continuation manager's state machine, longer.
+
+    The default run (in ``tests`` and ``all``) explores 200 examples of up to 16 steps; this
+    one explores ``DSH_CONTINUABLE_EXAMPLES`` (default 5000) of up to ``DSH_CONTINUABLE_STEPS``
+    (default 30). Set either in the environment to change it.
+    """
+    _install_wheels(session, "dsh-subagent")
+    env = {
+        "DSH_CONTINUABLE_EXAMPLES": os.environ.get("DSH_CONTINUABLE_EXAMPLES", "5000"),
+        "DSH_CONTINUABLE_STEPS": os.environ.get("DSH_CONTINUABLE_STEPS", "30"),
+    }
+    _pytest(session, "packages/subagent/subagent/tests/test_continuable_machine.py", env=env)
+
+
+@nox.session(requires=["build"])
 def interop(session: nox.Session) -> None:
     """Slow tier, outside the default set: the tests marked ``interop`` (real agent processes).
 
@@ -324,12 +341,14 @@ PEERS = {
 
 @nox.session(requires=["build"])
 def bench(session: nox.Session) -> None:
-    """Our benchmarks (never timed assertions): a turn, delegation, the session log, and the
-    OpenAI-compatible adapter against its loopback server."""
+    """Our benchmarks (never timed assertions): a turn, delegation, continuable children, the
+    session log, listing, ACP, and the OpenAI-compatible adapter against its loopback server."""
     _install_wheels(session, *PACKAGES, extra=())
     session.run("python", "benchmarks/turn.py")
     session.run("python", "benchmarks/delegation.py", *session.posargs)
+    session.run("python", "benchmarks/continuable.py")
     session.run("python", "benchmarks/sessions.py")
+    session.run("python", "benchmarks/resume.py")
     session.run("python", "benchmarks/llm_openai.py")
     session.run("python", "benchmarks/listing.py")
 
