@@ -521,3 +521,53 @@ def test_a_type_checker_checks_a_field_value_as_its_class_checker(
         alone, _ = outcome(check_blocks, blocks, levels)
         inside, _ = outcome(check_message, message, levels + 1)
         assert alone == inside
+
+
+_HEADER_VALUES = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-5, 5),
+    st.sampled_from(["a", "subagent", "other"]),
+    st.floats(allow_nan=False),
+    st.lists(st.integers(), max_size=1),
+)
+
+
+@given(
+    st.dictionaries(
+        st.sampled_from(
+            [
+                "version",
+                "id",
+                "created_at",
+                "cwd",
+                "parent_session",
+                "seed_length",
+                "origin",
+                "delegation_depth",
+                "extra",
+            ]
+        ),
+        _HEADER_VALUES,
+    ),
+    st.dictionaries(st.sampled_from(["id", "created_at"]), st.sampled_from(["x", 7])),
+)
+def test_structure_header_agrees_with_the_converter(
+    raw: dict[str, Any], base: dict[str, Any]
+) -> None:
+    """host-core §6 (listing 14): a header is structured by the compiled decoder exactly as the
+    strict converter structures it; what the converter refuses is SESSION_CORRUPT."""
+    from dsh_core import SessionError, SessionHeader
+    from dsh_core._events import structure_header
+
+    raw = {**base, **raw, "version": 1}
+    try:
+        expected: SessionHeader | None = converter.structure(raw, SessionHeader)
+    except Exception:
+        expected = None
+    if expected is None:
+        with pytest.raises(SessionError) as caught:
+            structure_header(raw)
+        assert caught.value.code == "SESSION_CORRUPT"
+    else:
+        assert structure_header(raw) == expected

@@ -1230,3 +1230,22 @@ def test_replayed_repair_satisfies_the_checker() -> None:
     checker = SessionLogChecker()
     checker.replay(log.events + tuple(repair_closers("s", log.events)))
     assert checker.balanced
+
+
+@pytest.mark.parametrize("stated", [0, 3, 5, 6, 1 << 17])
+def test_read_all_reads_the_whole_file_whatever_size_it_was_told(
+    tmp_path: Path, stated: int
+) -> None:
+    """host-core §6 (listing 14): a whole-file read given the file's stat size reads every
+    byte even when the file has since grown or shrunk (the size only shapes the first read)."""
+    from dsh_core._persistence import _read_all
+
+    path = tmp_path / "f.jsonl"
+    data = b"abcde\n" * 20_000  # longer than one 64 KiB follow-up read
+    path.write_bytes(data)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        assert _read_all(fd, stated) == data
+        assert _read_all(fd) == data
+    finally:
+        os.close(fd)

@@ -315,3 +315,23 @@ async def test_a_backend_without_scan_is_read_through_inspect() -> None:
     assert isinstance(found["b"], SessionQueryError)
     assert getattr(found["b"].__cause__, "code", None) == "SESSION_IO"
     await ctx.dispose()
+
+
+async def test_jsonl_scan_refuses_a_line_nested_too_deeply(tmp_path: Path) -> None:
+    """host-core §6 (hardening 11.3): a skipped line nested deeper than the log allows fails
+    the scan as it fails a load (its code), whether the file holds few brackets or many."""
+    from dsh_core._json import MAX_NESTING
+
+    ctx, p = jsonl(tmp_path)
+    deep = b"[" * (MAX_NESTING + 1) + b"]" * (MAX_NESTING + 1)
+    for id, padding in (("deep", b""), ("busy", b"[[[[]]]]," * (MAX_NESTING + 1))):
+        await store(p, id, 1, "a")
+        path = tmp_path / f"{id}.jsonl"
+        line = b'{"type":"test/note","seq":1,"time":9,"data":{"x":[%s%s]}}\n' % (padding, deep)
+        path.write_bytes(path.read_bytes() + line)
+    found = await p.scan(["deep", "busy"], KEPT)
+    for id, result in zip(["deep", "busy"], found, strict=True):
+        with pytest.raises(SessionError) as loaded:
+            await p.load(id)
+        assert isinstance(result, SessionError) and result.code == loaded.value.code
+    await ctx.dispose()

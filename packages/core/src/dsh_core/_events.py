@@ -623,10 +623,27 @@ def structure_header(raw: object) -> SessionHeader:
             f"{SESSION_FORMAT_VERSION})",
             code="SESSION_FORMAT_UNSUPPORTED",
         )
+    decode = _header_decoder or _compile_header_decoder()
+    try:
+        return decode(raw)  # type: ignore[no-any-return]
+    except Exception:  # the compiled decoder gives up without saying why: the converter says
+        pass
     try:
         return converter.structure(raw, SessionHeader)
     except Exception as exc:
         raise SessionError(f"the header is malformed: {exc}", code="SESSION_CORRUPT") from exc
+
+
+#: The compiled decoder of a header (:mod:`dsh_core._codec`, strict as the converter), made on
+#: first use: a listing structures one header per stored log.
+_header_decoder: Callable[[Any], Any] | None = None
+
+
+def _compile_header_decoder() -> Callable[[Any], Any]:
+    global _header_decoder
+    fast = class_decoder(SessionHeader)
+    _header_decoder = fast or (lambda raw: converter.structure(raw, SessionHeader))
+    return _header_decoder
 
 
 speed_up_inits(globals())

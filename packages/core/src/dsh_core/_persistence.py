@@ -1174,7 +1174,7 @@ _NONBLOCK: int = getattr(os, "O_NONBLOCK", 0)
 _READ_FLAGS = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
 
 
-def _unsafe(path: Path) -> SessionError:
+def _unsafe(path: Path | str) -> SessionError:
     return SessionError(
         f"session file {path} is a symlink or not a regular file; session files are never "
         "opened through one",
@@ -1182,7 +1182,7 @@ def _unsafe(path: Path) -> SessionError:
     )
 
 
-def _open_file(path: Path, flags: int) -> int:
+def _open_file(path: Path | str, flags: int) -> int:
     """Open the session file named ``path`` itself: never through a symlink, never a FIFO,
     device or folder (``SESSION_FILE_UNSAFE``); other failures raise ``OSError``.
 
@@ -1190,6 +1190,11 @@ def _open_file(path: Path, flags: int) -> int:
     from blocking it, and ``fstat`` then requires a regular file. Where ``O_NOFOLLOW`` does
     not exist (Windows) the name is ``lstat``-ed after the open and must be the opened file.
     """
+    return _open_stat(path, flags)[0]
+
+
+def _open_stat(path: Path | str, flags: int) -> tuple[int, os.stat_result]:
+    """:func:`_open_file`, and the ``fstat`` of the opened file (taken before any read)."""
     try:
         fd = os.open(path, flags | _NOFOLLOW | _NONBLOCK, 0o600)
     except FileNotFoundError:
@@ -1219,7 +1224,7 @@ def _open_file(path: Path, flags: int) -> int:
     except BaseException:
         os.close(fd)
         raise
-    return fd
+    return fd, held
 
 
 class _FileHandle(_Handle):
@@ -1256,10 +1261,16 @@ def _pread(fd: int, size: int, offset: int) -> bytes:
     return os.pread(fd, size, offset)
 
 
-def _read_all(fd: int) -> bytes:
-    size = os.fstat(fd).st_size
-    parts: list[bytes] = []
-    offset = 0
+def _read_all(fd: int, size: int | None = None) -> bytes:
+    """All of the file: ``size`` (its ``fstat`` size, if known) plus one byte is asked for
+    first, so a file still that size is read in one call that also finds its end."""
+    if size is None:
+        size = os.fstat(fd).st_size
+    first = _pread(fd, size + 1, 0)
+    if len(first) == size:
+        return first
+    parts: list[bytes] = [first]
+    offset = len(first)
     while True:
         chunk = _pread(fd, max(size - offset, 1 << 16), offset)
         if not chunk:
@@ -1765,7 +1776,7 @@ class JsonlSessionPersistence(SessionPersistence):
             return None
         return values  # type: ignore[no-any-return]
 
-    def _header_of(self, fd: int, path: Path) -> SessionHeader | None:
+    def _header_of(self, fd: int, path: Path | str) -> SessionHeader | None:
         """The header of an open log, or ``None`` if the file was cut inside it.
 
         Reads at most :data:`HEADER_LINE_LIMIT` bytes: a longer first line is not a header
@@ -1841,7 +1852,7 @@ class JsonlSessionPersistence(SessionPersistence):
             if known is not None and known[0] == key:
                 found: SessionHeader | DamagedSession | None = known[1]
             else:
-                found = self._entry_at(name[:-6], Path(entry.path), st.st_mode)
+                found = self._entry_at(name[:-6], entry.path, st.st_mode)
                 if isinstance(found, DamagedSession):
                     _log.warning("session listing left out %s", found.message)
             if found is None:
@@ -1856,7 +1867,9 @@ class JsonlSessionPersistence(SessionPersistence):
         self._header_cache = fresh
         return out, damaged
 
-    def _entry_at(self, id: str, path: Path, mode: int) -> SessionHeader | DamagedSession | None:
+    def _entry_at(
+        self, id: str, path: Path | str, mode: int
+    ) -> SessionHeader | DamagedSession | None:
         """The header stored at ``path`` (``None``: torn inside it), or what is wrong there."""
         try:
             check_session_id(id)
@@ -1880,7 +1893,7 @@ class JsonlSessionPersistence(SessionPersistence):
             message = f"session file {path} line 1 is unreadable: {type(exc).__name__}: {exc}"
         return DamagedSession(id=id, code=code, message=message)
 
-    def _header_at(self, path: Path) -> SessionHeader | None:
+    def _header_at(self, path: Path | str) -> SessionHeader | None:
         try:
             fd = _open_file(path, _READ_FLAGS)
         except FileNotFoundError:
@@ -1902,15 +1915,17 @@ class JsonlSessionPersistence(SessionPersistence):
 
     def _scan(self, id: str, types: frozenset[str]) -> StoredScan:
         """One read of the file; only the kept events are decoded (see :meth:`scan`)."""
-        path = self.path_of(id)
+        check_session_id(id)
+        name = f"{id}.jsonl"
+        path = os.path.join(self.root, name)  # what path_of names, without a Path per file
         try:
             try:
-                fd = _open_file(path, _READ_FLAGS)
+                # The stat of the open file, before the read: a later write changes the stamp.
+                fd, st = _open_stat(path, _READ_FLAGS)
             except FileNotFoundError:
                 raise _not_found(id) from None
             try:
-                st = os.fstat(fd)  # before the read: a later write changes the stamp
-                data = _read_all(fd)
+                data = _read_all(fd, st.st_size)
             finally:
                 os.close(fd)
         except OSError as exc:
@@ -1920,11 +1935,11 @@ class JsonlSessionPersistence(SessionPersistence):
         stamp = (st.st_ino, st.st_ctime_ns, st.st_size, st.st_mtime_ns)
         found = self._scan_lines(data, types)
         if found is None:  # anything unusual: the full parse gives load's own verdict
-            header, events, _ = self._parse(id, path, data)
+            header, events, _ = self._parse(id, Path(path), data)
             kept = tuple(e for e in events if e.type in types)
             return StoredScan(header=header, events=kept, stamp=stamp)
         try:
-            known = self._header_cache.get(path.name)
+            known = self._header_cache.get(name)
             if known is not None and known[0] == stamp and isinstance(known[1], SessionHeader):
                 header = known[1]  # the header the listing read from this very file
             else:
@@ -1947,7 +1962,13 @@ class JsonlSessionPersistence(SessionPersistence):
         lines = data.split(b"\n")
         lines.pop()
         values = self._parse_lines(lines)
-        if not values or _first_too_deep(lines, values) is not None:
+        if not values:
+            return None
+        # No line opens more brackets than the whole file: a small total spares the per-line walk.
+        if (
+            data.count(b"{") + data.count(b"[") > _LINE_NESTING
+            and _first_too_deep(lines, values) is not None
+        ):
             return None
         known = self.types.get
         kept: list[Any] = []

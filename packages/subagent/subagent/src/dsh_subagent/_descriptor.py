@@ -10,6 +10,7 @@ resolved model route and the optional persona and tool filter. It never stores t
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from types import MappingProxyType
 from typing import Any, Literal, TypeAlias
 
 import attrs
@@ -162,7 +163,8 @@ def parse_descriptor(payload: object) -> SubagentDescriptorData | None:
 
     Optional fields are absent, never ``null``: a present key must hold its type.
     """
-    if not isinstance(payload, Mapping):
+    # A stored payload is a frozen mapping: known by its class before the slower ABC check.
+    if payload.__class__ is not MappingProxyType and not isinstance(payload, Mapping):
         raise DescriptorError("a subagent descriptor must be an object")
     version = payload.get("version")
     if isinstance(version, bool) or not isinstance(version, int | float):
