@@ -292,3 +292,20 @@ def test_a_host_that_cannot_boot_exits_1(tmp_path: Path) -> None:
     assert done.returncode == 1
     assert done.stdout == ""
     assert "[PLUGIN_UNKNOWN]" in done.stderr
+
+
+def test_console_script_raises_the_collectors_first_threshold() -> None:
+    """acp 16 Performance: the server process collects its youngest generation every
+    10,000 allocations, not 700 (a prompt allocates a few hundred objects that die young);
+    the older thresholds stay."""
+    import gc
+
+    from dsh_acp_agent import cli
+
+    before = gc.get_threshold()
+    try:
+        gc.set_threshold(700, 10, 10)
+        cli._tune_collector()
+        assert gc.get_threshold() == (cli.YOUNG_THRESHOLD, 10, 10) == (10_000, 10, 10)
+    finally:
+        gc.set_threshold(*before)

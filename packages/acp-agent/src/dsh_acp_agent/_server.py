@@ -72,6 +72,14 @@ _STOP_REASONS = {
     "aborted": "cancelled",
     "blocked": "refusal",
 }
+#: The prompt answers, built once: a turn's end picks one (the SDK only serializes them).
+_ANSWERS: dict[str, PromptResponse] = {
+    kind: PromptResponse(stop_reason=stop)  # type: ignore[arg-type]
+    for kind, stop in _STOP_REASONS.items()
+}
+_CANCELLED = _ANSWERS["aborted"]
+#: The event kinds a running prompt reads: its turn's end and what streams as updates.
+_WATCHED = frozenset({"turn/end", "assistant/chunk", "tool/call", "tool/result"})
 _USER_CANCEL = AgentCancelCause(kind="user", reason="session/cancel")
 
 
@@ -152,10 +160,15 @@ class DshAcpAgent:
         self.conn = conn
 
     def _on_event(self, session: Any, event: SessionEvent) -> None:
+        # Every event of every session comes here (ten a plain turn): the kinds that stream
+        # nothing return on one set look-up, before the session look-up and update building.
+        kind = event.type
+        if kind not in _WATCHED:
+            return
         live = self.sessions.get(session.header.id)
         if live is None or not live.busy:
             return
-        if event.type == "turn/end":
+        if kind == "turn/end":
             live.end = event.data
         else:
             updates = _updates(event)
@@ -279,15 +292,15 @@ class DshAcpAgent:
             live.wake = None
         end = live.turn_end()
         if live.cancelled:
-            return PromptResponse(stop_reason="cancelled")
+            return _CANCELLED
         kind = end.reason.kind if end is not None else "error"
-        stop = _STOP_REASONS.get(kind)
-        if stop is None:
+        answer = _ANSWERS.get(kind)
+        if answer is None:
             failure = end.reason.error if end is not None else None
             message = failure.message if failure is not None else f"the turn ended {kind!r}"
             _log.warning("session %s: the turn ended %s: %s", session_id, kind, message)
             raise acp.RequestError.internal_error({"turnEnd": kind, "message": message})
-        return PromptResponse(stop_reason=stop)  # type: ignore[arg-type]
+        return answer
 
     async def cancel(self, session_id: str, **kwargs: Any) -> None:
         """``session/cancel``: stop the running turn (its prompt answers ``cancelled``)."""

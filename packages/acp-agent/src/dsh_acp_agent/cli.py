@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import logging
 import os
 import signal
@@ -22,6 +23,9 @@ from .__about__ import __version__
 from ._config import AgentServerConfig, ConfigError, load_config
 
 __all__ = ["main", "serve"]
+
+#: The collector's first threshold in the server process (CPython's default is 700).
+YOUNG_THRESHOLD = 10_000
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -81,6 +85,18 @@ async def _main(config: AgentServerConfig, out: BinaryIO) -> None:
         await serve(config, reader, writer)
 
 
+def _tune_collector() -> None:
+    """Collect the youngest generation every ``YOUNG_THRESHOLD`` allocations.
+
+    A prompt allocates a few hundred short-lived objects (events, updates, JSON), so at
+    CPython's 700 the collector ran every few prompts and promoted what was still alive to be
+    scanned again; at 10,000 most of it dies before a collection (3 to 5 % of a warm
+    prompt's in-process cost). Only the console script does this: its process is its own.
+    """
+    _, older, oldest = gc.get_threshold()
+    gc.set_threshold(YOUNG_THRESHOLD, older, oldest)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``dsh-acp-agent`` console script; returns the exit status."""
     args = _parser().parse_args(argv)
@@ -95,6 +111,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"dsh-acp-agent: error: {exc}", file=sys.stderr)
         return 2
     out = _claim_stdout()
+    _tune_collector()
     try:
         asyncio.run(_main(config, out))
     except Exception as exc:  # a boot that failed: a plugin missing, a config refused
