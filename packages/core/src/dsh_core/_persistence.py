@@ -597,14 +597,8 @@ class SessionPersistence:
             step = self._drain(rec, sync=False)
             if step is not None:
                 await step
-        except _Unwritten as exc:  # stored, some events as stand-ins
-            _log.error("%s", exc)
-        except Exception:
-            _log.exception(
-                "could not store the last %d event(s) of session %r",
-                len(rec.pending()),
-                rec.session.header.id,
-            )
+        except Exception as exc:
+            _log_close_failure(rec, exc)
         finally:
             try:
                 await self._writes_over(rec)  # the file is never closed under a write
@@ -1082,6 +1076,19 @@ class _NothingPending:
 
 
 _NOTHING_PENDING = _NothingPending()
+
+
+def _log_close_failure(rec: _Tracked, exc: Exception) -> None:
+    """Log why a disposed session's last write failed: a disposal never raises for it."""
+    if isinstance(exc, _Unwritten):  # stored, some events as stand-ins
+        _log.error("%s", exc)
+    else:
+        _log.error(
+            "could not store the last %d event(s) of session %r",
+            len(rec.pending()),
+            rec.session.header.id,
+            exc_info=exc,
+        )
 
 
 def _not_found(id: str, where: str = "") -> SessionError:
@@ -2028,15 +2035,10 @@ class JsonlSessionPersistence(SessionPersistence):
         try:
             self._put(rec.handle, data, failed, False)
             rec.stored += len(batch)
-        except _Unwritten as exc:  # stored, some events as stand-ins
-            rec.stored += len(batch)
-            _log.error("%s", exc)
-        except Exception:
-            _log.exception(
-                "could not store the last %d event(s) of session %r",
-                len(batch),
-                rec.session.header.id,
-            )
+        except Exception as exc:
+            if isinstance(exc, _Unwritten):  # stored, some events as stand-ins
+                rec.stored += len(batch)
+            _log_close_failure(rec, exc)
         self._let_go_later(rec)
         return True
 
