@@ -154,8 +154,11 @@ async def test_race_abort_on_an_aborted_signal_does_not_start_the_work() -> None
     assert ran == []
 
 
-async def test_race_abort_releases_a_value_that_arrives_after_the_abort() -> None:
-    """host-core §1: a value produced after cancellation is handed to release (not leaked)."""
+@pytest.mark.parametrize("ended_by", ["abort", "caller cancelled"])
+async def test_race_abort_releases_a_value_produced_after_the_race_ended(ended_by: str) -> None:
+    """host-core §1, hardening 11.8: work that outruns the end of the race (the signal's abort,
+    or a foreign cancel of its caller) still produces a value; it is handed to release rather
+    than leaked."""
     controller = AbortController()
     started = asyncio.Event()
     released: asyncio.Future[str] = asyncio.get_running_loop().create_future()
@@ -172,9 +175,14 @@ async def test_race_abort_releases_a_value_that_arrives_after_the_abort() -> Non
         race_abort(stubborn(), controller.signal, release=released.set_result)
     )
     await started.wait()
-    controller.abort("stop")
-    with pytest.raises(AbortedError):
-        await racing
+    if ended_by == "abort":
+        controller.abort("stop")
+        with pytest.raises(AbortedError):
+            await racing
+    else:
+        racing.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await racing
     async with asyncio.timeout(5):
         assert await released == "resource"
 
@@ -256,29 +264,3 @@ async def test_race_abort_releases_a_value_produced_as_the_caller_is_cancelled()
     with pytest.raises(asyncio.CancelledError):
         await racing
     assert released == ["resource"]
-
-
-async def test_race_abort_releases_a_value_produced_after_the_caller_was_cancelled() -> None:
-    """host-core §1, hardening 11.8: work that outruns a foreign cancel of its caller still
-    produces a value; it is handed to release rather than leaked."""
-    controller = AbortController()
-    started = asyncio.Event()
-    released: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-
-    async def stubborn() -> str:
-        started.set()
-        try:
-            await asyncio.Event().wait()
-        except asyncio.CancelledError:
-            pass  # ignores the cancel and still produces its resource
-        return "resource"
-
-    racing = asyncio.ensure_future(
-        race_abort(stubborn(), controller.signal, release=released.set_result)
-    )
-    await started.wait()
-    racing.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await racing
-    async with asyncio.timeout(5):
-        assert await released == "resource"
