@@ -16,6 +16,7 @@ from dsh_core.testing import scripted_host, write_distribution
 EVERY_ENTRY_POINT = {
     "core", "llm-openai", "acp-agent", "subagent", "subagent-spawn", "subagent-fork",
     "subagent-acp", "tool-subagent", "tool-subagent-control", "tool-subagent-report",
+    "tool-subagent-list-agents",
 }  # fmt: skip
 
 
