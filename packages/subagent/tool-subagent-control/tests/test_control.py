@@ -3,6 +3,7 @@ loop (CTL-1, CTL-2, CTL-3, INT-1, INT-2)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
 
 from dsh_core import blocks_text, thaw_json
@@ -162,15 +163,19 @@ async def test_send_message_without_an_agent(kit: SimpleNamespace) -> None:
 async def test_interrupt_stops_the_current_turn_and_parks_queued_messages(
     kit: SimpleNamespace,
 ) -> None:
-    """CTL-3, INT-2: interrupt_agent returns {accepted: true} once the stop is requested; the
-    child's turn ends, a message queued before stays parked (the child stays resident and
-    idle) until a later send_message, which runs it first."""
+    """CTL-3, INT-1, INT-2: interrupt_agent returns {accepted: true} once the stop was issued
+    (the model request is already aborted); the child's turn ends, a message queued before
+    stays parked (the child stays resident and idle) until a later send_message, which runs
+    it first."""
     async with kit.boot() as b:
         child = await b.start("hold task")
         agent = await b.asked(child, "hold task")
         assert (await b.call("send_message", {"subagent_id": child, "message": "queued"})).ok
+        (request,) = [r for r in b.model.requests if r.session_id == child]
+        assert not request.signal.aborted
         result = await b.call("interrupt_agent", {"agent_id": child})
         assert result.ok, result.error
+        assert request.signal.aborted  # synchronous: the cancel was issued before the result
         assert thaw_json(result.value) == {"accepted": True}
         assert kit.text(result) == f"interrupt requested for agent {child}"
         await b.until(lambda: agent.status == "idle")
@@ -234,3 +239,44 @@ async def test_interrupt_without_an_agent(kit: SimpleNamespace) -> None:
         result = await b.call("interrupt_agent", {"agent_id": "x"}, agent=None)
         assert result.error is not None and result.error.code == "NO_AGENT"
         assert "interrupt_agent requires a calling agent" in kit.text(result)
+
+
+# -- bad input (issue 15: bad model input is the normal case) -----------------------------------
+
+
+async def test_mistyped_or_missing_fields_name_the_field(kit: SimpleNamespace) -> None:
+    """CTL-1, CTL-3: wrong types, missing and unknown fields are errored results that name the
+    field (core's schema check), and nothing is sent."""
+    async with kit.boot() as b:
+        child = await b.start("hold c")
+        agent = await b.asked(child, "hold c")
+        cases = [
+            ("send_message", {"subagent_id": child}, "message"),
+            ("send_message", {"subagent_id": 7, "message": "x"}, "subagent_id"),
+            ("send_message", {"subagent_id": child, "message": ["x"]}, "message"),
+            ("interrupt_agent", {}, "agent_id"),
+            ("interrupt_agent", {"agent_id": child, "now": True}, "now"),
+        ]
+        for name, arguments, field in cases:
+            result = await b.call(name, arguments)
+            assert result.error is not None and result.error.code == "INVALID_ARGS", name
+            assert field in kit.text(result)
+        assert not agent.inbox.next_turn and kit.turn_ends(agent) == []
+
+
+async def test_odd_and_huge_ids_on_a_file_store(kit: SimpleNamespace, tmp_path: Path) -> None:
+    """CTL-2, CTL-3: on the JSONL store an empty, path-like or 100 000-character id is
+    "unavailable" to send_message and an accepted no-op to interrupt_agent; nothing is
+    created."""
+    async with kit.boot(store_root=tmp_path) as b:
+        before = _files(tmp_path)
+        for odd in ("", "../escape", "a/b", "x" * 100_000):
+            sent = await b.call("send_message", {"subagent_id": odd, "message": "hi"})
+            assert sent.error is not None and sent.error.code == "NOT_RESUMABLE"
+            assert "unavailable" in kit.text(sent)
+            assert (await b.call("interrupt_agent", {"agent_id": odd})).ok
+        assert _files(tmp_path) == before
+
+
+def _files(root: Path) -> list[str]:
+    return sorted(p.name for p in root.rglob("*"))
