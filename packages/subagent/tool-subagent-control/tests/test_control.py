@@ -129,6 +129,18 @@ async def test_send_message_to_an_unknown_id_is_unavailable(kit: SimpleNamespace
         assert "check the subagent_id" in kit.text(result)
 
 
+async def test_send_message_to_a_one_shot_child_says_not_to_retry(kit: SimpleNamespace) -> None:
+    """CTL-2, CONT-10: a one-shot child cannot be continued; the seam's text already says what
+    to do ("do not retry send_message with this id") and gets no other hint."""
+    async with kit.boot() as b:
+        run = await b.start_one_shot("finish")
+        await run.result
+        await run.dispose()
+        result = await b.call("send_message", {"subagent_id": run.id, "message": "again"})
+        assert result.error is not None and result.error.code == "NOT_RESUMABLE"
+        assert kit.text(result).endswith("do not retry send_message with this id")
+
+
 async def test_send_message_to_another_parents_child_is_refused(kit: SimpleNamespace) -> None:
     """CTL-2: a caller that is not the child's parent gets "another parent session", and the
     child receives nothing."""

@@ -96,27 +96,33 @@ _INTERRUPT_OUTPUT: dict[str, Any] = {
     "additionalProperties": False,
 }
 
-#: What the model can do about a refusal, by the seam's error code (the seam's own text
-#: stays first, so its wording is still there to match).
-_SEND_HINTS = {
-    "UNAUTHORIZED": "you can send messages only to subagents you started yourself",
-    "NOT_RESUMABLE": "check the subagent_id: use an id you were given when you started the "
-    "subagent",
-    "DRAINING": "subagents are being shut down; no message can be delivered now",
-    "ACTIVATION_CLOSING": "you are being shut down; no message can be delivered now",
+#: What the model can do about a refusal: by the seam's error code, the first hint whose marker
+#: the seam's message contains (the seam's own text stays first, so its wording is still there
+#: to match; a message that already says what to do, "do not retry ...", gets no hint).
+_Hints = dict[str, tuple[tuple[str, str], ...]]
+_SEND_HINTS: _Hints = {
+    "UNAUTHORIZED": (("", "you can send messages only to subagents you started yourself"),),
+    "NOT_RESUMABLE": (
+        (
+            "is unavailable",
+            "check the subagent_id: use an id you were given when you started the subagent",
+        ),
+    ),
+    "DRAINING": (("", "subagents are being shut down; no message can be delivered now"),),
+    "ACTIVATION_CLOSING": (("", "you are being shut down; no message can be delivered now"),),
 }
-_INTERRUPT_HINTS = {
-    "UNAUTHORIZED": "you can interrupt only agents created under you, never yourself",
+_INTERRUPT_HINTS: _Hints = {
+    "UNAUTHORIZED": (("", "you can interrupt only agents created under you, never yourself"),),
 }
 
 
-def _hinted(exc: SubagentError, hints: dict[str, str]) -> ToolError:
-    """``exc`` as a tool error with the same code and, where one applies, a hint appended.
-    A message that already tells the model what to do (``do not retry ...``) is kept as is."""
+def _hinted(exc: SubagentError, hints: _Hints) -> ToolError:
+    """``exc`` as a tool error with the same code, and a hint appended where one applies."""
     message = str(exc)
-    hint = hints.get(exc.code)
-    if hint is not None and "do not retry" not in message:
-        message = f"{message}; {hint}"
+    for marker, hint in hints.get(exc.code, ()):
+        if marker in message:
+            message = f"{message}; {hint}"
+            break
     return ToolError(message, code=exc.code)
 
 
