@@ -198,10 +198,15 @@ def user_texts(agent: Agent) -> list[str]:
 
 @contextlib.asynccontextmanager
 async def boot(
-    plugins: Iterable[str] = BOTH, *, model: Model | None = None, store_root: Path | None = None
+    plugins: Iterable[str] = BOTH,
+    *,
+    model: Model | None = None,
+    store_root: Path | None = None,
+    query: bool = True,
 ) -> AsyncIterator[Booted]:
     """A host with ``subagent``, ``plugins``, the local provider and a root parent; sessions
-    in memory, or as JSONL files under ``store_root``."""
+    in memory, or as JSONL files under ``store_root``; ``query=False`` leaves out the
+    ``session-query`` row."""
     model = model or Model()
     async with scripted_host(
         "subagent",
@@ -210,6 +215,7 @@ async def boot(
         modules=MODULES,
         store="jsonl" if store_root is not None else "memory",
         store_root=store_root,
+        query=query,
     ) as host:
         host.ctx.plugin("local-provider")[SUBAGENTS].register_provider(LocalProvider())
         handle = await host.create_agent()

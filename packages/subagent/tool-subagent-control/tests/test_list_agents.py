@@ -172,3 +172,12 @@ async def test_list_agents_refusals(kit: SimpleNamespace) -> None:
         bad = await b.call("list_agents", {"scope": "everyone"})
         assert bad.error is not None and bad.error.code == "INVALID_ARGS"
         assert "scope" in kit.text(bad)
+
+
+async def test_a_listing_failure_is_an_errored_result(kit: SimpleNamespace) -> None:
+    """CTL-4, LIST-S: without a session query the listing's own error comes back as an
+    errored result with its code, not as an exception out of the turn."""
+    async with kit.boot(query=False) as b:
+        result = await b.call("list_agents", {"scope": "descendants"})
+        assert result.error is not None
+        assert result.error.code == "SUBAGENT_CONTROL_SESSION_QUERY_UNAVAILABLE"
