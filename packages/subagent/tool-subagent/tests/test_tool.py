@@ -362,7 +362,7 @@ async def test_several_rows_with_distinct_names_coexist() -> None:
         ),
         pytest.param(
             {"provider": "local", "agent_options": {"max_tokens": 0}},
-            "key 'agent_options.max_tokens': must be at least 1",
+            "key 'agent_options': max_tokens must be at least 1",
             id="max-tokens",
         ),
         pytest.param(

@@ -29,7 +29,7 @@ BACKGROUND_MODES = ("one-shot", "continuable")
 
 def _positive(instance: object, attribute: attrs.Attribute[Any], value: int | None) -> None:
     if value is not None and value < 1:
-        raise ValueError(f"key 'agent_options.{attribute.name}': must be at least 1, got {value!r}")
+        raise ValueError(f"key 'agent_options': {attribute.name} must be at least 1, got {value!r}")
 
 
 @attrs.frozen(kw_only=True)
