@@ -22,6 +22,7 @@ from dsh_core import (
     Context,
     PluginRow,
     TextBlock,
+    ToolDefinition,
     ToolExecutionInput,
     ToolExecutionResult,
     ToolRestriction,
@@ -812,7 +813,19 @@ async def test_guidance_section_in_continuable_mode() -> None:
     assert SECTION_ORDER == 116.5
     async with boot(row(background_mode="continuable")) as b:
         assert "tool:subagent" not in section_names(b, b.parent)
+
+        async def read(args: Any, run: Any) -> str:
+            return ""
+
+        b.host.ctx.tools.register(ToolDefinition(name="read", description="d", execute=read))
+
+        def only_read(ctx: Context) -> None:
+            ctx.tools.restrict(ToolRestriction(allow=("read",)))
+
+        earlier = (await b.host.create_agent(setup=only_read)).agent  # before the tool exists
         owner = b.add_provider(LocalProvider())
+        assert "subagent" not in b.tool_names(earlier)
+        assert "tool:subagent" not in section_names(b, earlier)
         text_ = section_names(b, b.parent)["tool:subagent"]
         assert "Use subagent in the background by default" in text_
         assert "runtime sends you a notice containing its outcome" in text_

@@ -14,10 +14,13 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
+import attrs
+
 from dsh_core import (
+    Agent,
     AgentOptions,
-    AssembleContext,
     Context,
+    DshError,
     PromptSection,
     TextBlock,
     ToolDefinition,
@@ -160,6 +163,10 @@ class SubagentTool:
         self.background_default = config.enable_run_in_background and config.continuable
         self._removers: list[Callable[[], object]] = []
         self._definition: ToolDefinition | None = None
+        #: The empty section shadowing the guidance where the tool is hidden, and by agent id
+        #: the shadows registered (each also goes with its agent).
+        self._section: PromptSection | None = None
+        self._shadows: dict[str, Callable[[], object]] = {}
 
     # -- lifecycle (TOOL-1, TOOL-5) ---------------------------------------------------------------
 
@@ -197,27 +204,47 @@ class SubagentTool:
         self._definition = definition
         prompt = self.ctx.get("system_prompt")
         if prompt is not None and self.background_default:
-            text = guidance_for(config.tool_name)
-            tools = self.ctx.tools
-
-            def guidance(actx: AssembleContext) -> str:
-                found = tools.get(config.tool_name, actx.scope)
-                return text if found is definition else ""
-
-            self._removers.append(
-                prompt.section(
-                    PromptSection(
-                        name=f"tool:{config.tool_name}", order=SECTION_ORDER, text=guidance
-                    )
-                )
+            # A fixed text, so every agent's prompt stays cached; an agent whose scope hides
+            # the tool gets an empty section of the same name in its own scope instead.
+            section = PromptSection(
+                name=f"tool:{config.tool_name}",
+                order=SECTION_ORDER,
+                text=guidance_for(config.tool_name),
             )
+            self._removers.append(prompt.section(section))
+            self._section = attrs.evolve(section, text="")
+            agents = self.ctx.get("agents")
+            for agent in agents.list() if agents is not None else ():
+                self.shadow(agent)
 
     def unmount(self) -> None:
         """Remove the tool and its section (nothing when absent)."""
         removers, self._removers = self._removers, []
+        shadows, self._shadows = self._shadows, {}
         self._definition = None
-        for remove in reversed(removers):
+        self._section = None
+        for remove in (*shadows.values(), *reversed(removers)):
             remove()
+
+    def shadow(self, agent: Agent) -> None:
+        """TOOL-11: an empty ``tool:<name>`` section in the scope of ``agent`` when the tool
+        is hidden there (a restriction), so the guidance never names a tool it cannot call.
+
+        Checked when the tool is mounted and when an agent is published (restrictions are
+        put in place inside the creation window, DEP-5); contained, never vetoing a creation.
+        """
+        section = self._section
+        if section is None or agent.id in self._shadows:
+            return
+        try:
+            if agent.ctx.tools.get(self.config.tool_name) is self._definition:
+                return
+            self._shadows[agent.id] = agent.ctx.system_prompt.section(section)
+        except DshError:  # an agent already torn down, or a section of its own by that name
+            return
+
+    def on_agent_disposed(self, agent: Agent) -> None:
+        self._shadows.pop(agent.id, None)
 
     def on_provider_added(self, provider: SubagentProvider) -> None:
         if provider.name == self.provider:
@@ -337,6 +364,9 @@ def install_subagent_tool(ctx: Context, config: SubagentToolConfig) -> SubagentT
     tool = SubagentTool(ctx, config)
     ctx.on("subagent/provider-added", tool.on_provider_added, global_=True)
     ctx.on("subagent/provider-removed", tool.on_provider_removed, global_=True)
+    if tool.background_default:
+        ctx.on("agent/created", tool.shadow, global_=True)
+        ctx.on("agent/disposed", tool.on_agent_disposed, global_=True)
     provider = ctx[SUBAGENTS].get_provider(config.provider)
     if provider is not None:
         tool.mount(provider)
