@@ -330,8 +330,9 @@ async def test_a_bad_config_fails_the_boot_naming_row_and_key(
             pass
     assert caught.value.code == "PLUGIN_CONFIG"
     message = str(caught.value)
-    assert re.search(r"plugins\[\d+\] \(plugin 'tool-subagent-report'\)", message)
+    assert re.search(r"plugins\[\d+\] \(plugin 'tool-subagent-report'\) config: ", message)
     assert fragment in message
+    assert "key ''" not in message  # the validator names its own key, once
 
 
 # -- RPT-1: registration --------------------------------------------------------------------------
