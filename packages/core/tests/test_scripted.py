@@ -504,8 +504,9 @@ async def test_a_rule_reacts_to_a_tool_result_or_a_notice_with_what_it_captured(
 
 
 async def test_an_unanswered_rule_captures_from_the_oldest_matching_message() -> None:
-    """host-core §2, tools 15.5: of several unanswered messages, the oldest that matches gives
-    the groups; a rule whose regexes name no group renders its reply unchanged."""
+    """host-core §2, tools 15.5: of several unanswered messages (tool results by their
+    content), the oldest that matches gives the groups; a rule whose regexes name no group
+    renders its reply unchanged."""
     adapter = ScriptedAdapter.from_data(
         {
             "rules": [
@@ -516,4 +517,6 @@ async def test_an_unanswered_rule_captures_from_the_oldest_matching_message() ->
     )
     chunks = await run(adapter, options(user_message("id a"), user_message("id b")))
     assert text_of(chunks) == "first a"
+    results = options(assistant("calls"), tool_result("c1", "id t"), user_message("id u"))
+    assert text_of(await run(adapter, results)) == "first t"  # a tool result's own text
     assert text_of(await run(adapter, options(user_message("plain")))) == "{{id}} as written"

@@ -444,6 +444,15 @@ def _unanswered(request: ScriptedRequest) -> Iterator[Message]:
     return iter(messages[i:])
 
 
+def _searchable(message: Message) -> str:
+    """The text a condition searches: a tool result's content, else the text blocks."""
+    if message.role != "tool":
+        return message.text
+    return "".join(
+        blocks_text(b.content) for b in message.content if isinstance(b, ToolResultBlock)
+    )
+
+
 def _regex_test(
     key: str, pattern: re.Pattern[str]
 ) -> Callable[[ScriptedRequest], dict[str, str] | None]:
@@ -468,7 +477,7 @@ def _regex_test(
 
     def unanswered(r: ScriptedRequest) -> dict[str, str] | None:
         for m in _unanswered(r):
-            found = pattern.search(m.text)
+            found = pattern.search(_searchable(m))
             if found is not None:
                 return groups(found)
         return None
