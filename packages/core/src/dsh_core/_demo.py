@@ -417,6 +417,8 @@ async def _print_tree(out: TextIO, service: Any, root: str, transcript: _Transcr
     rows = await service.list_descendants(root)
     print("\nthe child tree, read back from the store (list_descendants):", file=out)
     print(f"coordinator: {root}", file=out)
+    if not rows:
+        print("└── (no children)", file=out)
     open_levels: list[bool] = []  # per depth above the row: does a later sibling follow?
     for i, row in enumerate(rows):
         entry = row.entry
@@ -429,7 +431,9 @@ async def _print_tree(out: TextIO, service: Any, root: str, transcript: _Transcr
         name = transcript.names.get(entry.id, entry.id)
         if entry.kind == "child":
             epochs = transcript.epochs.get(entry.id, 0)
-            detail = f"{entry.mode}, {epochs} epoch{'s' if epochs != 1 else ''}"
+            detail = entry.mode
+            if entry.mode == "continuable":
+                detail += f", {epochs} epoch{'s' if epochs != 1 else ''}"
             label = f' "{entry.label}"' if entry.label else ""
             print(f"{branch}{name}{label}: {entry.id} ({detail})", file=out)
         else:
