@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dsh_core import (
     AbortController,
@@ -520,3 +522,24 @@ async def test_an_unanswered_rule_captures_from_the_oldest_matching_message() ->
     results = options(assistant("calls"), tool_result("c1", "id t"), user_message("id u"))
     assert text_of(await run(adapter, results)) == "first t"  # a tool result's own text
     assert text_of(await run(adapter, options(user_message("plain")))) == "{{id}} as written"
+
+
+@given(said=st.text(max_size=40))
+@settings(deadline=None)
+def test_captured_text_fills_raw_json_arguments_as_a_json_string(said: str) -> None:
+    """host-core §2, tools 15.5: whatever a group captured (quotes, backslashes, control
+    characters, any code point), raw JSON arguments stay JSON and carry it exactly."""
+    adapter = ScriptedAdapter.from_data(
+        {
+            "rules": [
+                {
+                    "when": {"unanswered": "(?s)^said:(?P<said>.*)\\Z"},
+                    "reply": {"tool_calls": [{"name": "t", "arguments": '{"v": "{{said}}"}'}]},
+                }
+            ]
+        }
+    )
+    message = Message(id="m", role="user", content=(TextBlock(text=f"said:{said}"),))
+    chunks = asyncio.run(run(adapter, options(message)))
+    calls = [c for c in chunks if isinstance(c, ToolCallDelta)]
+    assert json.loads(calls[0].arguments_delta) == {"v": said}
