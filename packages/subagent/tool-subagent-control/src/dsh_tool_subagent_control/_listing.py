@@ -1,0 +1,196 @@
+"""``list_agents``: the continuable subagents below the calling agent, as the model sees them
+(CTL-4, CTL-5, BUG-4).
+
+The rows come from ``ctx.subagents.list_children`` / ``list_descendants``; this module only
+projects them: one-shot children are dropped (``send_message`` cannot continue them), though
+in ``descendants`` scope the walk still goes through them, so their continuable descendants
+stay; diagnostics are kept; a child's status is read from the live agent registry, never
+from the listing's ``activity``: ``running`` (its driver is running), ``idle`` (resident
+between turns, maybe waiting on its own children) or ``ready`` (no live agent: resumable, not
+terminal).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any, Literal
+
+from dsh_core import (
+    AgentRegistry,
+    ContentBlock,
+    Context,
+    ServiceKey,
+    ToolDefinition,
+    ToolError,
+    ToolOutput,
+    ToolRunContext,
+    text_blocks,
+)
+from dsh_subagent import (
+    SUBAGENTS,
+    SubagentChildEntry,
+    SubagentDescendantListEntry,
+    SubagentListEntry,
+)
+
+__all__ = ["LIST_AGENTS_DESCRIPTION", "ListAgentsStatus", "install_list_agents"]
+
+#: A listed child's status (BUG-4: exactly these three; none of them reads as terminal).
+ListAgentsStatus = Literal["running", "idle", "ready"]
+
+_AGENTS: ServiceKey[AgentRegistry] = ServiceKey("agents")
+
+#: What the model reads about ``list_agents`` (CTL-5's pinned fragments: "you are told when
+#: one finishes", "resumable, not terminal", ``send_message`` for depth-1 rows only,
+#: ``interrupt_agent`` for deeper ones).
+LIST_AGENTS_DESCRIPTION = (
+    "List the background subagents you started, with their ids, labels and status: running "
+    "(working on a turn), idle (alive between turns, possibly waiting on its own subagents) or "
+    "ready (not loaded: resumable, not terminal; send_message continues it). There is no need "
+    "to poll: you are told when one finishes. scope children (the default) lists your direct "
+    "subagents; scope descendants lists the whole tree below you, each row with its parent id "
+    "and depth. Rows at depth 1 accept send_message; deeper rows accept only interrupt_agent. "
+    "A row [diagnostic: <reason>] is a subagent whose record could not be read."
+)
+
+_PARAMETERS: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "scope": {
+            "type": "string",
+            "enum": ["children", "descendants"],
+            "description": "children (default): your direct subagents. descendants: every "
+            "subagent below you, with its parent id and depth.",
+        }
+    },
+    "additionalProperties": False,
+}
+
+_POSITION: dict[str, Any] = {"parent": {"type": "string"}, "depth": {"type": "integer"}}
+_OUTPUT: dict[str, Any] = {
+    "type": "array",
+    "items": {
+        "oneOf": [
+            {
+                "type": "object",
+                "properties": {
+                    "kind": {"const": "child"},
+                    "id": {"type": "string"},
+                    "label": {"type": "string"},
+                    "status": {"enum": ["running", "idle", "ready"]},
+                    **_POSITION,
+                },
+                "required": ["kind", "id", "label", "status"],
+                "additionalProperties": False,
+            },
+            {
+                "type": "object",
+                "properties": {
+                    "kind": {"const": "diagnostic"},
+                    "id": {"type": "string"},
+                    "reason": {"enum": ["corrupt", "unsupported", "unavailable"]},
+                    **_POSITION,
+                },
+                "required": ["kind", "id", "reason"],
+                "additionalProperties": False,
+            },
+        ]
+    },
+}
+
+
+def _status(registry: AgentRegistry, child_id: str) -> ListAgentsStatus:
+    agent = registry.get(child_id)
+    if agent is None:
+        return "ready"
+    return "running" if agent.status == "running" else "idle"
+
+
+def _row(registry: AgentRegistry, entry: SubagentListEntry) -> dict[str, Any] | None:
+    """The model-facing row of one listing entry, or ``None`` for a one-shot child."""
+    if isinstance(entry, SubagentChildEntry):
+        if entry.mode != "continuable":
+            return None
+        return {
+            "kind": "child",
+            "id": entry.id,
+            "label": entry.label or "",
+            "status": _status(registry, entry.id),
+        }
+    return {"kind": "diagnostic", "id": entry.id, "reason": entry.reason}
+
+
+def project_children(
+    registry: AgentRegistry, entries: Iterable[SubagentListEntry]
+) -> list[dict[str, Any]]:
+    """CTL-5 over ``list_children``: diagnostics kept, one-shot children dropped."""
+    rows = []
+    for entry in entries:
+        row = _row(registry, entry)
+        if row is not None:
+            rows.append(row)
+    return rows
+
+
+def project_descendants(
+    registry: AgentRegistry, entries: Iterable[SubagentDescendantListEntry]
+) -> list[dict[str, Any]]:
+    """CTL-5 over ``list_descendants``: as :func:`project_children`, each row with its durable
+    ``parent`` and ``depth``; a dropped one-shot intermediate leaves its descendants' rows."""
+    rows = []
+    for item in entries:
+        row = _row(registry, item.entry)
+        if row is not None:
+            row["parent"] = item.parent_id
+            row["depth"] = item.depth
+            rows.append(row)
+    return rows
+
+
+def render_rows(rows: Any) -> str:
+    """``<id> [<status>] — <label>``, ``<id> [diagnostic: <reason>]`` (with `` parent=<id>
+    depth=<n>`` after the bracket on a descendants row), one per line; ``(no subagents)``."""
+    if not rows:
+        return "(no subagents)"
+    lines = []
+    for row in rows:
+        at = f" parent={row['parent']} depth={row['depth']}" if "parent" in row else ""
+        if row["kind"] == "child":
+            lines.append(f"{row['id']} [{row['status']}]{at} — {row['label']}")
+        else:
+            lines.append(f"{row['id']} [diagnostic: {row['reason']}]{at}")
+    return "\n".join(lines)
+
+
+def _render(value: Any, run: ToolRunContext) -> tuple[ContentBlock, ...]:
+    return text_blocks(render_rows(value))
+
+
+def install_list_agents(ctx: Context) -> None:
+    """Register ``list_agents`` once, in ``ctx``'s (global) layer; it goes when ``ctx`` is
+    disposed."""
+    subagents = ctx[SUBAGENTS]
+    registry = ctx[_AGENTS]
+
+    async def list_agents(args: Any, run: ToolRunContext) -> list[dict[str, Any]]:
+        parent = run.agent
+        if parent is None:
+            raise ToolError(
+                "list_agents requires a calling agent (exec.agent was undefined)",
+                code="NO_AGENT",
+            )
+        if args.get("scope", "children") == "descendants":
+            below = await subagents.list_descendants(parent.id, run.signal)
+            return project_descendants(registry, below)
+        return project_children(registry, await subagents.list_children(parent.id, run.signal))
+
+    ctx.tools.register(
+        ToolDefinition(
+            name="list_agents",
+            description=LIST_AGENTS_DESCRIPTION,
+            parameters=_PARAMETERS,
+            execute=list_agents,
+            output=ToolOutput(schema=_OUTPUT, render=_render),
+            concurrency_safe=True,
+        )
+    )
