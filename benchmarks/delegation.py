@@ -14,6 +14,11 @@ so that it is not billed for a collection the previous phase made due.
     python benchmarks/delegation.py                 # every configuration, a table
     python benchmarks/delegation.py --seq 200 --conc 50 --only spawn:memory
     python benchmarks/delegation.py --live 2000   # with 2000 idle agents alive meanwhile
+    python benchmarks/delegation.py --only spawn:memory --only spawn:tool --seq 200
+
+``spawn:tool`` is the real-tool route: the parent calls the ``subagent`` tool of
+dsh-tool-subagent (one plugin row, provider ``spawn``, memory store) instead of a bench tool
+calling ``start()`` directly; compare it with ``spawn:memory`` for what the tool layer costs.
 
 ``--live N`` keeps N idle agents alive through the timed phases, each with a scoped prompt
 context, a scoped tool, a scoped listener and one finished turn, as a parent's background
@@ -35,7 +40,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-CONFIGS = ("spawn:memory", "fork:memory", "spawn:jsonl", "fork:jsonl")
+CONFIGS = ("spawn:memory", "fork:memory", "spawn:jsonl", "fork:jsonl", "spawn:tool")
 
 
 async def _measure(
@@ -44,9 +49,11 @@ async def _measure(
     import dsh_subagent.plugin
     import dsh_subagent_fork.plugin
     import dsh_subagent_spawn.plugin
+    import dsh_tool_subagent.plugin
     from dsh_core import (
         AbortController,
         Context,
+        PluginRow,
         PromptContext,
         ToolDefinition,
         ToolRunContext,
@@ -62,9 +69,21 @@ async def _measure(
     )
     from dsh_subagent import SUBAGENTS, SubagentStartRequest
 
-    call = ScriptedReply(
-        tool_calls=(ScriptedToolCall(name="delegate", arguments={"task": "summarise X"}),)
-    )
+    real_tool = store == "tool"  # the subagent tool of dsh-tool-subagent, memory store
+    if real_tool:
+        store = "memory"
+        call = ScriptedReply(
+            tool_calls=(
+                ScriptedToolCall(
+                    name="subagent",
+                    arguments={"description": "summarise a thing", "prompt": "summarise X"},
+                ),
+            )
+        )
+    else:
+        call = ScriptedReply(
+            tool_calls=(ScriptedToolCall(name="delegate", arguments={"task": "summarise X"}),)
+        )
 
     def model(request: ScriptedRequest) -> ScriptedReply | str:
         if request.last_user_text == "summarise X":
@@ -89,9 +108,11 @@ async def _measure(
             await started.dispose()
         return blocks_text(result.output)
 
+    rows: list[Any] = ["subagent", f"subagent-{provider}"]
+    if real_tool:
+        rows.append(PluginRow(plugin="tool-subagent", config={"provider": provider}))
     async with scripted_host(
-        "subagent",
-        f"subagent-{provider}",
+        *rows,
         # record=False: the test double keeps no request history (a real adapter keeps none).
         model=ScriptedAdapter(model, record=False),
         store=store,  # type: ignore[arg-type]
@@ -101,21 +122,23 @@ async def _measure(
             "subagent": dsh_subagent.plugin,
             "subagent-spawn": dsh_subagent_spawn.plugin,
             "subagent-fork": dsh_subagent_fork.plugin,
+            "tool-subagent": dsh_tool_subagent.plugin,
         },
     ) as host:
-        host.ctx.tools.register(
-            ToolDefinition(
-                name="delegate",
-                description="Delegate a task to a child agent.",
-                parameters={
-                    "type": "object",
-                    "properties": {"task": {"type": "string"}},
-                    "required": ["task"],
-                },
-                execute=delegate,
-                concurrency_safe=True,
+        if not real_tool:
+            host.ctx.tools.register(
+                ToolDefinition(
+                    name="delegate",
+                    description="Delegate a task to a child agent.",
+                    parameters={
+                        "type": "object",
+                        "properties": {"task": {"type": "string"}},
+                        "required": ["task"],
+                    },
+                    execute=delegate,
+                    concurrency_safe=True,
+                )
             )
-        )
 
         async def one() -> None:
             handle = await host.create_agent()
@@ -152,7 +175,7 @@ async def _measure(
         conc = time.perf_counter() - t0
         live = len(host.ctx.agents.list()) - len(idle)
     return {
-        "config": f"{provider}:{store}",
+        "config": f"{provider}:{'tool' if real_tool else store}",
         "seq_ms": seq / n_seq * 1000,
         "conc_s": conc,
         "conc_ms_each": conc / n_conc * 1000,

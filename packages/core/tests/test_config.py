@@ -46,9 +46,19 @@ def accepts(tp: Any, value: object) -> bool:
         return type(value) is tp
     if tp is float:
         return type(value) in (int, float)
+    if attrs.has(tp):  # a nested table: known keys only, each strictly of its type
+        fields = field_types(tp)
+        return (
+            type(value) is dict
+            and value.keys() <= fields.keys()
+            and all(accepts(fields[k], v) for k, v in value.items())
+        )
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
         return any(accepts(a, value) for a in typing.get_args(tp))
+    if origin is tuple and typing.get_args(tp)[1:] == (Ellipsis,):
+        item = typing.get_args(tp)[0]
+        return type(value) is list and all(accepts(item, v) for v in value)
     if origin is list:
         (item,) = typing.get_args(tp)
         return type(value) is list and all(accepts(item, v) for v in value)
@@ -81,10 +91,13 @@ config_values = st.recursive(
 
 def values_of(tp: Any) -> st.SearchStrategy[Any]:
     """Values a strict structuring of ``tp`` accepts."""
+    if attrs.has(tp):
+        fields = field_types(tp)
+        return st.fixed_dictionaries({}, optional={k: values_of(t) for k, t in fields.items()})
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
         return st.one_of([values_of(a) for a in typing.get_args(tp)])
-    if origin is list:
+    if origin is list or (origin is tuple and typing.get_args(tp)[1:] == (Ellipsis,)):
         return st.lists(values_of(typing.get_args(tp)[0]), max_size=3)
     if origin in (dict, cabc.Mapping):
         key, item = typing.get_args(tp)
@@ -97,6 +110,11 @@ def values_of(tp: Any) -> st.SearchStrategy[Any]:
         str: st.text(max_size=8),
     }
     return simple[tp]
+
+
+def _table(tp: Any) -> bool:
+    """Whether ``tp`` is a nested config table (an attrs class, optionally ``| None``)."""
+    return attrs.has(tp) or any(attrs.has(a) for a in typing.get_args(tp))
 
 
 def test_every_config_class_is_covered() -> None:
@@ -135,7 +153,10 @@ def test_a_wrong_typed_value_for_any_config_key_is_plugin_config(data: st.DataOb
     assert err.value.code == "PLUGIN_CONFIG"
     assert message.startswith(f"plugins[{row}] (plugin {name!r}) config: ")
     for key in fields:  # every wrong key is named with its type; no right one is
-        assert (f"key {key!r} ({type_name(fields[key])}): " in message) == (key in wrong)
+        named = f"key {key!r} ({type_name(fields[key])}): " in message
+        if _table(fields[key]):  # or a key inside it, by its dotted path
+            named = named or f"key '{key}." in message
+        assert named == (key in wrong)
 
 
 @given(data=st.data())
@@ -159,10 +180,16 @@ def test_a_right_typed_value_is_taken_as_it_is(data: st.DataObject) -> None:
     if refused is not None:
         message = str(refused)
         assert refused.code == "PLUGIN_CONFIG"
-        assert f"key {key!r}" in message and f"({type_name(fields[key])})" not in message
+        assert any(f"key {k!r}" in message for k in given)  # a required key's check may refuse
+        assert f"({type_name(fields[key])})" not in message
         return
-    assert getattr(config, key) == value
-    assert type(getattr(config, key)) is type(value)
+    got = getattr(config, key)
+    if _table(fields[key]) and value is not None:  # a table: each given key taken as it is
+        for k, v in value.items():
+            assert getattr(got, k) == (tuple(v) if type(v) is list else v)
+        return
+    assert got == value
+    assert type(got) is type(value)
 
 
 @pytest.mark.parametrize(

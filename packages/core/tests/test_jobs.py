@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable
 import attrs
 import pytest
 
-from dsh_core import AbortController, AbortSignal, blocks_text
+from dsh_core import AbortController, AbortSignal, Context, ToolDefinition, blocks_text
 from dsh_core._agent import Agent
 from dsh_core._jobs import JobError, JobService, JobSettlement
 from dsh_core._tools import ToolExecutionInput, ToolExecutionResult
@@ -45,6 +45,17 @@ async def run_tool(agent: Agent, name: str, **args: object) -> ToolExecutionResu
         ToolExecutionInput(
             call_id=f"call-{name}", name=name, arguments=args, signal=AbortSignal(), agent=agent
         )
+    )
+
+
+def add_job_starter(ctx: Context) -> None:
+    """A global tool that starts jobs: every agent then sees job_output and job_kill."""
+
+    async def body(args: object, run: object) -> str:
+        return "ok"
+
+    ctx.tools.register(
+        ToolDefinition(name="starter", description="d", execute=body, starts_jobs=True)
     )
 
 
@@ -147,6 +158,7 @@ async def test_failed_producer_reports_failed_with_detail() -> None:
 async def test_job_tools_are_owner_only() -> None:
     """host-core §13: another agent cannot read or kill a job (UNAUTHORIZED); unknown ids fail."""
     async with scripted_host() as h:
+        add_job_starter(h.ctx)  # so that the stranger sees the job tools too
         jobs: JobService = h.ctx.jobs
         owner = (await h.create_agent()).agent
         stranger = (await h.create_agent()).agent
@@ -229,3 +241,61 @@ async def test_job_output_wait_stops_when_the_call_is_aborted_or_cancelled() -> 
         gate.release.set()
         await job.wait()
         assert job.status == "completed"
+
+
+def tool_names(agent: Agent) -> list[str]:
+    return [s.name for s in agent.ctx.tools.schemas()]
+
+
+async def test_job_tools_are_hidden_where_no_agent_can_have_jobs() -> None:
+    """host-core §13, tools 15.3: without a tool that starts jobs, job_output and job_kill are
+    absent from the prompt and execute as UNKNOWN_TOOL."""
+    async with scripted_host() as h:
+        agent = (await h.create_agent()).agent
+        assert "job_output" not in tool_names(agent)
+        assert "job_kill" not in tool_names(agent)
+        result = await run_tool(agent, "job_output", job_id="task-1")
+        assert result.error is not None and result.error.code == "UNKNOWN_TOOL"
+
+
+async def test_job_tools_appear_beside_a_tool_that_starts_jobs() -> None:
+    """host-core §13, tools 15.3: a visible tool with starts_jobs makes the job tools visible in
+    that scope; a scope whose restriction hides it sees no job tools; removing it hides them."""
+    from dsh_core import ToolRestriction
+
+    async def body(args: object, run: object) -> str:
+        return "ok"
+
+    async with scripted_host() as h:
+        h.ctx.tools.register(ToolDefinition(name="other", description="d", execute=body))
+        remove = h.ctx.tools.register(
+            ToolDefinition(name="starter", description="d", execute=body, starts_jobs=True)
+        )
+        agent = (await h.create_agent()).agent
+
+        def hide(ctx: object) -> None:
+            ctx.tools.restrict(ToolRestriction(deny=("starter",)))  # type: ignore[attr-defined]
+
+        hidden = (await h.create_agent(setup=hide)).agent
+        assert tool_names(agent) == ["job_output", "job_kill", "other", "starter"]
+        assert tool_names(hidden) == ["other"]
+        assert (await run_tool(hidden, "job_kill", job_id="x")).error.code == "UNKNOWN_TOOL"  # type: ignore[union-attr]
+        remove()
+        assert tool_names(agent) == ["other"]
+
+
+async def test_a_job_owner_keeps_its_job_tools_in_its_own_scope() -> None:
+    """host-core §13, tools 15.3: an agent's first job gives its own scope job_output and
+    job_kill, so it can collect the job even where no visible tool starts jobs."""
+    async with scripted_host() as h:
+        jobs: JobService = h.ctx.jobs
+        owner = (await h.create_agent()).agent
+        bystander = (await h.create_agent()).agent
+        gate = Gate("done")
+        job = jobs.start(kind="task", label="j", owner=owner, producer=gate.producer())
+        assert tool_names(owner) == ["job_output", "job_kill"]
+        assert tool_names(bystander) == []
+        jobs.start(kind="task", label="k", owner=owner, producer=Gate().producer())
+        gate.release.set()
+        result = await run_tool(owner, "job_output", job_id=job.id, wait=True)
+        assert text(result) == "done\n[status: completed]"

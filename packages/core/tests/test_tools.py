@@ -160,7 +160,7 @@ async def test_restricted_tool_is_absent_from_schemas_and_fails_unknown_tool() -
         assert code(await a.tools.execute(call("read"))) is None
         assert "read" not in names(b)
         assert code(await b.tools.execute(call("read"))) == "UNKNOWN_TOOL"
-        assert names(h.ctx) == ["job_output", "job_kill", "read", "write", "shell"]
+        assert names(h.ctx) == ["read", "write", "shell"]
 
 
 @pytest.mark.parametrize(
@@ -183,7 +183,7 @@ async def test_restrict_fails_loud_on_a_bad_filter(
         with pytest.raises(ToolError) as err:
             a.tools.restrict(restriction)
         assert err.value.code == expected
-        assert names(a) == ["job_output", "job_kill", "read", "mine"]
+        assert names(a) == ["read", "mine"]
 
 
 async def test_restrict_needs_a_scoped_context() -> None:
@@ -476,7 +476,7 @@ async def test_hidden_tool_is_absent_from_the_request_and_unknown_when_called() 
         assert await h.run(handle.agent, "go") == "done"
         first = h.model.requests[0]
         assert first.tools is not None
-        assert [t.name for t in first.tools] == ["job_output", "job_kill", "read"]
+        assert [t.name for t in first.tools] == ["read"]
         results = [e.data for e in handle.agent.session.events if e.type == "tool/result"]
         assert [r.error.code for r in results if r.error] == ["UNKNOWN_TOOL"]
         assert ran == []
@@ -532,8 +532,6 @@ async def test_tools_inherited_from_an_ancestor_scope_can_be_restricted() -> Non
         child.tools.register(tool("own_tool"))
         assert sorted(names(child)) == [
             "global_tool",
-            "job_kill",
-            "job_output",
             "own_tool",
             "parent_tool",
         ]

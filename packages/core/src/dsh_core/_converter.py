@@ -189,6 +189,8 @@ def type_name(t: Any) -> str:
         return "None"
     if isinstance(t, type) and not typing.get_args(t):
         return t.__name__
+    if _is_union(t):
+        return " | ".join(type_name(a) for a in typing.get_args(t))
     return str(t).replace("typing.", "").replace("collections.abc.", "")
 
 
@@ -277,6 +279,33 @@ def _first_message(exc: BaseException) -> str:
     return str(exc)
 
 
+def _is_optional_table(t: Any) -> bool:
+    args = typing.get_args(t)
+    return (
+        _is_union(t)
+        and len(args) == 2
+        and type(None) in args
+        and any(attrs.has(a) for a in args if a is not type(None))
+    )
+
+
+def _optional_table(t: Any) -> Callable[[Any, Any], Any]:
+    """``SomeConfig | None``: ``None``, or a table structured into the attrs class (anything
+    else is refused as not a table, instead of cattrs' attribute error on it)."""
+    (cls,) = [a for a in typing.get_args(t) if a is not type(None)]
+    hook = config_converter.get_structure_hook(cls)
+
+    def structure_optional(value: Any, _: Any) -> Any:
+        if value is None:
+            return None
+        if not isinstance(value, Mapping):
+            raise TypeError(f"expected a table, got {value!r}")
+        return hook(value, cls)
+
+    return structure_optional
+
+
+config_converter.register_structure_hook_factory(_is_optional_table, _optional_table)
 config_converter.register_structure_hook_factory(_is_scalar_union, _scalar_union)
 config_converter.register_structure_hook_factory(_is_sequence, _sequence)
 config_converter.register_structure_hook_factory(_is_mapping, _mapping)

@@ -101,6 +101,9 @@ def _problems(group: BaseExceptionGroup[Exception], path: tuple[str, ...]) -> li
             continue
         expected = f" ({type_name(note.type)})" if note is not None else ""
         message = "is required" if isinstance(exc, KeyError) else str(exc)
+        if message.startswith("key '"):  # a class validator that names its own key
+            out.append(message)
+            continue
         out.append(f"key {'.'.join(here)!r}{expected}: {message}")
     return out
 

@@ -4,13 +4,20 @@ A job is work an agent started and collects later (a one-shot background subagen
 owner may have at most ``cap`` unfinished jobs (default 10); a job that is *stopping* still holds
 its slot, and a refused start creates no job id (BUG-7). A job's producer owns its own abort
 controller: the tool call that started it does not own it.
+
+The model's ``job_output`` and ``job_kill`` are visible only where an agent can have jobs: in a
+scope that also sees a tool that starts jobs (``ToolDefinition.starts_jobs``, e.g. the
+``subagent`` tool in one-shot background mode), and in the scope of every agent that owns a
+job (registered there when its first job starts), so a job stays collectable after the tool
+that started it went away. Elsewhere they are absent from the prompt and fail as
+``UNKNOWN_TOOL``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any, Literal
 
 import attrs
@@ -111,6 +118,9 @@ class JobService:
         # the host has run.
         self._unfinished: dict[str, dict[str, Job]] = {}
         self._ids = itertools.count(1)
+        #: Called with an owner when it starts its first job (its scope gets the job tools).
+        self.on_first_job: Callable[[Agent], None] | None = None
+        self._owners: set[str] = set()
 
     def active(self, owner_id: str) -> list[Job]:
         """The owner's unfinished jobs (running or stopping)."""
@@ -124,6 +134,8 @@ class JobService:
                 "or kill one first",
                 code="JOB_LIMIT",
             )
+        if owner.id not in self._owners and self.on_first_job is not None:
+            self.on_first_job(owner)
         job = Job(f"{kind}-{next(self._ids)}", kind, label, owner.id)
         self.jobs[job.id] = job
         self._unfinished.setdefault(owner.id, {})[job.id] = job
@@ -182,13 +194,20 @@ def _render(job: Job, new: str) -> str:
     return f"{new or '(no new output)'}\n{job.status_line()}"
 
 
+def _can_have_jobs(visible: Iterable[ToolDefinition]) -> bool:
+    """The job tools' visibility: some other tool visible in the scope starts jobs."""
+    return any(d.starts_jobs for d in visible)
+
+
 def install_jobs(ctx: Context, *, cap: int = DEFAULT_CAP) -> JobService:
-    """Provide ``jobs`` and register the global ``job_output`` and ``job_kill`` tools."""
+    """Provide ``jobs`` and register ``job_output`` and ``job_kill``: globally, visible only
+    beside a tool that starts jobs, and in each job owner's own scope from its first job."""
     service = JobService(ctx, cap=cap)
     ctx.provide("jobs", service)
     ctx.fiber.add(service.dispose)
 
     def on_agent_disposed(agent: Agent) -> None:
+        service._owners.discard(agent.id)
         for job in service.active(agent.id):
             service.kill(job.id, f"owner {agent.id} was disposed")
 
@@ -215,7 +234,7 @@ def install_jobs(ctx: Context, *, cap: int = DEFAULT_CAP) -> JobService:
         job = service.kill(args["job_id"], owner=owner_of(run, "job_kill"))
         return f"job {job.id} {'is stopping' if not job.finished else 'already ' + job.status}"
 
-    ctx.tools.register(
+    definitions = (
         ToolDefinition(
             name="job_output",
             description=(
@@ -233,9 +252,8 @@ def install_jobs(ctx: Context, *, cap: int = DEFAULT_CAP) -> JobService:
             },
             execute=job_output,
             concurrency_safe=True,
-        )
-    )
-    ctx.tools.register(
+            visible_if=_can_have_jobs,
+        ),
         ToolDefinition(
             name="job_kill",
             description="Stop one of your background jobs. Its status becomes killed.",
@@ -246,6 +264,22 @@ def install_jobs(ctx: Context, *, cap: int = DEFAULT_CAP) -> JobService:
                 "additionalProperties": False,
             },
             execute=job_kill,
-        )
+            visible_if=_can_have_jobs,
+        ),
     )
+    for definition in definitions:
+        ctx.tools.register(definition)
+    scoped = tuple(attrs.evolve(d, visible_if=None) for d in definitions)
+
+    def on_first_job(owner: Agent) -> None:
+        # The owner's own layer: never hidden by a restriction, gone with the agent.
+        service._owners.add(owner.id)
+        tools = owner.ctx.tools
+        for definition in scoped:
+            try:
+                tools.register(definition)
+            except ToolError:  # the scope already has a tool of that name: it stays
+                pass
+
+    service.on_first_job = on_first_job
     return service

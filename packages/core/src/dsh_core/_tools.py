@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -77,6 +77,10 @@ class ToolDefinition:
 
     ``execute(arguments, run)`` receives validated, frozen JSON arguments. Calls marked
     ``concurrency_safe`` in one model response may run together (results keep model order).
+    ``starts_jobs`` says a call can start a background job (``ctx.jobs``) for its agent.
+    ``visible_if`` makes an inherited tool visible in a scope only where the predicate holds of
+    the other tools visible there (e.g. ``job_output`` only beside a tool that starts jobs); it
+    is evaluated once per change, with the scope's cached visibility, never per call.
     """
 
     name: str
@@ -87,6 +91,10 @@ class ToolDefinition:
     execute: Callable[[Any, ToolRunContext], Awaitable[Any]] = attrs.field(eq=False)
     output: ToolOutput = ToolOutput()
     concurrency_safe: bool = False
+    starts_jobs: bool = False
+    visible_if: Callable[[Iterable[ToolDefinition]], bool] | None = attrs.field(
+        default=None, eq=False
+    )
 
     @property
     def schema(self) -> ToolSchema:
@@ -315,8 +323,23 @@ class ToolRegistryService:
             result = {**inherited, **own}
         else:
             result = inherited
+        if any(e.definition.visible_if is not None for e in result.values()):
+            result = _conditional(result, self.layers.get(scope, {}) if scope else {})
         self._visible[scope] = result
         return result
+
+
+def _conditional(visible: dict[str, _Entry], own: Mapping[str, _Entry]) -> dict[str, _Entry]:
+    """``visible`` without the inherited tools whose ``visible_if`` does not hold of the
+    others (a scope's own tools are never hidden, like restrictions)."""
+    unconditional = [e.definition for e in visible.values() if e.definition.visible_if is None]
+    return {
+        name: entry
+        for name, entry in visible.items()
+        if entry.definition.visible_if is None
+        or own.get(name) is entry
+        or entry.definition.visible_if(unconditional)
+    }
 
 
 class ToolRegistry:

@@ -1,7 +1,39 @@
-"""The model-facing `subagent` delegation tool."""
+"""dsh-tool-subagent: the model-facing ``subagent`` delegation tool (contract §4)."""
 
 from __future__ import annotations
 
 from .__about__ import __version__
+from ._config import (
+    BACKGROUND_MODES,
+    PROVIDER_MANAGED,
+    AgentOptionsConfig,
+    SubagentToolConfig,
+    ToolFilterConfig,
+)
+from ._tool import (
+    HEADLINES,
+    NO_AGENT,
+    NO_JOBS,
+    SECTION_ORDER,
+    SubagentTool,
+    description_for,
+    guidance_for,
+    install_subagent_tool,
+)
 
-__all__ = ["__version__"]
+__all__ = [
+    "BACKGROUND_MODES",
+    "HEADLINES",
+    "NO_AGENT",
+    "NO_JOBS",
+    "PROVIDER_MANAGED",
+    "SECTION_ORDER",
+    "AgentOptionsConfig",
+    "SubagentTool",
+    "SubagentToolConfig",
+    "ToolFilterConfig",
+    "__version__",
+    "description_for",
+    "guidance_for",
+    "install_subagent_tool",
+]
