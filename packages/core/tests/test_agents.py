@@ -968,6 +968,32 @@ async def test_handle_disposal_order() -> None:
         assert err.value.code == "AGENT_DISPOSED"
 
 
+async def test_a_send_while_disposal_runs_is_kept_and_one_after_it_is_refused() -> None:
+    """host-core §9, RPT-4 (tools 15.3): while an agent's disposal has started and it is still
+    registered, a send is queued durably in its inbox without waking it (a resume finds it);
+    once disposal completed the send fails AGENT_DISPOSED."""
+    async with scripted_host(model=["one", "two"]) as h:
+        handle = await h.create_agent(session_id="late")
+        agent = handle.agent
+        late = user_message("kept for later", id="late-report")
+        seen: list[tuple[bool, str]] = []
+
+        def during_disposal() -> None:
+            seen.append((h.ctx.agents.get("late") is agent, agent.status))
+            agent.steer(late)
+
+        agent.ctx.fiber.add(during_disposal)
+        await bounded(handle.dispose())
+        assert seen == [(True, "idle")]
+        assert h.model.requests == []  # queued, not woken
+        assert replay_inbox(agent.session.events) == ([], [late])
+        with pytest.raises(AgentError) as err:
+            agent.steer(user_message("too late"))
+        assert err.value.code == "AGENT_DISPOSED"
+        resumed = (await h.resume_agent("late")).agent
+        assert resumed.inbox.next_step == [late]
+
+
 async def test_owner_fiber_disposal_disposes_owned_agents() -> None:
     """host-core §9: an agent created through a plugin context dies with that context."""
     async with scripted_host() as h:

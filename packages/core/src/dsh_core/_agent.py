@@ -348,10 +348,14 @@ class Agent:
 
         A waking send while the active turn's signal has already fired is forced to the next
         turn and latched: it runs once the aborted turn has unwound (unless the agent is being
-        disposed).
+        disposed). While disposal runs and the agent is still registered, a send is queued
+        without waking (durably: its session is still attached, and a resume finds it, so a
+        child's report to a parent going away is kept, RPT-4); once the agent is unregistered
+        it fails ``AGENT_DISPOSED``.
         """
         if self._disposed:
-            raise AgentError(f"agent {self.id!r} is disposed", code="AGENT_DISPOSED")
+            self._send_while_disposing(message, target)
+            return
         ctl = self._controller
         unwinding = ctl is not None and ctl.signal.aborted
         if wakeup and unwinding:
@@ -364,6 +368,13 @@ class Agent:
                 self._latch = True
             return  # a running driver claims queued work at its next step or turn boundary
         self._start()
+
+    def _send_while_disposing(self, message: Message, target: InboxTarget) -> None:
+        """A send after disposal started: queued unwoken while still registered, else refused."""
+        entry = self._service.agents.get(self.id)
+        if entry is None or entry.agent is not self:
+            raise AgentError(f"agent {self.id!r} is disposed", code="AGENT_DISPOSED")
+        self.inbox.insert(target, message)
 
     def followup(self, message: Message) -> None:
         """Queue a next turn and wake."""

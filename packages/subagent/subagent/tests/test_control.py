@@ -34,6 +34,7 @@ from dsh_core import (
     TextBlock,
     boot_host,
     make_plugin_manager,
+    replay_inbox,
     text_blocks,
     user_message,
 )
@@ -399,6 +400,36 @@ async def test_a_report_needs_a_live_direct_parent() -> None:
             await w.svc.report_from(kid, report("x"))
         assert caught.value.code == "PARENT_UNAVAILABLE"
         assert str(caught.value) == "direct parent is not live; report was not delivered"
+        assert gate is not None
+        gate.set()
+
+
+@pytest.mark.parametrize("delivery", ["quiet", "next-step", "wakeup"])
+async def test_a_parent_whose_disposal_started_still_accepts_a_report(delivery: str) -> None:
+    """RPT-4 (tools 15.3): a parent whose disposal has started but which is still registered
+    accepts the report (kept in its log, no new request); once its disposal completed the
+    next report fails PARENT_UNAVAILABLE."""
+    async with world() as w:
+        parent_handle = await w.host.create_agent(session_id="mid")
+        parent = parent_handle.agent
+        kid, gate = await w.start(parent, "kid", hold=True)
+        accepted: list[str] = []
+
+        async def report_while_disposing() -> None:
+            assert w.host.ctx.agents.get("mid") is parent
+            accepted.append(await w.svc.report_from(kid, report("late news"), opts(delivery)))
+
+        parent.ctx.fiber.add(report_while_disposing)
+        await asyncio.wait_for(parent_handle.dispose(), BOUND)
+        (message_id,) = accepted
+        next_turn, next_step = replay_inbox(parent.session.events)
+        (kept,) = next_turn if delivery == "wakeup" else next_step
+        assert kept.id == message_id
+        assert kept.content == (TextBlock(text=REPORTED), TextBlock(text="late news"))
+        assert w.models.requests["mid"] == []  # kept, not woken
+        with pytest.raises(SubagentError) as caught:
+            await w.svc.report_from(kid, report("later"), opts(delivery))
+        assert caught.value.code == "PARENT_UNAVAILABLE"
         assert gate is not None
         gate.set()
 

@@ -296,7 +296,9 @@ class SubagentService:
         subagent <id> reported:", *content]`` from a ``subagent-report`` source, delivered by
         ``options.delivery``: ``next-step`` (default; steers, waking an idle parent),
         ``quiet`` (injects, no wake) or ``wakeup`` (a new parent turn). A send that raises is
-        ``PARENT_UNAVAILABLE`` with the error as its cause. Reporting never ends the child's
+        ``PARENT_UNAVAILABLE`` with the error as its cause; a parent whose disposal has
+        started but which is still registered accepts the report (kept in its log, unwoken,
+        RPT-4). Reporting never ends the child's
         turn, and a report accepted before the child settles reaches the parent's model before
         its settlement notice, whatever the delivery (RPT-S3, BUG-2). Without an ``agents``
         service: ``CONTINUATION_UNAVAILABLE`` (SVC-14).
