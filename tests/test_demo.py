@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from dsh_core import Message, TextBlock, ToolCallDelta, user_message
 from dsh_core._demo import TOUR_SCRIPT, demo_store
+from dsh_core._llm import GenerateOptions
 from dsh_core.testing import ScriptedAdapter
 
 ID = r"session-[0-9a-f]+"
@@ -156,3 +158,40 @@ def test_the_coordinator_runs_on_a_script_file(tmp_path: Path) -> None:
     assert f"on the offline scripted model (the script {example})" in done.stdout
     assert re.search(r"  coordinator\s+> Hello! I am a scripted model\.", done.stdout)
     assert "└── (no children)" in done.stdout
+
+
+def _notice(child: str, closing: str) -> Message:
+    summary = f"Background subagent {child} finished and will do no further work unless you "
+    return Message(
+        id=f"n-{child}-{closing[:6]}",
+        role="user",
+        content=tuple(
+            TextBlock(text=t) for t in (summary + "send it more.", "Its closing message:", closing)
+        ),
+    )
+
+
+async def _coordinator_calls(*messages: Message) -> list[str]:
+    """The tools the embedded script's coordinator calls after ``messages`` ('' for text)."""
+    options = GenerateOptions(
+        provider="scripted",
+        model="tour",
+        messages=messages,
+        system="You coordinate a small team of helper agents.",
+    )
+    chunks = [c async for c in ScriptedAdapter.from_data(TOUR_SCRIPT).stream(options)]
+    return [c.name for c in chunks if isinstance(c, ToolCallDelta)] or [""]
+
+
+async def test_the_coordinator_reviews_only_once_every_notice_is_in() -> None:
+    """tools 15.5, SET-2: the embedded coordinator follows up on the flights child's first
+    notice and forks the review only when the notices of all three children, the flights
+    child's second one included, have arrived, in whichever order and batches they came."""
+    said = Message(id="a", role="assistant", content=(TextBlock(text="ok"),))
+    outbound = _notice("f", "Outbound: TP1351")
+    ret, hotel, sun = _notice("f", "Return: TP1356"), _notice("h", "Memmo"), _notice("w", "Sunny")
+    assert await _coordinator_calls(user_message("plan it")) == ["subagent"] * 3
+    assert await _coordinator_calls(said, outbound) == ["send_message"]
+    assert await _coordinator_calls(hotel, said, ret) == [""]  # the weather is still out
+    assert await _coordinator_calls(hotel, said, ret, said, sun) == ["fork"]
+    assert await _coordinator_calls(sun, hotel, said, ret) == ["fork"]

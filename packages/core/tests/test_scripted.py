@@ -543,3 +543,24 @@ def test_captured_text_fills_raw_json_arguments_as_a_json_string(said: str) -> N
     chunks = asyncio.run(run(adapter, options(message)))
     calls = [c for c in chunks if isinstance(c, ToolCallDelta)]
     assert json.loads(calls[0].arguments_delta) == {"v": said}
+
+
+async def test_a_conversation_rule_holds_once_everything_it_looks_for_was_said() -> None:
+    """host-core §2, tools 15.5: `conversation` searches every message of the request (tool
+    results by their content) joined by newlines, so lookaheads check that several things
+    arrived, in any order and any batch; its groups fill placeholders too."""
+    adapter = ScriptedAdapter.from_data(
+        {
+            "rules": [
+                {
+                    "when": {"conversation": "(?s)(?=.*hotel (?P<hotel>\\w+))(?=.*flight booked)"},
+                    "reply": "all set at {{hotel}}",
+                }
+            ],
+            "default": "waiting",
+        }
+    )
+    hotel = user_message("hotel Memmo")
+    assert text_of(await run(adapter, options(hotel, assistant("ok")))) == "waiting"
+    both = options(tool_result("c1", "flight booked"), assistant("ok"), hotel)
+    assert text_of(await run(adapter, both)) == "all set at Memmo"

@@ -74,7 +74,9 @@ _NOTICE = r"^Background subagent (?P<child>\S+) finished"
 #: The embedded script of the tour (format: docs/scripted-model.md). Every agent runs on it;
 #: the persona in its system prompt tells the coordinator, the researchers and the reviewer
 #: apart. Each coordinator rule answers what arrived since its last answer (``unanswered``),
-#: so the tour reads the same whichever reports and notices arrive together.
+#: so the tour reads the same whichever reports and notices arrive together; the review
+#: waits until the whole ``conversation`` holds every closing message, in whatever order the
+#: children settled, so the final answer comes after the last notice.
 TOUR_SCRIPT: Final[Mapping[str, Any]] = {
     "default": "I have nothing more to do.",
     "rules": [
@@ -120,8 +122,12 @@ TOUR_SCRIPT: Final[Mapping[str, Any]] = {
             "reply": "Within budget: about 760 EUR for two, flights and two nights included.",
         },
         # -- the coordinator --
-        {
-            "when": {"system": "coordinate", "unanswered": _NOTICE + ".*message:Return"},
+        {  # every child has settled (its notice is in), the flights child twice: review
+            "when": {
+                "system": "coordinate",
+                "unanswered": _NOTICE,
+                "conversation": "(?s)(?=.*message:Return)(?=.*message:Memmo)(?=.*message:Sunny)",
+            },
             "reply": {
                 "tool_calls": [
                     {

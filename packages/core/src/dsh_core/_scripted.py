@@ -265,7 +265,8 @@ class ScriptedAdapter:
         in the latest user text), ``last_role`` (``user``/``tool``/``assistant``), ``system``
         (regex), ``tool`` (a tool the model is offered), ``last_tool_result`` (regex searched in
         the tool result the latest message is), ``unanswered`` (regex searched in each message
-        after the latest assistant message). ``reply`` keys: ``text``, ``reasoning``,
+        after the latest assistant message), ``conversation`` (regex searched in every
+        message's text, joined by newlines). ``reply`` keys: ``text``, ``reasoning``,
         ``tool_calls`` (``[{name, arguments}]``), ``finish``, ``error`` (``{message, code}``).
         In reply text and in the calls' string arguments, ``{{last_user}}``,
         ``{{last_tool_result}}`` and ``{{NAME}}`` (a named group the rule's regexes captured)
@@ -419,7 +420,7 @@ _FINISHES: dict[str, Finish] = {r: Finish(reason=r) for r in get_args(FinishReas
 # -- script files ----------------------------------------------------------------------------------
 
 _WHEN_KEYS = frozenset(
-    {"last_user", "last_role", "system", "tool", "last_tool_result", "unanswered"}
+    {"last_user", "last_role", "system", "tool", "last_tool_result", "unanswered", "conversation"}
 )
 _REPLY_KEYS = frozenset({"text", "reasoning", "tool_calls", "finish", "error"})
 _ROLES = frozenset({"user", "tool", "assistant"})
@@ -475,6 +476,9 @@ def _regex_test(
 
         return last_tool_result
 
+    if key == "conversation":
+        return lambda r: groups(pattern.search("\n".join(_searchable(m) for m in r.messages)))
+
     def unanswered(r: ScriptedRequest) -> dict[str, str] | None:
         for m in _unanswered(r):
             found = pattern.search(_searchable(m))
@@ -492,7 +496,7 @@ def _parse_rule(raw: object, i: int) -> _Rule:
     if not isinstance(when, Mapping) or set(when) - _WHEN_KEYS:
         raise ScriptError(f"rule {i}: `when` keys are {sorted(_WHEN_KEYS)}")
     tests: list[Callable[[ScriptedRequest], dict[str, str] | None]] = []
-    for key in ("last_user", "system", "last_tool_result", "unanswered"):
+    for key in ("last_user", "system", "last_tool_result", "unanswered", "conversation"):
         if key not in when:
             continue
         try:
