@@ -262,12 +262,15 @@ def test_cli_plugins_lists_and_exits_nonzero_on_failure(
 
 
 def test_cli_demo_runs_one_offline_turn(monkeypatch: pytest.MonkeyPatch) -> None:
-    """[foundation] `dsh demo` lists the plugins and runs one turn on the scripted model."""
+    """[foundation], tools 15.5: `dsh demo` lists the plugins; without the tour's
+    distributions it names the missing plugins and runs one turn on the scripted model."""
     monkeypatch.setenv("DSH_PLUGINS", "core")
     out = io.StringIO()
     assert main(["demo"], out=out) == 0
     text = out.getvalue()
     assert "mounts 'agents'" in text
+    assert "needs plugins that no installed distribution mounts: subagent (dsh-subagent)" in text
+    assert "tool-subagent-list-agents (dsh-tool-subagent-control)" in text
     assert "assistant > hello from the demo" in text
     assert "turn/start" in text and "turn/end" in text
 

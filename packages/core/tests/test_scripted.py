@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dsh_core import (
     AbortController,
@@ -309,6 +311,11 @@ async def test_script_file_tool_call_keeps_its_id() -> None:
         pytest.param({"default": {"tool_calls": [{"arguments": {}}]}}, id="call-without-name"),
         pytest.param({"default": {"tool_calls": ["grep"]}}, id="call-not-a-table"),
         pytest.param({"default": {"error": "boom"}}, id="error-not-a-table"),
+        pytest.param(
+            {"rules": [{"when": {"unanswered": "(?P<last_user>x)"}, "reply": "x"}]},
+            id="group-named-like-a-built-in",
+        ),
+        pytest.param({"rules": [{"when": {"last_tool_result": "["}, "reply": "x"}]}, id="bad-re"),
     ],
 )
 def test_malformed_script_data_is_script_invalid(data: dict[str, Any]) -> None:
@@ -431,3 +438,129 @@ async def test_an_agent_runs_two_id_less_calls_of_one_response() -> None:
         assert await h.run(handle.agent, "go") == "done"
         calls = [e.data for e in handle.agent.session.events if e.type == "tool/call"]
         assert len({c.call_id for c in calls}) == 2
+
+
+def assistant(text: str) -> Message:
+    return Message(id=f"a-{text}", role="assistant", content=(TextBlock(text=text),))
+
+
+NOTICE = "Background subagent s-1 finished and will do no further work unless you send it more."
+
+COORDINATOR = """
+default = "waiting"
+
+[[rules]]
+when = { unanswered = '^Background subagent (?P<child>\\S+) finished.*message:(?P<said>.*)' }
+reply = { text = "{{child}} said {{said}}", tool_calls = [
+  { name = "send_message", arguments = { subagent_id = "{{child}}", message = "more, {{said}}" } },
+  { name = "raw", arguments = '{"id": "{{child}}", "q": "{{said}}", "keep": "{{unknown}}"}' },
+] }
+
+[[rules]]
+when = { last_tool_result = '^started subagent (?P<id>\\S+)$', tool = "list_agents" }
+reply = { tool_calls = [{ name = "list_agents", arguments = { note = ["{{id}}", 1] } }] }
+"""
+
+
+async def test_a_rule_reacts_to_a_tool_result_or_a_notice_with_what_it_captured(
+    tmp_path: Path,
+) -> None:
+    """host-core §2, tools 15.5: `last_tool_result` matches the tool result the latest message
+    is; `unanswered` matches any message after the latest assistant one (a notice in a
+    batch); named groups fill `{{name}}` in text and in call arguments (raw JSON escaped),
+    an unknown placeholder stays as written."""
+    path = tmp_path / "coordinator.toml"
+    path.write_text(COORDINATOR, encoding="utf-8")
+    adapter = ScriptedAdapter.from_file(path)
+    started = await run(
+        adapter,
+        options(
+            user_message("go"), tool_result("c1", "started subagent s-9"), tools=("list_agents",)
+        ),
+    )
+    (call,) = [c for c in started if isinstance(c, ToolCallDelta)]
+    assert (call.name, json.loads(call.arguments_delta)) == ("list_agents", {"note": ["s-9", 1]})
+    # A tool result that is not the latest message does not count for `last_tool_result`.
+    answered = options(tool_result("c1", "started subagent s-9"), assistant("ok"))
+    assert text_of(await run(adapter, answered)) == "waiting"
+    notice = Message(
+        id="n1",
+        role="user",
+        content=(TextBlock(text=NOTICE), TextBlock(text='Its closing message:"quoted"')),
+    )
+    batch = options(assistant("ok"), notice, user_message("and another thing"))
+    chunks = await run(adapter, batch)
+    assert text_of(chunks) == 's-1 said "quoted"'
+    calls = [c for c in chunks if isinstance(c, ToolCallDelta)]
+    assert json.loads(calls[0].arguments_delta) == {
+        "subagent_id": "s-1",
+        "message": 'more, "quoted"',
+    }
+    assert json.loads(calls[1].arguments_delta) == {
+        "id": "s-1",
+        "q": '"quoted"',
+        "keep": "{{unknown}}",
+    }
+    # The notice already answered (an assistant message after it) matches no more.
+    assert text_of(await run(adapter, options(notice, assistant("done")))) == "waiting"
+
+
+async def test_an_unanswered_rule_captures_from_the_oldest_matching_message() -> None:
+    """host-core §2, tools 15.5: of several unanswered messages (tool results by their
+    content), the oldest that matches gives the groups; a rule whose regexes name no group
+    renders its reply unchanged."""
+    adapter = ScriptedAdapter.from_data(
+        {
+            "rules": [
+                {"when": {"unanswered": "^id (?P<id>\\w+)"}, "reply": "first {{id}}"},
+                {"when": {"last_user": "plain"}, "reply": "{{id}} as written"},
+            ]
+        }
+    )
+    chunks = await run(adapter, options(user_message("id a"), user_message("id b")))
+    assert text_of(chunks) == "first a"
+    results = options(assistant("calls"), tool_result("c1", "id t"), user_message("id u"))
+    assert text_of(await run(adapter, results)) == "first t"  # a tool result's own text
+    assert text_of(await run(adapter, options(user_message("plain")))) == "{{id}} as written"
+
+
+@given(said=st.text(max_size=40))
+@settings(deadline=None)
+def test_captured_text_fills_raw_json_arguments_as_a_json_string(said: str) -> None:
+    """host-core §2, tools 15.5: whatever a group captured (quotes, backslashes, control
+    characters, any code point), raw JSON arguments stay JSON and carry it exactly."""
+    adapter = ScriptedAdapter.from_data(
+        {
+            "rules": [
+                {
+                    "when": {"unanswered": "(?s)^said:(?P<said>.*)\\Z"},
+                    "reply": {"tool_calls": [{"name": "t", "arguments": '{"v": "{{said}}"}'}]},
+                }
+            ]
+        }
+    )
+    message = Message(id="m", role="user", content=(TextBlock(text=f"said:{said}"),))
+    chunks = asyncio.run(run(adapter, options(message)))
+    calls = [c for c in chunks if isinstance(c, ToolCallDelta)]
+    assert json.loads(calls[0].arguments_delta) == {"v": said}
+
+
+async def test_a_conversation_rule_holds_once_everything_it_looks_for_was_said() -> None:
+    """host-core §2, tools 15.5: `conversation` searches every message of the request (tool
+    results by their content) joined by newlines, so lookaheads check that several things
+    arrived, in any order and any batch; its groups fill placeholders too."""
+    adapter = ScriptedAdapter.from_data(
+        {
+            "rules": [
+                {
+                    "when": {"conversation": "(?s)(?=.*hotel (?P<hotel>\\w+))(?=.*flight booked)"},
+                    "reply": "all set at {{hotel}}",
+                }
+            ],
+            "default": "waiting",
+        }
+    )
+    hotel = user_message("hotel Memmo")
+    assert text_of(await run(adapter, options(hotel, assistant("ok")))) == "waiting"
+    both = options(tool_result("c1", "flight booked"), assistant("ok"), hotel)
+    assert text_of(await run(adapter, both)) == "all set at Memmo"

@@ -236,16 +236,18 @@ class ScriptedAdapter:
         rules = [_parse_rule(r, i) for i, r in enumerate(data.get("rules", ()))]
         default = data.get("default")
         fallback = _parse_reply(default, "default") if default is not None else None
+        fallback_templated = fallback is not None and _templated(fallback)
         unknown = set(data) - {"rules", "default"}
         if unknown:
             raise ScriptError(f"unknown script keys {sorted(unknown)}")
 
         def script(request: ScriptedRequest) -> ReplyLike:
-            for when, reply in rules:
-                if when(request):
-                    return _render(reply, request)
+            for when, reply, templated in rules:
+                captured = when(request)
+                if captured is not None:
+                    return _render(reply, request, captured) if templated else reply
             if fallback is not None:
-                return _render(fallback, request)
+                return _render(fallback, request, {}) if fallback_templated else fallback
             return ScriptedReply(
                 failure=LlmFailure(
                     message="no scripted reply matched the request", code="SCRIPT_NO_MATCH"
@@ -261,10 +263,14 @@ class ScriptedAdapter:
         Format: ``rules``, a list of ``{when = {...}, reply = {...}}`` tried in order, and an
         optional ``default`` reply. ``when`` keys (all must hold): ``last_user`` (regex searched
         in the latest user text), ``last_role`` (``user``/``tool``/``assistant``), ``system``
-        (regex), ``tool`` (a tool the model is offered). ``reply`` keys: ``text``,
-        ``reasoning``, ``tool_calls`` (``[{name, arguments}]``), ``finish``, ``error``
-        (``{message, code}``). In reply text, ``{{last_user}}`` and ``{{last_tool_result}}`` are
-        replaced by the request's values.
+        (regex), ``tool`` (a tool the model is offered), ``last_tool_result`` (regex searched in
+        the tool result the latest message is), ``unanswered`` (regex searched in each message
+        after the latest assistant message), ``conversation`` (regex searched in every
+        message's text, joined by newlines). ``reply`` keys: ``text``, ``reasoning``,
+        ``tool_calls`` (``[{name, arguments}]``), ``finish``, ``error`` (``{message, code}``).
+        In reply text and in the calls' string arguments, ``{{last_user}}``,
+        ``{{last_tool_result}}`` and ``{{NAME}}`` (a named group the rule's regexes captured)
+        are replaced by the request's values (docs/scripted-model.md).
         """
         p = Path(path)
         try:
@@ -413,36 +419,117 @@ _FINISHES: dict[str, Finish] = {r: Finish(reason=r) for r in get_args(FinishReas
 
 # -- script files ----------------------------------------------------------------------------------
 
-_WHEN_KEYS = frozenset({"last_user", "last_role", "system", "tool"})
+_WHEN_KEYS = frozenset(
+    {"last_user", "last_role", "system", "tool", "last_tool_result", "unanswered", "conversation"}
+)
 _REPLY_KEYS = frozenset({"text", "reasoning", "tool_calls", "finish", "error"})
 _ROLES = frozenset({"user", "tool", "assistant"})
+#: The placeholders every reply may use; a capture group may not take their names.
+_BUILTINS = frozenset({"last_user", "last_tool_result"})
+_PLACEHOLDER = re.compile(r"\{\{(\w+)\}\}")
+
+#: A rule's condition: ``None`` when it fails, else the named groups its regexes captured.
+_When: TypeAlias = Callable[[ScriptedRequest], "dict[str, str] | None"]
+#: A parsed rule: its condition, its reply, and whether the reply holds ``{{...}}``.
+_Rule: TypeAlias = "tuple[_When, ScriptedReply, bool]"
+_NO_CAPTURES: dict[str, str] = {}
 
 
-def _parse_rule(raw: object, i: int) -> tuple[Callable[[ScriptedRequest], bool], ScriptedReply]:
+def _unanswered(request: ScriptedRequest) -> Iterator[Message]:
+    """The messages after the latest assistant message, oldest first: what the model has not
+    answered yet (tool results, user messages, notices)."""
+    messages = request.messages
+    i = len(messages)
+    while i > 0 and messages[i - 1].role != "assistant":
+        i -= 1
+    return iter(messages[i:])
+
+
+def _searchable(message: Message) -> str:
+    """The text a condition searches: a tool result's content, else the text blocks."""
+    if message.role != "tool":
+        return message.text
+    return "".join(
+        blocks_text(b.content) for b in message.content if isinstance(b, ToolResultBlock)
+    )
+
+
+def _regex_test(
+    key: str, pattern: re.Pattern[str]
+) -> Callable[[ScriptedRequest], dict[str, str] | None]:
+    """The test of one regex condition: the named groups of its match, or ``None``."""
+
+    def groups(found: re.Match[str] | None) -> dict[str, str] | None:
+        if found is None:
+            return None
+        return {k: v for k, v in found.groupdict().items() if v is not None}
+
+    if key == "last_user":
+        return lambda r: groups(pattern.search(r.last_user_text))
+    if key == "system":
+        return lambda r: groups(pattern.search(r.system))
+    if key == "last_tool_result":
+
+        def last_tool_result(r: ScriptedRequest) -> dict[str, str] | None:
+            text = r.last_tool_result
+            return None if text is None else groups(pattern.search(text))
+
+        return last_tool_result
+
+    if key == "conversation":
+        return lambda r: groups(pattern.search("\n".join(_searchable(m) for m in r.messages)))
+
+    def unanswered(r: ScriptedRequest) -> dict[str, str] | None:
+        for m in _unanswered(r):
+            found = pattern.search(_searchable(m))
+            if found is not None:
+                return groups(found)
+        return None
+
+    return unanswered
+
+
+def _parse_rule(raw: object, i: int) -> _Rule:
     if not isinstance(raw, Mapping) or set(raw) - {"when", "reply"} or "reply" not in raw:
         raise ScriptError(f"rule {i} must be {{when, reply}}")
     when = raw.get("when", {})
     if not isinstance(when, Mapping) or set(when) - _WHEN_KEYS:
         raise ScriptError(f"rule {i}: `when` keys are {sorted(_WHEN_KEYS)}")
-    tests: list[Callable[[ScriptedRequest], bool]] = []
-    try:
-        if "last_user" in when:
-            pat = re.compile(str(when["last_user"]))
-            tests.append(lambda r: pat.search(r.last_user_text) is not None)
-        if "system" in when:
-            spat = re.compile(str(when["system"]))
-            tests.append(lambda r: spat.search(r.system) is not None)
-    except re.error as exc:
-        raise ScriptError(f"rule {i}: bad regex: {exc}") from exc
+    tests: list[Callable[[ScriptedRequest], dict[str, str] | None]] = []
+    for key in ("last_user", "system", "last_tool_result", "unanswered", "conversation"):
+        if key not in when:
+            continue
+        try:
+            pattern = re.compile(str(when[key]))
+        except re.error as exc:
+            raise ScriptError(f"rule {i}: bad regex: {exc}") from exc
+        taken = _BUILTINS & set(pattern.groupindex)
+        if taken:
+            raise ScriptError(
+                f"rule {i}: `{key}` names a group {sorted(taken)[0]!r}, a built-in placeholder"
+            )
+        tests.append(_regex_test(key, pattern))
     if "last_role" in when:
         role = when["last_role"]
         if role not in _ROLES:
             raise ScriptError(f"rule {i}: `last_role` is one of {sorted(_ROLES)}")
-        tests.append(lambda r: r.last is not None and r.last.role == role)
+        tests.append(lambda r: _NO_CAPTURES if r.last is not None and r.last.role == role else None)
     if "tool" in when:
         tool = when["tool"]
-        tests.append(lambda r: tool in r.tool_names)
-    return (lambda r: all(t(r) for t in tests)), _parse_reply(raw["reply"], f"rule {i}")
+        tests.append(lambda r: _NO_CAPTURES if tool in r.tool_names else None)
+
+    def holds(r: ScriptedRequest) -> dict[str, str] | None:
+        captured = _NO_CAPTURES
+        for test in tests:
+            found = test(r)
+            if found is None:
+                return None
+            if found:
+                captured = {**captured, **found}
+        return captured
+
+    reply = _parse_reply(raw["reply"], f"rule {i}")
+    return holds, reply, _templated(reply)
 
 
 def _parse_reply(raw: object, where: str) -> ScriptedReply:
@@ -484,13 +571,60 @@ def _parse_reply(raw: object, where: str) -> ScriptedReply:
     )
 
 
-def _render(reply: ScriptedReply, request: ScriptedRequest) -> ScriptedReply:
-    if reply.text is None or "{{" not in reply.text:
-        return reply
-    text = reply.text.replace("{{last_user}}", request.last_user_text).replace(
-        "{{last_tool_result}}", request.last_tool_result or ""
+def _templated(reply: ScriptedReply) -> bool:
+    """Whether ``reply`` holds a ``{{...}}`` placeholder in its text or its calls' arguments."""
+    if reply.text is not None and "{{" in reply.text:
+        return True
+    return any("{{" in call.raw_arguments() for call in reply.tool_calls)
+
+
+def _render(
+    reply: ScriptedReply, request: ScriptedRequest, captured: Mapping[str, str]
+) -> ScriptedReply:
+    """``reply`` with its placeholders filled: ``{{last_user}}``, ``{{last_tool_result}}`` and
+    the named groups ``captured``, in the text and in string values of the calls' arguments
+    (raw JSON arguments get the value JSON-escaped). An unknown placeholder stays as written."""
+    values: dict[str, str] | None = None
+
+    def value(name: str) -> str | None:
+        nonlocal values
+        if values is None:
+            values = {
+                "last_user": request.last_user_text,
+                "last_tool_result": request.last_tool_result or "",
+                **captured,
+            }
+        return values.get(name)
+
+    def fill(text: str, escape: bool = False) -> str:
+        def one(found: re.Match[str]) -> str:
+            got = value(found.group(1))
+            if got is None:
+                return found.group(0)
+            return json.dumps(got)[1:-1] if escape else got
+
+        return _PLACEHOLDER.sub(one, text) if "{{" in text else text
+
+    def fill_json(item: Any) -> Any:
+        if isinstance(item, str):
+            return fill(item)
+        if isinstance(item, Mapping):
+            return {k: fill_json(v) for k, v in item.items()}
+        if isinstance(item, list | tuple):
+            return [fill_json(v) for v in item]
+        return item
+
+    text = fill(reply.text) if reply.text is not None else None
+    calls = tuple(
+        attrs.evolve(
+            call,
+            arguments=fill(call.arguments, escape=True)
+            if isinstance(call.arguments, str)
+            else fill_json(call.arguments),
+        )
+        for call in reply.tool_calls
     )
-    return attrs.evolve(reply, text=text)
+    return attrs.evolve(reply, text=text, tool_calls=calls)
 
 
 def _names(items: Iterable[object]) -> list[str]:

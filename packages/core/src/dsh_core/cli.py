@@ -1,8 +1,9 @@
 """The ``dsh`` command line.
 
 ``dsh plugins`` lists every discovered plugin with its distribution and version, and every one
-that failed to load (exit status 1 then). ``dsh demo`` runs the offline demo, on the embedded
-echo model or, with ``--model scripted:FILE``, on a script file (docs/scripted-model.md).
+that failed to load (exit status 1 then). ``dsh demo`` runs the offline demo: the tour of the
+subagent seam on the embedded script or, with ``--model scripted:FILE``, on a script file
+(docs/scripted-model.md); its sessions go to ``--store DIR`` (default ``$DSH_HOME/demo``).
 ``dsh run "prompt"`` runs one agent on the composed plugins and streams its answer
 (docs/configuration.md).
 """
@@ -11,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import sys
 from collections.abc import Sequence
 from typing import TextIO
@@ -68,8 +68,12 @@ def cmd_plugins(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_demo(args: argparse.Namespace, out: TextIO) -> int:
-    """The offline demo: the tree of discovered plugins, then one real turn of an agent on the
-    embedded scripted model (no network, no keys), with its durable log."""
+    """The offline demo: the tree of discovered plugins; then the tour of the subagent seam (a
+    coordinator on the scripted model through the real tools, ``dsh_core._demo``), or, when
+    its distributions are not all installed, a note naming them and one plain offline turn;
+    then the ACP child when it can run. No network, no keys."""
+    from . import _demo
+
     pm, fatal = _discover()
     print("dsh plugin tree", file=out)
     by_dist = sorted(pm.discovered, key=lambda d: (d.distribution or "", d.name))
@@ -86,64 +90,30 @@ def cmd_demo(args: argparse.Namespace, out: TextIO) -> int:
     if fatal:
         print(f"\ndiscovery failed: {fatal}", file=out)
         return 1
+    missing = _demo.missing_tour_plugins(pm)
+    prompt = args.prompt or _demo.DEFAULT_PROMPT
     try:
-        status = asyncio.run(_demo_turn(out, script=args.script, prompt=args.prompt))
+        if missing:
+            print(
+                "\nthe tour of the subagent seam needs plugins that no installed distribution "
+                "mounts: " + ", ".join(missing) + "; here is one plain offline turn instead",
+                file=out,
+            )
+            status = asyncio.run(
+                _demo.run_one_turn(out, script=args.script, prompt=args.prompt or _PROMPT)
+            )
+        else:
+            store = _demo.demo_store(args.store)
+            status = asyncio.run(
+                _demo.run_tour(out, pm, script=args.script, prompt=prompt, store=store)
+            )
     except DshError as exc:  # a script that cannot be read or is malformed, say
         print(f"dsh demo: error: {exc} [{exc.code}]", file=sys.stderr)
         return 2
-    if not status and _acp_child_available(pm):
-        status = asyncio.run(_demo_acp_child(out, pm, prompt=args.prompt))
+    if not status and _demo.acp_child_available(pm):
+        acp_prompt = args.prompt or _PROMPT
+        status = asyncio.run(_demo.run_acp_child(out, pm, prompt=acp_prompt))
     return 1 if pm.failures or status else 0
-
-
-def _acp_child_available(pm: DshPluginManager) -> bool:
-    """Whether the ACP child can run: the ``acp`` provider and ``dsh-acp-agent`` installed."""
-    import importlib.util
-
-    specs = pm.collect_plugin_specs()
-    return (
-        "subagent" in specs
-        and "subagent-acp" in specs
-        and importlib.util.find_spec("dsh_acp_agent") is not None
-    )
-
-
-async def _demo_acp_child(out: TextIO, pm: DshPluginManager, *, prompt: str) -> int:
-    """Delegate ``prompt`` to an ACP child: a ``dsh-acp-agent`` process on the echo model,
-    through the ``acp`` provider; 1 if it did not complete."""
-    import importlib
-
-    from ._agent import AgentOptions, CreateAgentOptions
-    from ._content import blocks_text, text_blocks
-    from ._events import SessionMeta
-    from ._host import PluginRow, boot_host
-
-    subagent = importlib.import_module("dsh_subagent")
-    child = PluginRow(
-        plugin="subagent-acp",
-        config={"command": sys.executable, "args": ["-m", "dsh_acp_agent"]},
-    )
-    rows: list[PluginRow | str] = ["sessions", "session-persistence-memory", "llm",
-            "llm-scripted", "tools", "system-prompt", "agents", "subagent", child]  # fmt: skip
-    print("\none ACP child (a dsh-acp-agent process, over the Agent Client Protocol):", file=out)
-    async with await boot_host(rows, pm=pm) as host:
-        handle = await host.ctx.agents.create(
-            CreateAgentOptions(
-                meta=SessionMeta(cwd=os.getcwd()),
-                agent_options=AgentOptions(provider="scripted", model="echo"),
-            )
-        )
-        request = subagent.SubagentStartRequest(prompt=text_blocks(prompt), parent=handle.agent)
-        run = await host.ctx.subagents.start("acp", request)
-        try:
-            result = await run.result
-        finally:
-            await run.dispose()
-        print(f"  parent    > {prompt}", file=out)
-        print(f"  acp child > {blocks_text(result.output)}  [pid {run.pid}]", file=out)
-        print(f"  stop reason {result.stop_reason}; the process has exited", file=out)
-        await handle.dispose()
-    return 0 if result.stop_reason == "completed" else 1
 
 
 def _model(value: str) -> str | None:
@@ -155,42 +125,6 @@ def _model(value: str) -> str | None:
             "(a script file, see docs/scripted-model.md)"
         )
     return path or None
-
-
-async def _demo_turn(out: TextIO, *, script: str | None = None, prompt: str = _PROMPT) -> int:
-    """Boot the core plugins on the scripted model (echo, or ``script``) and run one turn;
-    1 if anything broke."""
-    from . import plugin as core_plugin
-    from ._agent import AgentOptions, CreateAgentOptions
-    from ._content import user_message
-    from ._events import SessionMeta
-    from ._host import PluginRow, boot_host
-
-    pm = make_plugin_manager(autoload=False, plugins={"core": core_plugin})
-    model = PluginRow(plugin="llm-scripted", config={"script": script} if script else {})
-    rows: list[PluginRow | str] = ["sessions", "session-persistence-memory", "llm", model, "tools",
-            "system-prompt", "agents", "jobs", "invariants"]  # fmt: skip
-    async with await boot_host(rows, pm=pm) as host:
-        handle = await host.ctx.agents.create(
-            CreateAgentOptions(
-                meta=SessionMeta(cwd=os.getcwd()),
-                agent_options=AgentOptions(provider="scripted", model="echo"),
-            )
-        )
-        agent = handle.agent
-        what = f"the script {script}" if script else "the embedded scripted model echoes"
-        print(f"\none offline turn ({what}):", file=out)
-        print(f"  user      > {prompt}", file=out)
-        agent.followup(user_message(prompt))
-        await agent.when_idle()
-        print(f"  assistant > {agent.session.derive_messages()[-1].text}", file=out)
-        print(f"  session {agent.id}: {agent.session.seq} durable events", file=out)
-        print(f"    {', '.join(e.type for e in agent.session.events)}", file=out)
-        await handle.dispose()
-        broken = list(host.ctx.invariants.violations)
-    for v in broken:
-        print(f"  invariant broken: {v}", file=out)
-    return 1 if broken else 0
 
 
 def cmd_run(args: argparse.Namespace, out: TextIO) -> int:
@@ -250,10 +184,20 @@ def _parser() -> argparse.ArgumentParser:
         type=_model,
         default=None,
         metavar="scripted[:FILE]",
-        help="the offline model: 'scripted' echoes (the default); 'scripted:FILE' answers "
-        "from a TOML or JSON script (docs/scripted-model.md)",
+        help="the offline model: 'scripted' (the default) is the demo's embedded script; "
+        "'scripted:FILE' answers from a TOML or JSON script (docs/scripted-model.md)",
     )
-    demo.add_argument("--prompt", default=_PROMPT, help="the user message of the demo turn")
+    demo.add_argument(
+        "--prompt",
+        default=None,
+        help="the coordinator's user message (and the ACP child's prompt)",
+    )
+    demo.add_argument(
+        "--store",
+        metavar="DIR",
+        help="keep the tour's sessions as JSONL files under DIR "
+        "(default: $DSH_HOME/demo, else ~/.dsh/demo)",
+    )
     demo.set_defaults(run=cmd_demo)
     _add_run(sub)
     return parser

@@ -1,0 +1,519 @@
+"""``dsh demo``: the offline tour of the subagent seam, as a transcript a person can follow.
+
+A coordinator agent on the scripted model (the embedded :data:`TOUR_SCRIPT`, or a script
+file) runs through the real model-facing tools: it fans out continuable ``spawn`` children
+with several ``subagent`` calls in one response, hears their reports and settlement notices,
+follows up with a settled child (``send_message``: a cold resume from the demo's JSONL store),
+runs a ``fork`` child in the foreground, lists its agents (``list_agents``) and answers. The
+transcript is written from the session and subagent events as they happen, never from the
+script, and ends with the child tree read back from the store.
+
+Core cannot import the tool distributions: the tour composes them by plugin name, and says
+which distributions are missing when they are not installed (then one plain offline turn runs
+instead). The ACP child, when ``dsh-subagent-acp`` and ``dsh-acp-agent`` are installed,
+delegates the prompt to a ``dsh-acp-agent`` process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import importlib.util
+import json
+import os
+import sys
+import textwrap
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Final, TextIO
+
+from ._agent import Agent, AgentOptions, CreateAgentOptions
+from ._content import TextBlock, blocks_text, text_blocks, user_message
+from ._events import SessionEvent, SessionMeta
+from ._host import PluginRow, boot_host
+from ._plugins import DshPluginManager, make_plugin_manager
+from ._scripted import ScriptedAdapter
+
+__all__ = [
+    "DEFAULT_PROMPT",
+    "TOUR_PLUGINS",
+    "TOUR_SCRIPT",
+    "demo_store",
+    "missing_tour_plugins",
+    "run_acp_child",
+    "run_one_turn",
+    "run_tour",
+]
+
+#: The coordinator's user message when ``--prompt`` gives none.
+DEFAULT_PROMPT: Final = (
+    "Plan a weekend in Lisbon for two: flights, a hotel in Alfama, and the weather."
+)
+#: The tour's plugins beyond the core ones, by plugin name, with the distribution of each.
+TOUR_PLUGINS: Final[Mapping[str, str]] = {
+    "subagent": "dsh-subagent",
+    "subagent-spawn": "dsh-subagent-spawn",
+    "subagent-fork": "dsh-subagent-fork",
+    "tool-subagent": "dsh-tool-subagent",
+    "tool-subagent-control": "dsh-tool-subagent-control",
+    "tool-subagent-list-agents": "dsh-tool-subagent-control",
+    "tool-subagent-report": "dsh-tool-subagent-report",
+}
+#: How long the tour may take before it is declared stuck (it takes well under a second).
+_TOUR_TIMEOUT: Final = 60.0
+#: The width text is wrapped to when shown.
+_SHOWN: Final = 96
+#: An entry of more lines than this is cut when shown.
+_LINES: Final = 8
+
+_COORDINATOR = "You coordinate a small team of helper agents."
+_RESEARCHER = "You are a travel researcher working for a coordinator."
+_REVIEWER = "You review a plan you were handed, and answer in one sentence."
+_NOTICE = r"^Background subagent (?P<child>\S+) finished"
+
+#: The embedded script of the tour (format: docs/scripted-model.md). Every agent runs on it;
+#: the persona in its system prompt tells the coordinator, the researchers and the reviewer
+#: apart. Each coordinator rule answers what arrived since its last answer (``unanswered``),
+#: so the tour reads the same whichever reports and notices arrive together; the review
+#: waits until the whole ``conversation`` holds every closing message, in whatever order the
+#: children settled, so the final answer comes after the last notice.
+TOUR_SCRIPT: Final[Mapping[str, Any]] = {
+    "default": "I have nothing more to do.",
+    "rules": [
+        # -- the researchers (continuable spawn children) --
+        {
+            "when": {"system": "travel researcher", "last_user": "(?i)return flight"},
+            "reply": "Return: TP1356 leaves Lisbon on Sunday at 19:40, 95 EUR each.",
+        },
+        {
+            "when": {"system": "travel researcher", "last_user": "(?i)flight", "last_role": "tool"},
+            "reply": "Outbound: TP1351 leaves on Friday at 08:15, 120 EUR each.",
+        },
+        {
+            "when": {"system": "travel researcher", "last_user": "(?i)flight"},
+            "reply": {
+                "tool_calls": [
+                    {
+                        "name": "report",
+                        "arguments": {"output": "TP1351 on Friday morning looks best."},
+                    }
+                ]
+            },
+        },
+        {
+            "when": {"system": "travel researcher", "last_user": "(?i)hotel", "last_role": "tool"},
+            "reply": "Memmo Alfama: 180 EUR a night, with a view of the river.",
+        },
+        {
+            "when": {"system": "travel researcher", "last_user": "(?i)hotel"},
+            "reply": {
+                "tool_calls": [
+                    {"name": "report", "arguments": {"output": "Two candidates in Alfama so far."}}
+                ]
+            },
+        },
+        {
+            "when": {"system": "travel researcher"},
+            "reply": "Sunny on Saturday, 24 degrees; a light breeze on Sunday.",
+        },
+        # -- the reviewer (a one-shot fork child: it sees the coordinator's completed turns) --
+        {
+            "when": {"system": "review a plan"},
+            "reply": "Within budget: about 760 EUR for two, flights and two nights included.",
+        },
+        # -- the coordinator --
+        {  # every child has settled (its notice is in), the flights child twice: review
+            "when": {
+                "system": "coordinate",
+                "unanswered": _NOTICE,
+                "conversation": "(?s)(?=.*message:Return)(?=.*message:Memmo)(?=.*message:Sunny)",
+            },
+            "reply": {
+                "tool_calls": [
+                    {
+                        "name": "fork",
+                        "arguments": {
+                            "description": "Review the plan's budget",
+                            "prompt": "Check the plan so far against a budget of 900 EUR.",
+                        },
+                    }
+                ]
+            },
+        },
+        {
+            "when": {"system": "coordinate", "unanswered": "^Within budget"},
+            "reply": {"tool_calls": [{"name": "list_agents", "arguments": {}}]},
+        },
+        {
+            "when": {"system": "coordinate", "unanswered": r"\[(ready|idle|running)\]"},
+            "reply": (
+                "Your weekend in Lisbon: fly out on TP1351 on Friday at 08:15 and back on "
+                "TP1356 on Sunday at 19:40; stay at Memmo Alfama; expect sun. About 760 EUR "
+                "for two. My three researchers are ready if you want more."
+            ),
+        },
+        {
+            "when": {"system": "coordinate", "unanswered": _NOTICE + ".*message:Outbound"},
+            "reply": {
+                "tool_calls": [
+                    {
+                        "name": "send_message",
+                        "arguments": {
+                            "subagent_id": "{{child}}",
+                            "message": "Please also find the return flight on Sunday evening.",
+                        },
+                    }
+                ]
+            },
+        },
+        {
+            "when": {"system": "coordinate", "unanswered": "^message queued"},
+            "reply": "I asked the flights researcher for the return flight too.",
+        },
+        {
+            "when": {"system": "coordinate", "unanswered": "^started subagent"},
+            "reply": "Three researchers are at work in the background; I will hear from them.",
+        },
+        {
+            "when": {
+                "system": "coordinate",
+                "unanswered": r"^Background subagent (?P<child>\S+) (?P<what>reported|finished)",
+            },
+            "reply": "Noted: {{child}} {{what}}.",
+        },
+        {
+            "when": {"system": "coordinate", "last_role": "user"},
+            "reply": {
+                "tool_calls": [
+                    {
+                        "name": "subagent",
+                        "arguments": {
+                            "description": "Find Lisbon flights",
+                            "prompt": "Find a Friday morning flight to Lisbon for two.",
+                        },
+                    },
+                    {
+                        "name": "subagent",
+                        "arguments": {
+                            "description": "Find an Alfama hotel",
+                            "prompt": "Find a hotel in Alfama for two nights.",
+                        },
+                    },
+                    {
+                        "name": "subagent",
+                        "arguments": {
+                            "description": "Check the weekend weather",
+                            "prompt": "What is the weather in Lisbon this weekend?",
+                        },
+                    },
+                ]
+            },
+        },
+    ],
+}
+
+
+def demo_store(store: str | None) -> Path:
+    """The demo's JSONL store: ``store``, else ``$DSH_HOME/demo``, else ``~/.dsh/demo``."""
+    if store:
+        return Path(store)
+    home = os.environ.get("DSH_HOME")
+    return (Path(home) if home else Path.home() / ".dsh") / "demo"
+
+
+def missing_tour_plugins(pm: DshPluginManager) -> list[str]:
+    """The tour's plugins that are not installed, as ``plugin (distribution)``."""
+    specs = pm.collect_plugin_specs()
+    return [f"{name} ({dist})" for name, dist in TOUR_PLUGINS.items() if name not in specs]
+
+
+def _tour_rows(store: Path) -> list[PluginRow | str]:
+    return [
+        "sessions",
+        PluginRow(plugin="session-persistence-jsonl", config={"root": str(store)}),
+        "session-query",
+        "llm",
+        "tools",
+        PluginRow(plugin="system-prompt", config={"persona": _COORDINATOR}),
+        "agents",
+        "jobs",
+        "invariants",
+        "subagent",
+        "subagent-spawn",
+        "subagent-fork",
+        PluginRow(
+            plugin="tool-subagent",
+            config={"provider": "spawn", "background_mode": "continuable", "persona": _RESEARCHER},
+        ),
+        PluginRow(  # FORK-2: the fork tool is one-shot; in the foreground only
+            plugin="tool-subagent",
+            config={
+                "provider": "fork",
+                "tool_name": "fork",
+                "enable_run_in_background": False,
+                "persona": _REVIEWER,
+            },
+        ),
+        "tool-subagent-control",
+        "tool-subagent-list-agents",
+        "tool-subagent-report",
+    ]
+
+
+def _text(content: Any) -> str:
+    """The text blocks of ``content``, one per line (a notice's lines stay apart)."""
+    return "\n".join(b.text for b in content if isinstance(b, TextBlock))
+
+
+class _Transcript:
+    """Writes the tour from events as they happen: who called which tool with what, what came
+    back, what each agent said, what reached the coordinator, and each child's epochs."""
+
+    def __init__(self, out: TextIO, agents: Any) -> None:
+        self.out = out
+        self.agents = agents
+        self.root: str | None = None
+        self.names: dict[str, str] = {}
+        self.epochs: dict[str, int] = {}
+        self.open_runs = 0
+        self.changed = asyncio.Event()
+
+    def _line(self, who: str, mark: str, text: str) -> None:
+        """One entry: its first line after ``who`` and ``mark``, the rest indented below it
+        (wrapped to :data:`_SHOWN` columns, at most :data:`_LINES` lines)."""
+        lines = [part for line in text.splitlines() for part in textwrap.wrap(line, _SHOWN)] or [""]
+        if len(lines) > _LINES:
+            lines[_LINES - 1 :] = [f"… ({len(lines) - _LINES + 1} more lines)"]
+        print(f"  {who:<12} {mark} {lines[0]}", file=self.out)
+        for line in lines[1:]:
+            print(f"  {'':<12}   {line}", file=self.out)
+
+    def who(self, session_id: str) -> str:
+        if session_id == self.root:
+            return "coordinator"
+        name = self.names.get(session_id)
+        if name is None:
+            name = self.names[session_id] = f"child {len(self.names) + 1}"
+        return name
+
+    def on_session_event(self, session: Any, event: SessionEvent) -> None:
+        kind = event.type
+        sid = session.header.id
+        data = event.data
+        if kind == "tool/call":
+            try:
+                args = json.dumps(json.loads(data.arguments), ensure_ascii=False)
+            except ValueError:
+                args = data.arguments
+            self._line(self.who(sid), "→", f"{data.name} {args}")
+        elif kind == "tool/result":
+            text = _text(b for block in data.message.content for b in getattr(block, "content", ()))
+            failed = f"  (error {data.error.code})" if data.error is not None else ""
+            self._line(self.who(sid), "←", text + failed)
+        elif kind == "assistant/message":
+            text = blocks_text(data.message.content)
+            if text:
+                self._line(self.who(sid), ">", text)
+        elif kind == "user/message":
+            source = data.source.kind
+            text = _text(data.content)
+            if sid == self.root:
+                mark = "<" if source == "user" else "⇐"
+                self._line("coordinator", mark, text)
+            elif source not in ("user", "plugin"):  # the prompt: in the call shown above
+                self._line(self.who(sid), "⇐", f"(from the {source}) {text}")
+        self.changed.set()
+
+    def on_start(self, info: Any) -> None:
+        self.open_runs += 1
+        n = self.epochs[info.id] = self.epochs.get(info.id, 0) + 1
+        what = "started" if n == 1 else f"resumed (epoch {n}: a cold resume from the store)"
+        label = self._label(info.id)
+        shown = f' "{label}"' if label else ""
+        agent = self.agents.get(info.id)
+        seeded = agent.session.header.seed_length if agent is not None else None
+        if seeded:
+            shown += f" (seeded with the coordinator's completed turns: {seeded} events)"
+        self._line(self.who(info.id), "⇢", f"{what}: {info.provider} child {info.id}{shown}")
+        self.changed.set()
+
+    def _label(self, child_id: str) -> str | None:
+        """The child's durable label, from the descriptor already in its log (a continuable
+        child's is written before it starts; a one-shot child's in its first turn)."""
+        agent = self.agents.get(child_id)
+        for event in agent.session.events if agent is not None else ():
+            if event.type == "subagent/descriptor" and isinstance(event.data, Mapping):
+                label = event.data.get("label")
+                return label if isinstance(label, str) else None
+        return None
+
+    def on_end(self, info: Any) -> None:
+        self.open_runs -= 1
+        self._line(self.who(info.id), "⇠", f"ended {info.stop_reason}")
+        self.changed.set()
+
+
+async def _until_quiet(transcript: _Transcript, coordinator: Agent) -> None:
+    """Wait until the coordinator is idle and every child run it began has ended."""
+    while True:
+        await coordinator.when_idle()
+        if coordinator.status == "idle" and transcript.open_runs == 0:
+            return
+        transcript.changed.clear()
+        await transcript.changed.wait()
+
+
+async def run_tour(
+    out: TextIO, pm: DshPluginManager, *, script: str | None, prompt: str, store: Path
+) -> int:
+    """The tour of the seam on ``pm``'s plugins (every :data:`TOUR_PLUGINS` installed); 0 when
+    the coordinator's last turn completed and no invariant broke, else 1."""
+    subagents: Any = importlib.import_module("dsh_subagent")
+    model = (
+        ScriptedAdapter.from_file(script, record=False)
+        if script
+        else ScriptedAdapter.from_data(TOUR_SCRIPT, record=False)
+    )
+    what = f"the script {script}" if script else "the embedded script"
+    print(f"\nthe subagent seam, on the offline scripted model ({what}):", file=out)
+    print(f"  sessions are kept in {store}", file=out)
+    print(
+        "  → a tool call   ← its result   > what an agent says   ⇐ a message it receives"
+        "   ⇢ ⇠ a child run starts, ends",
+        file=out,
+    )
+    async with await boot_host(_tour_rows(store), pm=pm) as host:
+        ctx = host.ctx
+        transcript = _Transcript(out, ctx.agents)
+        ctx.llm.register_adapter("scripted", model)
+        handle = await ctx.agents.create(
+            CreateAgentOptions(
+                meta=SessionMeta(cwd=os.getcwd()),
+                agent_options=AgentOptions(provider="scripted", model="tour"),
+            )
+        )
+        coordinator = handle.agent
+        transcript.root = coordinator.id
+        print(f"  coordinator = session {coordinator.id}\n", file=out)
+        ctx.on("session/event", transcript.on_session_event)
+        ctx.on("subagent/start", transcript.on_start)
+        ctx.on("subagent/end", transcript.on_end)
+        coordinator.followup(user_message(prompt))
+        status = 0
+        try:
+            async with asyncio.timeout(_TOUR_TIMEOUT):
+                await _until_quiet(transcript, coordinator)
+        except TimeoutError:
+            print(f"\n  the tour did not settle within {_TOUR_TIMEOUT:.0f} s", file=out)
+            status = 1
+        ends = [e for e in coordinator.session.events if e.type == "turn/end"]
+        if ends and ends[-1].data.reason.kind != "completed":
+            print(f"\n  the coordinator's last turn ended {ends[-1].data.reason.kind}", file=out)
+            status = 1
+        await _print_tree(out, ctx[subagents.SUBAGENTS], coordinator.id, transcript)
+        await handle.dispose()
+        broken = list(ctx.invariants.violations)
+    for v in broken:
+        print(f"  invariant broken: {v}", file=out)
+    return 1 if broken else status
+
+
+async def _print_tree(out: TextIO, service: Any, root: str, transcript: _Transcript) -> None:
+    """The coordinator's child tree, read back from the store (``list_descendants``)."""
+    rows = await service.list_descendants(root)
+    print("\nthe child tree, read back from the store (list_descendants):", file=out)
+    print(f"coordinator: {root}", file=out)
+    if not rows:
+        print("└── (no children)", file=out)
+    open_levels: list[bool] = []  # per depth above the row: does a later sibling follow?
+    for i, row in enumerate(rows):
+        entry = row.entry
+        later = rows[i + 1 :]
+        last = next((r.depth for r in later if r.depth <= row.depth), 0) < row.depth
+        del open_levels[row.depth - 1 :]
+        pad = "".join("│   " if more else "    " for more in open_levels)
+        open_levels.append(not last)
+        branch = pad + ("└── " if last else "├── ")
+        name = transcript.names.get(entry.id, entry.id)
+        if entry.kind == "child":
+            epochs = transcript.epochs.get(entry.id, 0)
+            detail = entry.mode
+            if entry.mode == "continuable":
+                detail += f", {epochs} epoch{'s' if epochs != 1 else ''}"
+            label = f' "{entry.label}"' if entry.label else ""
+            print(f"{branch}{name}{label}: {entry.id} ({detail})", file=out)
+        else:
+            print(f"{branch}{name}: {entry.id} [diagnostic: {entry.reason}]", file=out)
+
+
+async def run_one_turn(out: TextIO, *, script: str | None, prompt: str) -> int:
+    """One turn of an agent on the core plugins alone, on the scripted model (echo, or
+    ``script``); 1 if anything broke."""
+    from . import plugin as core_plugin
+
+    pm = make_plugin_manager(autoload=False, plugins={"core": core_plugin})
+    model = PluginRow(plugin="llm-scripted", config={"script": script} if script else {})
+    rows: list[PluginRow | str] = ["sessions", "session-persistence-memory", "llm", model, "tools",
+            "system-prompt", "agents", "jobs", "invariants"]  # fmt: skip
+    async with await boot_host(rows, pm=pm) as host:
+        handle = await host.ctx.agents.create(
+            CreateAgentOptions(
+                meta=SessionMeta(cwd=os.getcwd()),
+                agent_options=AgentOptions(provider="scripted", model="echo"),
+            )
+        )
+        agent = handle.agent
+        what = f"the script {script}" if script else "the embedded scripted model echoes"
+        print(f"\none offline turn ({what}):", file=out)
+        print(f"  user      > {prompt}", file=out)
+        agent.followup(user_message(prompt))
+        await agent.when_idle()
+        print(f"  assistant > {agent.session.derive_messages()[-1].text}", file=out)
+        print(f"  session {agent.id}: {agent.session.seq} durable events", file=out)
+        print(f"    {', '.join(e.type for e in agent.session.events)}", file=out)
+        await handle.dispose()
+        broken = list(host.ctx.invariants.violations)
+    for v in broken:
+        print(f"  invariant broken: {v}", file=out)
+    return 1 if broken else 0
+
+
+def acp_child_available(pm: DshPluginManager) -> bool:
+    """Whether the ACP child can run: the ``acp`` provider and ``dsh-acp-agent`` installed."""
+    specs = pm.collect_plugin_specs()
+    return (
+        "subagent" in specs
+        and "subagent-acp" in specs
+        and importlib.util.find_spec("dsh_acp_agent") is not None
+    )
+
+
+async def run_acp_child(out: TextIO, pm: DshPluginManager, *, prompt: str) -> int:
+    """Delegate ``prompt`` to an ACP child: a ``dsh-acp-agent`` process on the echo model,
+    through the ``acp`` provider; 1 if it did not complete."""
+    subagent = importlib.import_module("dsh_subagent")
+    child = PluginRow(
+        plugin="subagent-acp",
+        config={"command": sys.executable, "args": ["-m", "dsh_acp_agent"]},
+    )
+    rows: list[PluginRow | str] = ["sessions", "session-persistence-memory", "llm",
+            "llm-scripted", "tools", "system-prompt", "agents", "subagent", child]  # fmt: skip
+    print("\none ACP child (a dsh-acp-agent process, over the Agent Client Protocol):", file=out)
+    async with await boot_host(rows, pm=pm) as host:
+        handle = await host.ctx.agents.create(
+            CreateAgentOptions(
+                meta=SessionMeta(cwd=os.getcwd()),
+                agent_options=AgentOptions(provider="scripted", model="echo"),
+            )
+        )
+        request = subagent.SubagentStartRequest(prompt=text_blocks(prompt), parent=handle.agent)
+        run = await host.ctx.subagents.start("acp", request)
+        try:
+            result = await run.result
+        finally:
+            await run.dispose()
+        print(f"  parent    > {prompt}", file=out)
+        print(f"  acp child > {blocks_text(result.output)}  [pid {run.pid}]", file=out)
+        print(f"  stop reason {result.stop_reason}; the process has exited", file=out)
+        await handle.dispose()
+    return 0 if result.stop_reason == "completed" else 1

@@ -1,0 +1,197 @@
+"""`dsh demo` as a person runs it: a subprocess on every installed distribution, whose
+transcript shows the tour of the subagent seam (tools 15.5)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dsh_core import Message, TextBlock, ToolCallDelta, user_message
+from dsh_core._demo import TOUR_SCRIPT, demo_store
+from dsh_core._llm import GenerateOptions
+from dsh_core.testing import ScriptedAdapter
+
+ID = r"session-[0-9a-f]+"
+
+
+def _demo(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DSH_")}
+    env["DSH_HOME"] = str(tmp_path / "home")
+    return subprocess.run(
+        [sys.executable, "-m", "dsh_core.cli", "demo", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=120,
+        check=False,
+    )
+
+
+@pytest.fixture(scope="module")
+def tour(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
+    """One run of `dsh demo` with its default store: the transcript and $DSH_HOME."""
+    tmp_path = tmp_path_factory.mktemp("demo")
+    done = _demo(tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout, tmp_path / "home"
+
+
+def _lines(text: str, who: str, mark: str) -> list[str]:
+    """The entries of ``who`` with ``mark`` (first lines only)."""
+    return [line for line in text.splitlines() if re.match(rf"  {who}\s+{mark} ", line)]
+
+
+def test_the_coordinator_fans_out_three_continuable_children_in_one_response(
+    tour: tuple[str, Path],
+) -> None:
+    """tools 15.5, TOOL-9, TOOL-10: three `subagent` calls in one response each start a
+    continuable spawn child (`started subagent <id>`), shown with its label."""
+    text, _ = tour
+    lines = text.splitlines()
+    calls = [i for i, line in enumerate(lines) if re.match(r"  coordinator\s+→ subagent ", line)]
+    assert len(calls) == 3
+    between = lines[calls[0] : calls[-1] + 1]  # nothing else happens between the three calls
+    assert all(re.match(r"  (coordinator\s+→ subagent|\s{15})", line) for line in between)
+    started = _lines(text, "coordinator", "←")
+    ids = [m.group(1) for m in (re.search(rf"started subagent ({ID})$", s) for s in started) if m]
+    assert len(ids) == 3
+    for n, label in enumerate(
+        ("Find Lisbon flights", "Find an Alfama hotel", "Check the weekend weather"), start=1
+    ):
+        assert re.search(rf'child {n}\s+⇢ started: spawn child {ID} "{label}"', text)
+
+
+def test_children_report_and_every_epoch_sends_a_settlement_notice(
+    tour: tuple[str, Path],
+) -> None:
+    """tools 15.5, RPT-3, SET-1, SET-2: two children call `report` and the coordinator receives
+    both reports; each of the four epochs that ended sends one settlement notice."""
+    text, _ = tour
+    assert len([s for s in text.splitlines() if re.match(r"  child \d\s+→ report ", s)]) == 2
+    arrived = _lines(text, "coordinator", "⇐")
+    reports = [s for s in arrived if re.search(rf"Background subagent {ID} reported:$", s)]
+    notices = [s for s in arrived if re.search(rf"Background subagent {ID} finished", s)]
+    assert len(reports) == 2
+    assert len(notices) == 4  # three children, one of them twice
+    assert text.count("Its closing message:") == 4
+
+
+def test_the_coordinator_follows_up_with_a_settled_child_by_a_cold_resume(
+    tour: tuple[str, Path],
+) -> None:
+    """tools 15.5, CTL-1, CTL-2, CONT-7, CONT-10: after the flights child settled,
+    `send_message` brings it back in a second epoch from the store, and it answers."""
+    text, home = tour
+    (call,) = _lines(text, "coordinator", "→ send_message")
+    child = re.search(rf'"subagent_id": "({ID})"', call)
+    assert child is not None
+    first_notice = text.index(f"Background subagent {child.group(1)} finished")
+    assert text.index("→ send_message") > first_notice  # it had settled: a cold resume
+    assert re.search(r"child 1\s+⇢ resumed \(epoch 2: a cold resume from the store\)", text)
+    assert f"message queued as the next turn for subagent {child.group(1)}" in text
+    assert "Return: TP1356" in text
+    assert (home / "demo" / f"{child.group(1)}.jsonl").is_file()
+
+
+def test_a_fork_child_runs_in_the_foreground_seeded_with_completed_turns(
+    tour: tuple[str, Path],
+) -> None:
+    """tools 15.5, FORK-1, FORK-2, TOOL-7: the `fork` tool runs a one-shot fork child in the
+    foreground; it is seeded with the coordinator's completed turns and its answer is the
+    tool result."""
+    text, _ = tour
+    assert _lines(text, "coordinator", "→ fork")
+    assert re.search(r"⇢ started: fork child .* \(seeded with the coordinator's completed", text)
+    assert re.search(r"  coordinator\s+← Within budget", text)
+
+
+def test_the_coordinator_lists_its_agents_answers_and_the_tree_is_printed(
+    tour: tuple[str, Path],
+) -> None:
+    """tools 15.5, CTL-4, CTL-5, BUG-4, LIST-6: `list_agents` shows the three continuable
+    children `[ready]`; the final answer follows; the child tree read back from the store
+    lists four children, the flights child with two epochs."""
+    text, _ = tour
+    assert _lines(text, "coordinator", "→ list_agents")
+    assert len(re.findall(rf"{ID} \[ready\] — ", text)) == 3
+    answers = _lines(text, "coordinator", ">")
+    assert answers[-1].split("> ", 1)[1].startswith("Your weekend in Lisbon")
+    tree = text.split("the child tree, read back from the store", 1)[1]
+    assert re.search(r'child 1 "Find Lisbon flights": \S+ \(continuable, 2 epochs\)', tree)
+    assert re.search(r'child 4 "Review the plan\'s budget": \S+ \(one-shot\)', tree)
+    assert len(re.findall(r"^(├|└)── child \d", tree, re.MULTILINE)) == 4
+
+
+def test_the_demo_keeps_its_store_under_dsh_home_or_store(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """tools 15.5: the demo's JSONL store is `--store DIR`, else `$DSH_HOME/demo`, else
+    `~/.dsh/demo`."""
+    done = _demo(tmp_path, "--store", "kept")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"sessions are kept in {Path('kept')}" in done.stdout
+    assert len(list((tmp_path / "kept").glob("*.jsonl"))) == 5  # the coordinator, 4 children
+    assert demo_store("elsewhere") == Path("elsewhere")
+    monkeypatch.delenv("DSH_HOME", raising=False)
+    assert demo_store(None) == Path.home() / ".dsh" / "demo"
+    monkeypatch.setenv("DSH_HOME", str(tmp_path))
+    assert demo_store(None) == tmp_path / "demo"
+
+
+def test_the_embedded_script_is_a_valid_script() -> None:
+    """tools 15.5, host-core §2: the tour's embedded script loads as script data."""
+    assert ScriptedAdapter.from_data(TOUR_SCRIPT)
+
+
+def test_the_coordinator_runs_on_a_script_file(tmp_path: Path) -> None:
+    """tools 15.5, dx 12.3: `dsh demo --model scripted:FILE --prompt TEXT` runs the tour's
+    coordinator on the script; a coordinator that delegates nothing has no children."""
+    example = Path(__file__).parents[1] / "docs" / "examples" / "scripted-model.toml"
+    done = _demo(tmp_path, "--model", f"scripted:{example}", "--prompt", "hello")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"on the offline scripted model (the script {example})" in done.stdout
+    assert re.search(r"  coordinator\s+> Hello! I am a scripted model\.", done.stdout)
+    assert "└── (no children)" in done.stdout
+
+
+def _notice(child: str, closing: str) -> Message:
+    summary = f"Background subagent {child} finished and will do no further work unless you "
+    return Message(
+        id=f"n-{child}-{closing[:6]}",
+        role="user",
+        content=tuple(
+            TextBlock(text=t) for t in (summary + "send it more.", "Its closing message:", closing)
+        ),
+    )
+
+
+async def _coordinator_calls(*messages: Message) -> list[str]:
+    """The tools the embedded script's coordinator calls after ``messages`` ('' for text)."""
+    options = GenerateOptions(
+        provider="scripted",
+        model="tour",
+        messages=messages,
+        system="You coordinate a small team of helper agents.",
+    )
+    chunks = [c async for c in ScriptedAdapter.from_data(TOUR_SCRIPT).stream(options)]
+    return [c.name for c in chunks if isinstance(c, ToolCallDelta)] or [""]
+
+
+async def test_the_coordinator_reviews_only_once_every_notice_is_in() -> None:
+    """tools 15.5, SET-2: the embedded coordinator follows up on the flights child's first
+    notice and forks the review only when the notices of all three children, the flights
+    child's second one included, have arrived, in whichever order and batches they came."""
+    said = Message(id="a", role="assistant", content=(TextBlock(text="ok"),))
+    outbound = _notice("f", "Outbound: TP1351")
+    ret, hotel, sun = _notice("f", "Return: TP1356"), _notice("h", "Memmo"), _notice("w", "Sunny")
+    assert await _coordinator_calls(user_message("plan it")) == ["subagent"] * 3
+    assert await _coordinator_calls(said, outbound) == ["send_message"]
+    assert await _coordinator_calls(hotel, said, ret) == [""]  # the weather is still out
+    assert await _coordinator_calls(hotel, said, ret, said, sun) == ["fork"]
+    assert await _coordinator_calls(sun, hotel, said, ret) == ["fork"]
