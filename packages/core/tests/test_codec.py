@@ -488,7 +488,8 @@ def test_a_checker_passes_a_tag_only_as_its_own_plain_string(tag: Any) -> None:
 def test_a_checked_builder_vouches_exactly_as_the_class_checker(case: tuple[type, Any]) -> None:
     """hardening 11.1, host-core §3: the chunk payload's checked builder (one call for the
     build and the check of an adapter's chunk) passes exactly the chunks the payload's class
-    checker passes with one level more, and builds the same payload."""
+    checker passes with one level more, and builds the same payload (given its fields by
+    keyword or by position)."""
     _, value = case
     levels = MAX_NESTING - 2
     build = checked_builder(
@@ -501,8 +502,10 @@ def test_a_checked_builder_vouches_exactly_as_the_class_checker(case: tuple[type
     built_ok, built = outcome(lambda: build(turn=1, step=2, chunk=chunk))
     checked_ok, _ = outcome(check, expected, levels + 1)
     assert built_ok == checked_ok
+    by_position_ok, by_position = outcome(lambda: build(1, 2, chunk))  # as the loop calls it
+    assert by_position_ok == built_ok
     if built_ok:
-        assert exact(built, expected)
+        assert exact(built, expected) and exact(by_position, expected)
 
 
 @given(odd_payloads())

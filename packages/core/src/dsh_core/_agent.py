@@ -122,12 +122,12 @@ _chunk_data = builder(AssistantChunkData)
 _CHUNK_LEVELS = MAX_NESTING - 2
 
 
-def _unchecked(**_: object) -> AssistantChunkData:
+def _unchecked(turn: int, step: int, chunk: StreamChunk) -> AssistantChunkData:
     raise Unfit
 
 
 #: The chunk payload's builder that first checks an adapter's chunk (see Agent._stream), the
-#: most frequent chunk classes tested first.
+#: most frequent chunk classes tested first; called with positions (turn, step, chunk).
 _checked_chunk_data = (
     checked_builder(
         AssistantChunkData,
@@ -750,7 +750,7 @@ class Agent:
         def sink(chunk: StreamChunk) -> bool:
             nonlocal vouched
             try:
-                data = _checked_chunk_data(turn=turn, step=step, chunk=chunk)
+                data = _checked_chunk_data(turn, step, chunk)
             except Unfit:
                 vouched = False
                 data = _chunk_data(turn=turn, step=step, chunk=chunk)
