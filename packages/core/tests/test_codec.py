@@ -488,21 +488,26 @@ def test_a_checker_passes_a_tag_only_as_its_own_plain_string(tag: Any) -> None:
 def test_a_checked_builder_vouches_exactly_as_the_class_checker(case: tuple[type, Any]) -> None:
     """hardening 11.1, host-core §3: the chunk payload's checked builder (one call for the
     build and the check of an adapter's chunk) passes exactly the chunks the payload's class
-    checker passes with one level more, and builds the same payload."""
+    checker passes with one level more, and builds the same payload (given its fields by
+    keyword or by position)."""
     _, value = case
-    levels = MAX_NESTING - 2
-    build = checked_builder(
-        AssistantChunkData, "chunk", levels, (TextDelta, ReasoningDelta, ToolCallDelta, Finish)
-    )
     check = class_checker(AssistantChunkData)
-    assert build is not None and check is not None
+    assert check is not None
     chunk = getattr(value, "chunk", value)
     expected = AssistantChunkData(turn=1, step=2, chunk=chunk)
-    built_ok, built = outcome(lambda: build(turn=1, step=2, chunk=chunk))
-    checked_ok, _ = outcome(check, expected, levels + 1)
-    assert built_ok == checked_ok
-    if built_ok:
-        assert exact(built, expected)
+    # The levels are compiled in as a literal: the loop's, and the few where they run out.
+    for levels in (MAX_NESTING - 2, 2, 1, 0):
+        build = checked_builder(
+            AssistantChunkData, "chunk", levels, (TextDelta, ReasoningDelta, ToolCallDelta, Finish)
+        )
+        assert build is not None
+        built_ok, built = outcome(lambda: build(turn=1, step=2, chunk=chunk))  # noqa: B023
+        checked_ok, _ = outcome(check, expected, levels + 1)
+        assert built_ok == checked_ok
+        by_position_ok, by_position = outcome(lambda: build(1, 2, chunk))  # noqa: B023
+        assert by_position_ok == built_ok  # by position, as the loop calls it
+        if built_ok:
+            assert exact(built, expected) and exact(by_position, expected)
 
 
 @given(odd_payloads())

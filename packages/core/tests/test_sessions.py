@@ -219,6 +219,52 @@ def test_reentrant_append_is_refused_and_writes_nothing() -> None:
     assert session.seq == 2
 
 
+def test_the_loops_own_append_is_refused_inside_a_publication_too() -> None:
+    """host-core §3 (hardening 11.1): the agent loop's unchecked append (``_append_vouched``)
+    from inside the session's own session/event publication fails SESSION_REENTRANT_APPEND
+    like any append, and writes nothing."""
+    ctx = make_ctx()
+    errors: list[SessionError] = []
+
+    def listener(session: Session, event: SessionEvent) -> None:
+        try:
+            session._append_vouched("step/start", StepData(turn=1, step=event.seq + 1))
+        except SessionError as exc:
+            errors.append(exc)
+
+    ctx.on("session/event", listener, global_=True)
+    session = ctx.sessions.create("s")
+    session._append_vouched("turn/start", TurnStartData(turn=1))
+    assert [e.code for e in errors] == ["SESSION_REENTRANT_APPEND"]
+    assert [e.type for e in session.events] == ["turn/start"]
+
+
+def test_the_loops_own_append_runs_validators_and_needs_the_core_types() -> None:
+    """host-core §3 (hardening 11.1): ``_append_vouched`` skips only the payload check: a
+    validator still vetoes it, and on a registry that does not hold the core types as core
+    declares them it takes ``append``'s checked route (here SESSION_EVENT_INVALID)."""
+    session = make_ctx().sessions.create("s")
+    session._append_vouched("turn/start", TurnStartData(turn=1))
+    assert [(e.type, e.source_event_seqs) for e in session.events] == [("turn/start", None)]
+
+    def veto(_: Session, event: SessionEvent) -> None:
+        raise ValueError(f"no {event.type}")
+
+    remove = session.add_validator(veto)
+    with pytest.raises(ValueError, match="no step/start"):
+        session._append_vouched("step/start", StepData(turn=1, step=1))
+    remove()
+    assert session.seq == 1
+
+    odd = EventTypeRegistry([EventTypeSpec(name="turn/start", payload=StepData, trusted=True)])
+    assert not odd._core and EventTypeRegistry()._core
+    other = make_ctx(odd).sessions.create("s")
+    with pytest.raises(SessionError) as raised:
+        other._append_vouched("turn/start", TurnStartData(turn=1))
+    assert raised.value.code == "SESSION_EVENT_INVALID"
+    assert other.seq == 0
+
+
 def test_appending_to_another_session_from_a_listener_is_allowed() -> None:
     """host-core §3: the re-entrancy guard is per session."""
     ctx = make_ctx()

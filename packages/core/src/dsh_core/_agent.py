@@ -122,12 +122,12 @@ _chunk_data = builder(AssistantChunkData)
 _CHUNK_LEVELS = MAX_NESTING - 2
 
 
-def _unchecked(**_: object) -> AssistantChunkData:
+def _unchecked(turn: int, step: int, chunk: StreamChunk) -> AssistantChunkData:
     raise Unfit
 
 
 #: The chunk payload's builder that first checks an adapter's chunk (see Agent._stream), the
-#: most frequent chunk classes tested first.
+#: most frequent chunk classes tested first; called with positions (turn, step, chunk).
 _checked_chunk_data = (
     checked_builder(
         AssistantChunkData,
@@ -447,7 +447,7 @@ class Agent:
         self._controller = AbortController()
         self._set_status("running")
         self._turn += 1
-        self.session.append("turn/start", _turn_start(turn=self._turn), _vouched=True)
+        self.session._append_vouched("turn/start", _turn_start(turn=self._turn))
         claimed = self.inbox.claim(turn_boundary=True)
         self._emit_claimed(claimed)
         return claimed
@@ -522,15 +522,18 @@ class Agent:
                     break
                 step = step_no
                 step_data = _step_data(turn=turn, step=step)
-                session.append("step/start", step_data, _vouched=True)
+                session._append_vouched("step/start", step_data)
                 open_step = True
                 for m in entered:
-                    session.append("user/message", m, source_event_seqs=(), _vouched=trusted)
+                    if trusted:
+                        session._append_vouched("user/message", m, ())
+                    else:
+                        session.append("user/message", m, source_event_seqs=())
                     if _is_snapshot(m):
                         self._snapshot = m.text
                 outcome = await self._step(turn, step, signal, assembly)
                 open_step = False
-                session.append("step/end", step_data, _vouched=True)
+                session._append_vouched("step/end", step_data)
                 if outcome == "max-tokens":
                     max_tokens = True
                 if signal.aborted:
@@ -570,11 +573,14 @@ class Agent:
 
     def _close_turn(self, turn: int, open_step: int | None, reason: TurnEndReason) -> None:
         if open_step is not None:
-            self.session.append("step/end", _step_data(turn=turn, step=open_step), _vouched=True)
+            self.session._append_vouched("step/end", _step_data(turn=turn, step=open_step))
         # The loop's own reasons are constants of plain strings; any other (an error's, a
         # cancel cause's) is checked at the append.
-        vouched = reason is _COMPLETED or reason is _BLOCKED or reason is _MAX_TOKENS
-        self.session.append("turn/end", _turn_end(turn=turn, reason=reason), _vouched=vouched)
+        data = _turn_end(turn=turn, reason=reason)
+        if reason is _COMPLETED or reason is _BLOCKED or reason is _MAX_TOKENS:
+            self.session._append_vouched("turn/end", data)
+        else:
+            self.session.append("turn/end", data)
 
     def _with_snapshot(
         self, batch: tuple[Message, ...], assembly: PromptAssembly
@@ -677,23 +683,19 @@ class Agent:
         strings (a listener's ``agent/request`` config): then the append checks it.
         """
         provider, model = config.provider, config.model
-        self.session.append(
-            "assistant/message",
-            _assistant_message(
-                turn=turn,
-                step=step,
-                message=_message(
-                    id=new_id(),
-                    role="assistant",
-                    content=blocks,
-                    source=_model_source(provider, model),
-                ),
-                usage=assembler.usage,
-                interrupted=interrupted,
+        data = _assistant_message(
+            turn=turn,
+            step=step,
+            message=_message(
+                id=new_id(), role="assistant", content=blocks, source=_model_source(provider, model)
             ),
-            source_event_seqs=chunk_seqs,
-            _vouched=vouched and provider.__class__ is str and model.__class__ is str,
+            usage=assembler.usage,
+            interrupted=interrupted,
         )
+        if vouched and provider.__class__ is str and model.__class__ is str:
+            self.session._append_vouched("assistant/message", data, tuple(chunk_seqs))
+        else:
+            self.session.append("assistant/message", data, source_event_seqs=chunk_seqs)
 
     def _config(self) -> LlmCallConfig | None:
         cached = self._route
@@ -717,11 +719,11 @@ class Agent:
             reason = "change"
         else:
             return
-        session.append(
-            "request/header",
-            RequestHeaderData(header=header, reason=reason),
-            _vouched=_loggable_header(header, self._route if self._route_ok else None),
-        )
+        data = RequestHeaderData(header=header, reason=reason)
+        if _loggable_header(header, self._route if self._route_ok else None):
+            session._append_vouched("request/header", data)
+        else:
+            session.append("request/header", data)
 
     async def _stream(
         self, options: GenerateOptions, turn: int, step: int, signal: AbortSignal
@@ -748,6 +750,7 @@ class Agent:
         task = asyncio.current_task()
         interrupted = False
         vouched = True
+        append_vouched = session._append_vouched
 
         def on_abort(_: object) -> None:
             nonlocal interrupted
@@ -758,13 +761,13 @@ class Agent:
         def sink(chunk: StreamChunk) -> bool:
             nonlocal vouched
             try:
-                data = _checked_chunk_data(turn=turn, step=step, chunk=chunk)
+                data = _checked_chunk_data(turn, step, chunk)
             except Unfit:
                 vouched = False
                 data = _chunk_data(turn=turn, step=step, chunk=chunk)
                 seqs.append(session.append("assistant/chunk", data).seq)  # the verdict, or raises
             else:
-                seqs.append(session.append("assistant/chunk", data, _vouched=True).seq)
+                seqs.append(append_vouched("assistant/chunk", data).seq)
             assembler.add(chunk)
             return signal.aborted
 
@@ -808,12 +811,11 @@ class Agent:
             # Each call's id, name and arguments are those of a block of the assistant/message
             # the log just took (checked or vouched for), so its tool/call needs no check.
             call_seqs = [
-                session.append(
+                session._append_vouched(
                     "tool/call",
                     _tool_call(
                         turn=turn, step=step, call_id=c.id, name=c.name, arguments=c.arguments
                     ),
-                    _vouched=True,
                 ).seq
                 for c in group
             ]
@@ -840,12 +842,10 @@ class Agent:
                     else None,
                     meta=result.meta,
                 )
-                session.append(
-                    "tool/result",
-                    data,
-                    source_event_seqs=(seq,),
-                    _vouched=result is _tools.plain_result or _result_vouched(result, data),
-                )
+                if result is _tools.plain_result or _result_vouched(result, data):
+                    session._append_vouched("tool/result", data, (seq,))
+                else:
+                    session.append("tool/result", data, source_event_seqs=(seq,))
                 for extra in result.additional_contexts:
                     self.inbox.insert("next-step", extra)
                 if result.ok and result.concludes_turn:

@@ -803,28 +803,52 @@ def _compile_checker(cls: type) -> Checker | None:
     return _exec_checker(body, env, f"<dsh codec check {cls.__module__}.{cls.__qualname__}>")
 
 
+def _none_left(d: str) -> str | None:
+    """The test that no level is left of ``d`` (a name or a literal); ``None`` when ``d`` is
+    a literal of at least one (the compiler folds no comparison: the test would run)."""
+    if d.isdigit():
+        return None if int(d) >= 1 else "True"
+    return f"{d} < 1"
+
+
+def _one_less(d: str) -> str:
+    """``d`` minus one level, as a literal when ``d`` is one."""
+    return str(int(d) - 1) if d.isdigit() else f"({d} - 1)"
+
+
 def _class_lines(
-    cls: type, plan: _CheckPlan, v: str, env: dict[str, Any], d: str, inlined: frozenset[type]
+    cls: type,
+    plan: _CheckPlan,
+    v: str,
+    env: dict[str, Any],
+    d: str,
+    inlined: frozenset[type],
+    src: str | None = None,
 ) -> list[str]:
-    """Statements checking that ``v`` is a ``cls`` (one level, ``d`` left) the log can hold."""
+    """Statements checking that ``src`` (by default the name ``v``, which also names what the
+    statements define) is a ``cls`` (one level, ``d`` left) the log can hold."""
     fields, tag = plan
+    o = src or v
     env[f"{v}_cls"] = cls
-    lines = [f"if {v}.__class__ is not {v}_cls or {d} < 1: raise Unfit"]
-    inner = f"({d} - 1)"
-    if any(_inline_test(_scalar(shape), "") is None for _, shape in fields):
+    none_left = _none_left(d)
+    lines = [
+        f"if {o}.__class__ is not {v}_cls{f' or {none_left}' if none_left else ''}: raise Unfit"
+    ]
+    inner = _one_less(d)
+    if not inner.isdigit() and any(_inline_test(_scalar(f), "") is None for _, f in fields):
         lines.append(f"{v}_d = {inner}")  # the levels left inside, counted once
         inner = f"{v}_d"
     for i, (name, shape) in enumerate(fields):
         fv = f"{v}_{i}"
-        lines.append(f"{fv} = {v}.{name}")
+        lines.append(f"{fv} = {o}.{name}")
         lines += _check_lines(shape, fv, env, inner, inlined | {cls})
     if tag is not None:
         key, value = tag
         env[f"{v}_tag"] = value
         # Usually the very default string (attrs stores the default object): one identity test.
         lines.append(
-            f"if {v}.{key} is not {v}_tag and ({v}.{key}.__class__ is not str or "
-            f"{v}.{key} != {v}_tag): raise Unfit"
+            f"if {o}.{key} is not {v}_tag and ({o}.{key}.__class__ is not str or "
+            f"{o}.{key} != {v}_tag): raise Unfit"
         )
     return lines
 
@@ -868,7 +892,10 @@ def _check_lines(
                 env[f"{v}_c{j}"] = cls
                 body = _class_lines(cls, plan, w, env, d, inlined)[1:]  # its class is known
                 lines.append(f"{'elif' if len(lines) > 1 else 'if'} {v}_c is {v}_c{j}:")
-                lines += [f"    if {d} < 1: raise Unfit", f"    {w} = {v}"]
+                none_left = _none_left(d)
+                if none_left:
+                    lines.append(f"    if {none_left}: raise Unfit")
+                lines.append(f"    {w} = {v}")
                 lines += [f"    {line}" for line in body]
         if len(lines) == 1:
             return [lines[0], call]
@@ -876,7 +903,11 @@ def _check_lines(
     if kind == "tuple" and (shape[1][0] == "union" or _inline_test(shape[1][0], "") is not None):
         e = f"{v}_e"
         item = _check_lines(shape[1], e, env, f"{e}_d", inlined)
-        head = [f"if {v}.__class__ is not tuple or {d} < 1: raise Unfit", f"{e}_d = {d} - 1"]
+        none_left = _none_left(d)
+        head = [
+            f"if {v}.__class__ is not tuple{f' or {none_left}' if none_left else ''}: raise Unfit",
+            f"{e}_d = {_one_less(d)}",
+        ]
         return [*head, f"for {e} in {v}:"] + [f"    {line}" for line in item]
     env[f"{v}_check"] = _checker(shape)
     if kind == "json":  # usually absent (None): no call for that
@@ -908,7 +939,9 @@ def checked_builder(
     One call where a build and a check took two, for a value that enters on a hot path (an
     adapter's chunk). A tagged-union field is checked inline for the variants whose fields
     are scalars or classes of scalars, ``first`` first (a test of the class each, in order),
-    any other through the union's dispatch. ``None`` if either part does not compile.
+    any other through the union's dispatch. Its parameters also take positions (in field
+    order) when none has a default: a positional call skips matching keywords. ``None`` if
+    either part does not compile.
     """
     plan = _builder_plan(cls)
     field = attrs.fields_dict(cls).get(name) if attrs.has(cls) else None
@@ -920,13 +953,16 @@ def checked_builder(
         if shape is None:
             return None
         signature, steps, env = plan
+        if "=" not in signature:  # every parameter required: positions as well as keywords
+            signature = signature.removeprefix("*, ")
         env.update({"Unfit": Unfit, "hi": _INT_HI, "_new": object.__new__})
         env["_open"], env["_cls"] = open_twin(cls), cls
-        body = [f"_v = {name}"]
-        # The levels as a literal: the compiler folds the tests and sums on it.
+        body: list[str] = []
+        # The levels as a literal: the tests and sums on it are done here, not at each call.
         if shape[0] == "union":
-            body += _union_chain(shape[1], first, env, str(int(levels)))
+            body += _union_chain(shape[1], first, env, str(int(levels)), name)
         else:
+            body.append(f"_v = {name}")
             body += _check_lines(shape, "_v", env, str(int(levels)), frozenset({cls}))
         body.append("_o = _new(_open)")
         body += (step if isinstance(step, str) else f"_o.{step[1]} = {step[2]}" for step in steps)
@@ -939,25 +975,26 @@ def checked_builder(
 
 
 def _union_chain(
-    union: TaggedUnion[Any], first: tuple[type, ...], env: dict[str, Any], d: str
+    union: TaggedUnion[Any], first: tuple[type, ...], env: dict[str, Any], d: str, v: str
 ) -> list[str]:
-    """Statements checking ``_v`` as a member of ``union`` with ``d`` levels left (see
-    :func:`checked_builder`)."""
+    """Statements checking ``v`` (a parameter name) as a member of ``union`` with ``d``
+    levels left (see :func:`checked_builder`)."""
     dispatch = _dispatch_of(union)
     env["_by_class"], env["_resolve"] = dispatch.checkers, dispatch.checker
     variants = [*first, *(c for c in union.variants.values() if c not in first)]
-    lines = ["_c = _v.__class__"]
+    lines = [f"_c = {v}.__class__"]
+    none_left = _none_left(d)
     for j, cls in enumerate(variants):
         plan = _check_plan(cls)
         if plan is None or not all(_flat(f) for _, f in plan[0]):
             continue
-        w = f"_w{j}"
         env[f"_c{j}"] = cls
-        body = _class_lines(cls, plan, w, env, d, frozenset())[1:]  # its class is known
+        body = _class_lines(cls, plan, f"_w{j}", env, d, frozenset(), v)[1:]  # class known
         lines.append(f"{'elif' if len(lines) > 1 else 'if'} _c is _c{j}:")
-        lines += [f"    if {d} < 1: raise Unfit", f"    {w} = _v"]
+        if none_left:
+            lines.append(f"    if {none_left}: raise Unfit")
         lines += [f"    {line}" for line in body]
-    call = f"(_by_class.get(_c) or _resolve(_v))(_v, {d})"
+    call = f"(_by_class.get(_c) or _resolve({v}))({v}, {d})"
     return [*lines, "else:", f"    {call}"] if len(lines) > 1 else [*lines, call]
 
 

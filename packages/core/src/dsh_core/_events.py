@@ -345,6 +345,10 @@ class EventTypeRegistry:
         self._unhooks: dict[str, Callable[[Any], Any]] = {}
         for spec in specs:
             self.register(spec)
+        #: Whether every core type is registered as core declares it. A registered type's spec
+        #: never changes (``register`` refuses another), so the agent loop's own appends may
+        #: rely on it for good (see ``Session._append_vouched``).
+        self._core = all(self._specs.get(s.name) == s for s in CORE_EVENT_TYPES)
 
     def register(self, spec: EventTypeSpec) -> None:
         """Add a type; re-registering an equal spec is a no-op, a different one fails."""

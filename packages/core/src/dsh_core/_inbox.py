@@ -93,13 +93,13 @@ class Inbox:
         except Unfit:
             self._session.append("agent/inbox/spliced", data)
         else:
-            self._session.append("agent/inbox/spliced", data, _vouched=True)
+            self._session._append_vouched("agent/inbox/spliced", data)
         _apply(self._lists, data)
 
     def _delete(self, data: InboxSplicedData) -> None:
         """Log and apply a pure deletion: built here from a literal target and our own
         counts, nothing to check."""
-        self._session.append("agent/inbox/spliced", data, _vouched=True)
+        self._session._append_vouched("agent/inbox/spliced", data)
         _apply(self._lists, data)
 
     def insert(self, target: InboxTarget, message: Message) -> None:

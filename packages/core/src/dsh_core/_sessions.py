@@ -78,6 +78,7 @@ class Session:
         "_types",
         "_validators",
         "_view",
+        "_vouching",
         "first_live_seq",
         "header",
     )
@@ -94,6 +95,8 @@ class Session:
         self._types = types
         # The registry's own table, not its read-only view: a lookup per append, same process.
         self._specs = types._specs
+        # That table when it holds the core types as core declares them (see _append_vouched).
+        self._vouching = types._specs if types._core else None
         self._events: list[SessionEvent] = []
         self._messages: list[Message] = []
         self._messages_view: tuple[Message, ...] = ()
@@ -230,17 +233,14 @@ class Session:
         *,
         source_event_seqs: Iterable[int] | None = None,
         ignorable: bool = False,
-        _vouched: bool = False,
     ) -> SessionEvent:
         """Validate, commit and publish one event; on any failure nothing is written.
 
         Surface types need ``source_event_seqs`` (possibly empty); others must omit it.
         An unregistered type may be appended only as ``ignorable`` free-form JSON.
 
-        ``_vouched`` is the agent loop's own (private): its caller built ``data`` of the
-        declared class from values already checked where they entered (the loop's counters, an
-        inbox message, adapter chunks checked as the loop read them), so the fast path skips
-        the payload check. Everything else, the surface rules and validators included, holds.
+        The agent loop logs what it built from values already checked through
+        :meth:`_append_vouched` instead.
         """
         # While the session publishes, ``_specs`` is empty: every append takes the checked
         # path, which refuses it (one check less on the hot path).
@@ -260,11 +260,10 @@ class Session:
         ):
             data, seqs = self._checked(spec, type, data, source_event_seqs, ignorable)
         else:
-            if not _vouched:
-                try:
-                    _checkers[data.__class__](data, MAX_NESTING)
-                except (KeyError, Unfit):  # no checker (yet), or one that cannot vouch for data
-                    data = self._types.snapshot(spec, type, data)  # the verdict, or the error
+            try:
+                _checkers[data.__class__](data, MAX_NESTING)
+            except (KeyError, Unfit):  # no checker (yet), or one that cannot vouch for data
+                data = self._types.snapshot(spec, type, data)  # the verdict, or the error
             if source_event_seqs is not None:
                 seqs = tuple(source_event_seqs)
         if seqs and (min(seqs) < 0 or max(seqs) >= seq):
@@ -283,9 +282,8 @@ class Session:
             for validator in self._validators:
                 validator(self, event)
         events.append(event)
-        fold = _FOLDS.get(type)
-        if fold is not None:
-            fold(self, event.data)
+        if type in _FOLDS:  # a test, not a call, for the types that fold nothing
+            _FOLDS[type](self, event.data)
         bus = self._bus
         if bus is not None and "session/event" in bus:
             ctx = self._ctx
@@ -295,8 +293,52 @@ class Session:
                 ctx.emit("session/event", self, event)
             finally:
                 self._specs = specs
-        committed: SessionEvent = event
-        return committed
+        return event  # type: ignore[no-any-return]  # an alias would cost a store and a load
+
+    def _append_vouched(
+        self, type: str, data: object, seqs: tuple[int, ...] | None = None
+    ) -> SessionEvent:
+        """The agent loop's own append (private), one per event it logs.
+
+        The loop built ``data``, of ``type``'s core payload class, from values already checked
+        where they entered (its counters and constants, an inbox message, adapter chunks
+        checked as it read them), and ``seqs`` (given iff ``type`` is surface) are seqs this
+        session just returned. So no payload or range check runs, and no spec is looked up:
+        the core specs of a registry that holds them never change. The validators, the fold
+        and the publication run as in :meth:`append`, which takes the append instead when the
+        session publishes (its specs are swapped then, and :meth:`append` refuses) or its
+        registry does not hold the core types as core declares them.
+
+        Positional, without :meth:`append`'s keywords: the hottest call of a turn.
+        """
+        if self._specs is not self._vouching:
+            return self.append(type, data, source_event_seqs=seqs)
+        events = self._events
+        event: Any = _new_object(_OpenEvent)
+        event.type = type
+        event.seq = len(events)
+        event.time = _time_ns() // 1_000_000
+        event.data = data
+        event.source_event_seqs = seqs
+        event.surface_op = None if seqs is None else "append"
+        event.ignorable = False
+        event.__class__ = SessionEvent
+        if self._validators:
+            for validator in self._validators:
+                validator(self, event)
+        events.append(event)
+        if type in _FOLDS:  # a test, not a call, for the types that fold nothing
+            _FOLDS[type](self, data)
+        bus = self._bus
+        if bus is not None and "session/event" in bus:
+            ctx = self._ctx
+            assert ctx is not None
+            specs, self._specs = self._specs, _PUBLISHING
+            try:
+                ctx.emit("session/event", self, event)
+            finally:
+                self._specs = specs
+        return event  # type: ignore[no-any-return]  # an alias would cost a store and a load
 
     def _checked(
         self,
