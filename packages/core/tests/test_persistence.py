@@ -558,6 +558,41 @@ async def test_aborted_signal_is_honoured(env: Env) -> None:
     await env.close()
 
 
+async def test_stored_says_whether_an_id_is_taken(env: Env) -> None:
+    """host-core §5, issue 13: stored(id) is False for an unknown id and True once a log is
+    stored; an id no store can hold is SESSION_INVALID_ID, an aborted signal AbortedError."""
+    assert await env.persistence.stored("s") is False
+    await env.store("s", balanced())
+    assert await env.persistence.stored("s") is True
+    with pytest.raises(SessionError) as info:
+        await env.persistence.stored("a/b")
+    assert info.value.code == "SESSION_INVALID_ID"
+    controller = AbortController()
+    controller.abort("stop")
+    with pytest.raises(AbortedError):
+        await env.persistence.stored("s", controller.signal)
+    await env.close()
+
+
+async def test_jsonl_stored_reads_only_the_header(jsonl: Env, tmp_path: Path) -> None:
+    """host-core §5, issue 13: the JSONL store answers stored(id) from the name and the header
+    line: a log with corrupt events, a symlink or a folder takes the id; a file cut inside its
+    header does not (it was never created)."""
+    await jsonl.store("s", balanced())
+    path = jsonl.file("s")
+    path.write_bytes(path.read_bytes() + b"{not json\n{neither\n")
+    assert await jsonl.persistence.stored("s") is True
+    jsonl.file("cut").write_bytes(b'{"id":"cut","crea')
+    assert await jsonl.persistence.stored("cut") is False
+    jsonl.file("dir").mkdir()
+    assert await jsonl.persistence.stored("dir") is True
+    if sys.platform != "win32":
+        (tmp_path / "elsewhere.jsonl").write_bytes(path.read_bytes())
+        jsonl.file("link").symlink_to(tmp_path / "elsewhere.jsonl")
+        assert await jsonl.persistence.stored("link") is True
+    await jsonl.close()
+
+
 # -- create / append ------------------------------------------------------------------------------
 
 

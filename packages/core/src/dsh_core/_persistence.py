@@ -941,6 +941,24 @@ class SessionPersistence:
         _check(signal)
         return loaded.header, tuple(loaded.events)
 
+    async def stored(self, id: str, signal: AbortSignal | None = None) -> bool:
+        """Whether ``id`` is taken in the store, without reading its events: what a
+        :meth:`create` of ``id`` would find there (``SESSION_EXISTS``).
+
+        A log is stored once its header is; the JSONL store reads at most that line, never
+        through a symlink. An entry that is there but damaged (a symlink or other non-file, an
+        unreadable header) takes the id too; a file cut inside its header line was never
+        created and does not. An id that cannot name a session is ``SESSION_INVALID_ID``, a
+        store that cannot be read ``SESSION_IO``.
+        """
+        self._installed()
+        check_session_id(id)
+        _check(signal)
+        await self._quiesce(id)
+        found = await self._run(self._stored, id)
+        _check(signal)
+        return found
+
     async def list(self, signal: AbortSignal | None = None) -> builtins.list[SessionHeader]:
         """The headers of every stored session, oldest first (events are never read).
 
@@ -1055,6 +1073,17 @@ class SessionPersistence:
         cannot hold damaged entries keeps the default: ``_headers`` and no damage)."""
         return self._headers(signal), []
 
+    def _stored(self, id: str) -> bool:
+        """Whether ``id`` is taken (see :meth:`stored`; default: ``_read`` finds it)."""
+        try:
+            self._read(id, None)
+        except SessionError as exc:
+            if exc.code == "SESSION_NOT_FOUND":
+                return False
+            if exc.code in ("SESSION_INVALID_ID", "SESSION_IO"):
+                raise
+        return True
+
     def _stamps(self) -> dict[str, Hashable]:
         """The stamp of each stored log as the last listing saw it (default: none)."""
         return {}
@@ -1138,6 +1167,9 @@ class MemorySessionPersistence(SessionPersistence):
 
     def _headers(self, signal: AbortSignal | None) -> list[SessionHeader]:
         return [log.header for log in self._logs.values()]
+
+    def _stored(self, id: str) -> bool:
+        return id in self._logs
 
     def _stamps(self) -> dict[str, Hashable]:
         return {id: (log, len(log.events)) for id, log in self._logs.items()}
@@ -1912,6 +1944,19 @@ class JsonlSessionPersistence(SessionPersistence):
         if header is None:
             _log.warning("session file %s was cut inside its header: never created", path)
         return header
+
+    def _stored(self, id: str) -> bool:
+        """One open of the name itself and a read of the header line at most."""
+        path = self.path_of(id)
+        self._note_root()
+        try:
+            return self._header_at(path) is not None  # None: no file, or cut in its header
+        except OSError as exc:
+            raise SessionError(
+                f"cannot read session file {path}: {exc}", code="SESSION_IO"
+            ) from exc
+        except SessionError:  # a symlink, a non-file, an unreadable header: the name is taken
+            return True
 
     def _stamps(self) -> dict[str, Hashable]:
         return {
