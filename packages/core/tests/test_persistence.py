@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import gc
 import json
 import logging
 import os
@@ -1096,6 +1097,59 @@ async def test_a_long_log_loads_or_fails_as_a_short_one(
         assert info.value.code == code
         assert f"{path} line {line}" in str(info.value)
     await jsonl.close()
+
+
+@pytest.mark.parametrize("corrupt", [False, True])
+async def test_a_load_pauses_the_collector_and_restores_it(
+    jsonl: Env, monkeypatch: pytest.MonkeyPatch, corrupt: bool
+) -> None:
+    """host-core §5, issue 13: the collector is off while a log is parsed and decoded and on
+    again afterwards, whether the load succeeds or fails (SESSION_CORRUPT)."""
+    await jsonl.store("s", balanced())
+    if corrupt:
+        path = jsonl.file("s")
+        lines = path.read_bytes().split(b"\n")
+        lines[2] = b"{not json"
+        path.write_bytes(b"\n".join(lines))
+    seen: list[bool] = []
+    parse = JsonlSessionPersistence._parse
+
+    def spy(self: JsonlSessionPersistence, *args: Any) -> Any:
+        seen.append(gc.isenabled())
+        return parse(self, *args)
+
+    monkeypatch.setattr(JsonlSessionPersistence, "_parse", spy)
+    assert gc.isenabled()
+    if corrupt:
+        with pytest.raises(SessionError) as info:
+            await jsonl.persistence.inspect("s")
+        assert info.value.code == "SESSION_CORRUPT"
+    else:
+        _, loaded = await jsonl.persistence.inspect("s")
+        assert loaded == balanced()
+    assert seen == [False]
+    assert gc.isenabled()
+    await jsonl.close()
+
+
+def test_collector_pauses_overlap_and_leave_a_disabled_collector_off() -> None:
+    """host-core §5, issue 13: overlapping pauses (loads in two threads) turn the collector
+    back on only when the last one ends, and never turn on a collector that was off."""
+    from dsh_core._persistence import _COLLECTOR_PAUSED as paused
+
+    assert gc.isenabled()
+    with paused:
+        with paused:
+            assert not gc.isenabled()
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with paused:
+            assert not gc.isenabled()
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
 
 
 async def test_unknown_ignorable_event_type_loads(jsonl: Env) -> None:
