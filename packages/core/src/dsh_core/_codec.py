@@ -547,7 +547,7 @@ def _compile_decoder(plan: _Plan) -> Decoder:
         key, value = plan.tag
         env["tag_value"] = value
         body.append(f"if o.get({key!r}) != tag_value: raise Unfit")
-    body.append("obj = new(open)")
+    body.append("obj = open()" if "__init__" in env["open"].__dict__ else "obj = new(open)")
     for i, (name, shape, default) in enumerate(plan.fields):
         v = f"v{i}"
         check = _inline_check(shape[0], v)

@@ -161,7 +161,7 @@ def _scan(events: Sequence[SessionEvent], locate: Callable[[int], str]) -> _Scan
         except LogInvariantError as exc:
             raise SessionError(f"{locate(i)}: {exc}", code="SESSION_CORRUPT") from exc
         seqs = event.source_event_seqs
-        if seqs and any(s < 0 or s >= event.seq for s in seqs):
+        if seqs and (min(seqs) < 0 or max(seqs) >= event.seq):
             raise SessionError(
                 f"{locate(i)}: cites events that do not precede it", code="SESSION_CORRUPT"
             )
