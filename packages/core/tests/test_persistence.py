@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import gc
 import json
 import logging
 import os
@@ -558,6 +559,41 @@ async def test_aborted_signal_is_honoured(env: Env) -> None:
     await env.close()
 
 
+async def test_stored_says_whether_an_id_is_taken(env: Env) -> None:
+    """host-core §5, issue 13: stored(id) is False for an unknown id and True once a log is
+    stored; an id no store can hold is SESSION_INVALID_ID, an aborted signal AbortedError."""
+    assert await env.persistence.stored("s") is False
+    await env.store("s", balanced())
+    assert await env.persistence.stored("s") is True
+    with pytest.raises(SessionError) as info:
+        await env.persistence.stored("a/b")
+    assert info.value.code == "SESSION_INVALID_ID"
+    controller = AbortController()
+    controller.abort("stop")
+    with pytest.raises(AbortedError):
+        await env.persistence.stored("s", controller.signal)
+    await env.close()
+
+
+async def test_jsonl_stored_reads_only_the_header(jsonl: Env, tmp_path: Path) -> None:
+    """host-core §5, issue 13: the JSONL store answers stored(id) from the name and the header
+    line: a log with corrupt events, a symlink or a folder takes the id; a file cut inside its
+    header does not (it was never created)."""
+    await jsonl.store("s", balanced())
+    path = jsonl.file("s")
+    path.write_bytes(path.read_bytes() + b"{not json\n{neither\n")
+    assert await jsonl.persistence.stored("s") is True
+    jsonl.file("cut").write_bytes(b'{"id":"cut","crea')
+    assert await jsonl.persistence.stored("cut") is False
+    jsonl.file("dir").mkdir()
+    assert await jsonl.persistence.stored("dir") is True
+    if sys.platform != "win32":
+        (tmp_path / "elsewhere.jsonl").write_bytes(path.read_bytes())
+        jsonl.file("link").symlink_to(tmp_path / "elsewhere.jsonl")
+        assert await jsonl.persistence.stored("link") is True
+    await jsonl.close()
+
+
 # -- create / append ------------------------------------------------------------------------------
 
 
@@ -1061,6 +1097,81 @@ async def test_a_long_log_loads_or_fails_as_a_short_one(
         assert info.value.code == code
         assert f"{path} line {line}" in str(info.value)
     await jsonl.close()
+
+
+@pytest.mark.parametrize("corrupt", [False, True])
+async def test_a_load_pauses_the_collector_and_restores_it(
+    jsonl: Env, monkeypatch: pytest.MonkeyPatch, corrupt: bool
+) -> None:
+    """host-core §5, issue 13: the collector is off while a log is parsed and decoded and on
+    again afterwards, whether the load succeeds or fails (SESSION_CORRUPT)."""
+    await jsonl.store("s", balanced())
+    if corrupt:
+        path = jsonl.file("s")
+        lines = path.read_bytes().split(b"\n")
+        lines[2] = b"{not json"
+        path.write_bytes(b"\n".join(lines))
+    seen: list[bool] = []
+    parse = JsonlSessionPersistence._parse
+
+    def spy(self: JsonlSessionPersistence, *args: Any) -> Any:
+        seen.append(gc.isenabled())
+        return parse(self, *args)
+
+    monkeypatch.setattr(JsonlSessionPersistence, "_parse", spy)
+    assert gc.isenabled()
+    if corrupt:
+        with pytest.raises(SessionError) as info:
+            await jsonl.persistence.inspect("s")
+        assert info.value.code == "SESSION_CORRUPT"
+    else:
+        _, loaded = await jsonl.persistence.inspect("s")
+        assert loaded == balanced()
+    assert seen == [False]
+    assert gc.isenabled()
+    await jsonl.close()
+
+
+async def test_a_loaded_log_skips_the_young_generations_unless_objects_are_frozen(
+    jsonl: Env,
+) -> None:
+    """host-core §5, issue 13: the events of a load go straight to the collector's oldest
+    generation (no pass walks them while young); while the program keeps objects frozen the
+    load leaves them frozen and its events stay young."""
+    await jsonl.store("s", balanced())
+    _, loaded = await jsonl.persistence.inspect("s")
+    young = {id(o) for o in gc.get_objects(0) + gc.get_objects(1)}
+    assert not any(id(event) in young for event in loaded)
+    kept: list[object] = []  # a tracked object of the program's, frozen below
+    gc.freeze()
+    try:
+        _, loaded = await jsonl.persistence.inspect("s")
+        assert not any(o is kept for o in gc.get_objects())  # still frozen
+        young = {id(o) for o in gc.get_objects(0) + gc.get_objects(1)}
+        assert all(id(event) in young for event in loaded)
+    finally:
+        gc.unfreeze()
+    await jsonl.close()
+
+
+def test_collector_pauses_overlap_and_leave_a_disabled_collector_off() -> None:
+    """host-core §5, issue 13: overlapping pauses (loads in two threads) turn the collector
+    back on only when the last one ends, and never turn on a collector that was off."""
+    from dsh_core._persistence import _COLLECTOR_PAUSED as paused
+
+    assert gc.isenabled()
+    with paused:
+        with paused:
+            assert not gc.isenabled()
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with paused:
+            assert not gc.isenabled()
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
 
 
 async def test_unknown_ignorable_event_type_loads(jsonl: Env) -> None:

@@ -535,17 +535,19 @@ def _compile_decoder(plan: _Plan) -> Decoder:
     env["MISSING"] = _MISSING
     if plan.tag is not None:
         allowed.add(plan.tag[0])
-    if all(default is _NOTHING for _, _, default in plan.fields):
+    optional = any(default is not _NOTHING for _, _, default in plan.fields)
+    if not optional:
         # Every key is fetched and must be there, so the count rules out any other key.
         body = [f"if o.__class__ is not dict or len(o) != {len(allowed)}: raise Unfit"]
     else:
-        env["allowed"] = frozenset(allowed)
-        body = ["if o.__class__ is not dict or not o.keys() <= allowed: raise Unfit"]
+        # Each absent optional key is counted (``k``); at the end the dict must hold exactly
+        # the others, which rules out any unknown key (cheaper than a key-set comparison).
+        body = ["if o.__class__ is not dict: raise Unfit", "k = 0"]
     if plan.tag is not None:
         key, value = plan.tag
         env["tag_value"] = value
         body.append(f"if o.get({key!r}) != tag_value: raise Unfit")
-    body.append("obj = new(open)")
+    body.append("obj = open()" if "__init__" in env["open"].__dict__ else "obj = new(open)")
     for i, (name, shape, default) in enumerate(plan.fields):
         v = f"v{i}"
         check = _inline_check(shape[0], v)
@@ -573,10 +575,12 @@ def _compile_decoder(plan: _Plan) -> Decoder:
             body.append(f"obj.{name} = {value}")
         else:
             env[f"d{i}"] = default
-            body += [f"if {v} is MISSING:", f"    obj.{name} = d{i}", "else:"]
+            body += [f"if {v} is MISSING:", f"    obj.{name} = d{i}", "    k += 1", "else:"]
             if check:
                 body.append(f"    {check}")
             body.append(f"    obj.{name} = {value}")
+    if optional:
+        body.append(f"if len(o) + k != {len(allowed)}: raise Unfit")
     if plan.tag is not None:
         body.append(f"obj.{plan.tag[0]} = tag_value")
     body += ["obj.__class__ = cls", "return obj"]

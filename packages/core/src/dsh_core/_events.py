@@ -117,8 +117,7 @@ class SessionEvent:
     ignorable: bool = False
 
 
-_OpenEvent = open_twin(SessionEvent)
-_new_object = object.__new__
+_OpenEvent: Any = open_twin(SessionEvent)  # ``_OpenEvent()``: an empty one (see make_event)
 
 
 def make_event(
@@ -134,7 +133,7 @@ def make_event(
     and loads): it fills an open twin and swaps the class in (see
     :func:`~dsh_core._frozen.open_twin`), about three times as fast as the constructor. The
     result is an ordinary, immutable ``SessionEvent``."""
-    event: Any = _new_object(_OpenEvent)
+    event: Any = _OpenEvent()
     event.type = type
     event.seq = seq
     event.time = time
@@ -468,13 +467,13 @@ class EventTypeRegistry:
                             data = decoder(data, payload)
                         except Exception:
                             data = _verdict(payload, type_, data)
-                        event: Any = _new_object(_OpenEvent)
+                        event: Any = _OpenEvent()
                         event.type = type_
                         event.seq = seq
                         event.time = time_
                         event.data = data
                         if surface:
-                            event.source_event_seqs = tuple(cast("list[int]", seqs))
+                            event.source_event_seqs = tuple(seqs)  # type: ignore[arg-type]
                             event.surface_op = "append"
                         else:
                             event.source_event_seqs = None

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import builtins
 import concurrent.futures
+import gc
 import json
 import logging
 import os
@@ -160,7 +161,7 @@ def _scan(events: Sequence[SessionEvent], locate: Callable[[int], str]) -> _Scan
         except LogInvariantError as exc:
             raise SessionError(f"{locate(i)}: {exc}", code="SESSION_CORRUPT") from exc
         seqs = event.source_event_seqs
-        if seqs and any(s < 0 or s >= event.seq for s in seqs):
+        if seqs and (min(seqs) < 0 or max(seqs) >= event.seq):
             raise SessionError(
                 f"{locate(i)}: cites events that do not precede it", code="SESSION_CORRUPT"
             )
@@ -941,6 +942,24 @@ class SessionPersistence:
         _check(signal)
         return loaded.header, tuple(loaded.events)
 
+    async def stored(self, id: str, signal: AbortSignal | None = None) -> bool:
+        """Whether ``id`` is taken in the store, without reading its events: what a
+        :meth:`create` of ``id`` would find there (``SESSION_EXISTS``).
+
+        A log is stored once its header is; the JSONL store reads at most that line, never
+        through a symlink. An entry that is there but damaged (a symlink or other non-file, an
+        unreadable header) takes the id too; a file cut inside its header line was never
+        created and does not. An id that cannot name a session is ``SESSION_INVALID_ID``, a
+        store that cannot be read ``SESSION_IO``.
+        """
+        self._installed()
+        check_session_id(id)
+        _check(signal)
+        await self._quiesce(id)
+        found = await self._run(self._stored, id)
+        _check(signal)
+        return found
+
     async def list(self, signal: AbortSignal | None = None) -> builtins.list[SessionHeader]:
         """The headers of every stored session, oldest first (events are never read).
 
@@ -1055,6 +1074,17 @@ class SessionPersistence:
         cannot hold damaged entries keeps the default: ``_headers`` and no damage)."""
         return self._headers(signal), []
 
+    def _stored(self, id: str) -> bool:
+        """Whether ``id`` is taken (see :meth:`stored`; default: ``_read`` finds it)."""
+        try:
+            self._read(id, None)
+        except SessionError as exc:
+            if exc.code == "SESSION_NOT_FOUND":
+                return False
+            if exc.code in ("SESSION_INVALID_ID", "SESSION_IO"):
+                raise
+        return True
+
     def _stamps(self) -> dict[str, Hashable]:
         """The stamp of each stored log as the last listing saw it (default: none)."""
         return {}
@@ -1138,6 +1168,9 @@ class MemorySessionPersistence(SessionPersistence):
 
     def _headers(self, signal: AbortSignal | None) -> list[SessionHeader]:
         return [log.header for log in self._logs.values()]
+
+    def _stored(self, id: str) -> bool:
+        return id in self._logs
 
     def _stamps(self) -> dict[str, Hashable]:
         return {id: (log, len(log.events)) for id, log in self._logs.items()}
@@ -1403,6 +1436,54 @@ _LINE_NESTING = MAX_NESTING + 1
 _PARSE_CHUNK = 32
 
 
+class _CollectorPause:
+    """``with _COLLECTOR_PAUSED:`` runs its block with the cyclic garbage collector off.
+
+    A load builds some four collector-tracked objects per event that all survive it: with the
+    collector on, a 10,000-event log sets off dozens of young-generation passes and several
+    middle ones that walk those objects again and again (about a tenth of the load), and they
+    find nothing, since a log holds no cycles. Paused, and moved to the oldest generation
+    when the pause ends (``gc.freeze`` then ``gc.unfreeze``, no walk), they wait for the next
+    full pass instead. The switch is process-wide, so it is held briefly (one log's
+    parse and decode, in a worker thread; the event loop runs on meanwhile, its cyclic garbage
+    waiting for the pass after), counted across overlapping loads, restored on every exit
+    (an exception included), and left alone when the collector was already off. A program
+    that turns the collector off itself while a load is under way sees it turned back on when
+    the load ends. The move to the oldest generation takes every young object of the process
+    along (young garbage cycles then wait for the next full pass) and is skipped while the
+    program keeps objects frozen (``gc.freeze``), which ``gc.unfreeze`` would let go.
+    """
+
+    __slots__ = ("_depth", "_lock", "_restore")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._depth = 0
+        self._restore = False
+
+    def __enter__(self) -> None:
+        with self._lock:
+            if not self._depth:
+                self._restore = gc.isenabled()
+                gc.disable()
+            self._depth += 1
+
+    def __exit__(self, *exc: object) -> None:
+        with self._lock:
+            self._depth -= 1
+            if not self._depth and self._restore:
+                if not gc.get_freeze_count():
+                    # Straight to the oldest generation, unwalked: the young one would walk
+                    # the whole log at the next allocation only to find it all alive. Skipped
+                    # while the program keeps frozen objects (unfreeze would release them).
+                    gc.freeze()
+                    gc.unfreeze()
+                gc.enable()
+
+
+_COLLECTOR_PAUSED = _CollectorPause()
+
+
 class _TooDeep(ValueError):
     """A complete line nests deeper than :data:`_LINE_NESTING` (corrupt, never torn)."""
 
@@ -1657,7 +1738,8 @@ class JsonlSessionPersistence(SessionPersistence):
             raise SessionError(
                 f"cannot read session file {path}: {exc}", code="SESSION_IO"
             ) from exc
-        header, events, size = self._parse(id, path, data)
+        with _COLLECTOR_PAUSED:
+            header, events, size = self._parse(id, path, data)
         if isinstance(handle, _FileHandle):
             handle.size = size
             handle.truncate = size != len(data)
@@ -1912,6 +1994,19 @@ class JsonlSessionPersistence(SessionPersistence):
         if header is None:
             _log.warning("session file %s was cut inside its header: never created", path)
         return header
+
+    def _stored(self, id: str) -> bool:
+        """One open of the name itself and a read of the header line at most."""
+        path = self.path_of(id)
+        self._note_root()
+        try:
+            return self._header_at(path) is not None  # None: no file, or cut in its header
+        except OSError as exc:
+            raise SessionError(
+                f"cannot read session file {path}: {exc}", code="SESSION_IO"
+            ) from exc
+        except SessionError:  # a symlink, a non-file, an unreadable header: the name is taken
+            return True
 
     def _stamps(self) -> dict[str, Hashable]:
         return {

@@ -420,6 +420,34 @@ async def test_reserved_child_id_is_used_and_refused_when_taken() -> None:
         assert caught.value.code == "DUPLICATE_CHILD"
 
 
+async def test_a_reserved_id_is_checked_without_reading_a_stored_log(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """CONT-1 step 10, issue 13: a reserved child_id is DUPLICATE_CHILD for a stored log whose
+    events are damaged, and free when no file is there; neither check reads a log."""
+    from dsh_core._persistence import JsonlSessionPersistence
+
+    async with boot(store="jsonl", store_root=tmp_path) as b:
+        await (await b.host.create_agent(session_id="session-taken")).dispose()
+        path = tmp_path / "session-taken.jsonl"
+        path.write_bytes(path.read_bytes() + b"{not json\n" * 2)
+        read: list[str] = []
+        original = JsonlSessionPersistence._read
+
+        def spy(self: JsonlSessionPersistence, id: str, handle: Any) -> Any:
+            read.append(id)
+            return original(self, id, handle)
+
+        monkeypatch.setattr(JsonlSessionPersistence, "_read", spy)
+        with pytest.raises(SubagentError) as caught:
+            await b.start(child_id="session-taken")
+        assert caught.value.code == "DUPLICATE_CHILD"
+        started = await b.start(child_id="session-free")
+        assert started.child_id == "session-free"
+        assert read == []
+        await b.settled("session-free")
+
+
 # -- CONT-3: rollback before acceptance -----------------------------------------------------------
 
 

@@ -49,7 +49,6 @@ from dsh_core import (
     ContentBlock,
     Context,
     CreateAgentOptions,
-    DshError,
     Message,
     ResumeAgentOptions,
     ServiceKey,
@@ -817,18 +816,10 @@ class ContinuationManager:
     ) -> None:
         """A reserved id must name no stored session (CONT-1 step 10). An id no store can
         hold (``SESSION_INVALID_ID``) or a store that cannot be read (``SESSION_IO``) fails as
-        such; any other stored entry, readable or damaged, is ``DUPLICATE_CHILD``."""
-        try:
-            await persistence.inspect(child_id, signal)
-        except AbortedError:
-            raise
-        except Exception as exc:
-            code = getattr(exc, "code", None)
-            if code == "SESSION_NOT_FOUND":
-                return
-            if code in ("SESSION_INVALID_ID", "SESSION_IO") or not isinstance(exc, DshError):
-                raise
-        raise _error(f"child id {child_id} is already in use", "DUPLICATE_CHILD")
+        such; any other stored entry, readable or damaged, is ``DUPLICATE_CHILD``. The store
+        is asked whether the id is taken: its log is never read."""
+        if await persistence.stored(child_id, signal):
+            raise _error(f"child id {child_id} is already in use", "DUPLICATE_CHILD")
 
     async def _prepare(
         self, name: str, child_id: str, parent: Agent, signal: AbortSignal
