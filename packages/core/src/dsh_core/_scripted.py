@@ -12,7 +12,15 @@ import inspect
 import json
 import re
 import tomllib
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from pathlib import Path
 from typing import Any, TypeAlias, get_args
 
@@ -146,8 +154,8 @@ class ScriptedRequest:
         return self.options.loop_request
 
     @property
-    def messages(self) -> tuple[Message, ...]:
-        """The conversation sent to the model."""
+    def messages(self) -> Sequence[Message]:
+        """The conversation sent to the model (a tuple-like immutable sequence)."""
         return self.options.messages
 
     @property
