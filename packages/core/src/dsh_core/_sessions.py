@@ -91,7 +91,10 @@ class MessageHistory(Sequence[Message]):
 
     def __reversed__(self) -> Iterator[Message]:
         items = self._items
-        return (items[i] for i in range(self._n - 1, -1, -1))
+        n = self._n
+        if n == len(items):  # the latest view (the usual one): the list's own iterator, which
+            return reversed(items)  # starts at its current end and never sees later appends
+        return (items[i] for i in range(n - 1, -1, -1))
 
     def __eq__(self, other: object) -> bool:
         if other.__class__ is MessageHistory:
