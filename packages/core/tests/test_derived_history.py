@@ -62,6 +62,7 @@ def reads_like(view: Sequence[Message], expected: tuple[Message, ...]) -> None:
     assert hash(view) == hash(expected) and len(view) == len(expected)
     assert tuple(view) == expected and tuple(reversed(view)) == expected[::-1]
     assert view[1:] == expected[1:] and view[::-2] == expected[::-2]
+    assert view + expected == expected * 2 == expected + view and view + view == expected * 2
     if expected:
         assert view[0] is expected[0] and view[-1] is expected[-1]
 

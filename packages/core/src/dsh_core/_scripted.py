@@ -176,7 +176,10 @@ class ScriptedRequest:
     @property
     def last(self) -> Message | None:
         """The latest message."""
-        return self.options.messages[-1] if self.options.messages else None
+        try:  # one look-up: the loop's messages are a view whose every access is a call
+            return self.options.messages[-1]
+        except IndexError:
+            return None
 
     @property
     def last_user_text(self) -> str:

@@ -59,7 +59,8 @@ class MessageHistory(Sequence[Message]):
 
     Taking one costs O(1), not a copy of the history: the derived list only ever grows (a fold
     appends to it; nothing rewrites it), so a prefix of it never changes. It reads like a
-    tuple, and equals the tuple of the same messages (and hashes like it).
+    tuple (``+`` with a tuple gives a tuple), and equals the tuple of the same messages (and
+    hashes like it).
     """
 
     __slots__ = ("_items", "_n")
@@ -95,6 +96,16 @@ class MessageHistory(Sequence[Message]):
         if n == len(items):  # the latest view (the usual one): the list's own iterator, which
             return reversed(items)  # starts at its current end and never sees later appends
         return (items[i] for i in range(n - 1, -1, -1))
+
+    def __add__(self, other: tuple[Message, ...]) -> tuple[Message, ...]:
+        if not isinstance(other, tuple | MessageHistory):
+            return NotImplemented
+        return (*self, *other)
+
+    def __radd__(self, other: tuple[Message, ...]) -> tuple[Message, ...]:
+        if not isinstance(other, tuple):
+            return NotImplemented
+        return (*other, *self)
 
     def __eq__(self, other: object) -> bool:
         if other.__class__ is MessageHistory:
@@ -270,8 +281,9 @@ class Session:
         """
         view = self._messages_view
         messages = self._messages
-        if view._n != len(messages):  # the history only grows: a shorter view is stale
-            view = self._messages_view = MessageHistory(messages, len(messages))
+        n = len(messages)
+        if view._n != n:  # the history only grows: a shorter view is stale
+            view = self._messages_view = MessageHistory(messages, n)
         return view
 
     def request_header(self) -> EpochHeader | None:
