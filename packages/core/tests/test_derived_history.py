@@ -81,8 +81,9 @@ def append_all(session: Any, events: Sequence[SessionEvent]) -> None:
 def test_live_history_equals_a_full_derivation_and_views_never_change(
     log: tuple[SessionEvent, ...], more: tuple[SessionEvent, ...]
 ) -> None:
-    """host-core §3: after every append derive_messages() equals a full derivation of the log
-    so far, and every view taken earlier still equals the derivation of its own prefix."""
+    """host-core §3, acp 16 performance: after every append derive_messages() (a view, not
+    a copy) equals a full derivation of the log so far, and every view taken earlier still
+    equals the derivation of its own prefix."""
     session = host().sessions.create("s")
     views: list[tuple[int, Sequence[Message]]] = [(0, session.derive_messages())]
     for event in log + more:
@@ -101,8 +102,9 @@ def test_live_history_equals_a_full_derivation_and_views_never_change(
 async def test_seeded_and_stored_histories_equal_a_full_derivation(
     log: tuple[SessionEvent, ...], more: tuple[SessionEvent, ...]
 ) -> None:
-    """host-core §3, §4, §5: a seeded session and one restored from a stored (repaired) JSONL
-    log derive what a full derivation of their log gives, before and after new appends."""
+    """host-core §3, §4, §5, acp 16 performance: a seeded session and one restored from a
+    stored (repaired) JSONL log derive what a full derivation of their log gives, before and
+    after new appends."""
     header = SessionHeader(id="s", created_at=1)
     with tempfile.TemporaryDirectory() as tmp:
         ctx = host()
@@ -151,9 +153,10 @@ _TURNS = st.lists(st.lists(_REPLIES, min_size=1, max_size=4), min_size=1, max_si
 async def test_every_loop_request_carries_a_full_derivation_of_the_log(
     turns: list[list[str]], after_resume: list[list[str]]
 ) -> None:
-    """host-core §3, §9 (loop step 3): every request the loop sends carries messages equal to
-    a full derivation of its log at that moment, over text, empty answers, tool calls,
-    failed and aborted turns, steers, and a resume from a stored JSONL log."""
+    """host-core §3, §9 (loop step 3), acp 16 performance: every request the loop sends
+    carries messages equal to a full derivation of its log at that moment, over text, empty
+    answers, tool calls, failed and aborted turns, steers, and a resume from a stored JSONL
+    log."""
     plan: list[str] = []
     hanging = asyncio.Event()
     seen: list[tuple[tuple[Message, ...], Sequence[Message]]] = []
