@@ -13,6 +13,10 @@ Three figures, each against the bare SDK doing the same work:
 
     python benchmarks/acp.py                     # all three
     python benchmarks/acp.py --prompts 500 --children 20 --spawns 5
+    python benchmarks/acp.py --only prompts --prompts 1000 --rounds 5
+        # the per-prompt figure alone: 5 alternating rounds, the median of each side
+    python benchmarks/acp.py --only prompts --warm 10000 --prompts 1000
+        # per prompt on a long session: 10,000 prompts answered before the timed ones
 
 The figures depend on the machine (most of spawn-to-ready is the SDK's import); compare runs
 made on one machine.
@@ -94,8 +98,8 @@ async def _ready(command: list[str]) -> tuple[float, Any]:
     return ready, None
 
 
-async def _prompts(command: list[str], n: int) -> float:
-    """Milliseconds per prompt on a warm child (after 20 warm-up prompts)."""
+async def _prompts(command: list[str], n: int, warm: int = 20) -> float:
+    """Milliseconds per prompt on a warm child (after ``warm`` prompts in the same session)."""
     import acp
 
     async with acp.spawn_agent_process(_Sink(), command[0], *command[1:], env=dict(os.environ)) as (
@@ -105,7 +109,7 @@ async def _prompts(command: list[str], n: int) -> float:
         await conn.initialize(protocol_version=acp.PROTOCOL_VERSION)
         sid = (await conn.new_session(cwd=os.getcwd(), mcp_servers=[])).session_id
         block = [acp.text_block("ping")]
-        for _ in range(20):
+        for _ in range(warm):
             await conn.prompt(session_id=sid, prompt=block)
         start = time.perf_counter()
         for _ in range(n):
@@ -151,7 +155,18 @@ def main() -> None:
     parser.add_argument("--spawns", type=int, default=5, help="spawn-to-ready samples")
     parser.add_argument("--prompts", type=int, default=300, help="sequential prompts")
     parser.add_argument("--children", type=int, default=20, help="concurrent acp children")
+    parser.add_argument(
+        "--only",
+        choices=("imports", "spawn", "prompts", "children"),
+        action="append",
+        help="run only these parts (repeatable; default: all)",
+    )
+    parser.add_argument("--warm", type=int, default=20, help="prompts before the timed ones")
+    parser.add_argument(
+        "--rounds", type=int, default=1, help="per-prompt rounds (alternating), medians shown"
+    )
     args = parser.parse_args()
+    parts = set(args.only or ("imports", "spawn", "prompts", "children"))
 
     with tempfile.TemporaryDirectory() as tmp:
         raw_script = Path(tmp) / "raw_agent.py"
@@ -159,32 +174,51 @@ def main() -> None:
         ours = [sys.executable, "-m", "dsh_acp_agent"]
         raw = [sys.executable, str(raw_script)]
 
-        print("imports (median of 3 fresh interpreters):")
-        bare = _import_time("pass", 3)
-        sdk = _import_time("import acp", 3)
-        core = _import_time("import dsh_core", 3)
-        both = _import_time("import acp, dsh_core, dsh_core.plugin, dsh_acp_agent._server", 3)
-        print(f"  interpreter            {bare * 1000:7.0f} ms")
-        print(f"  + acp (the SDK)        {sdk * 1000:7.0f} ms")
-        print(f"  + dsh_core             {core * 1000:7.0f} ms")
-        print(f"  + both, and the server {both * 1000:7.0f} ms")
+        if "imports" in parts:
+            _imports()
+        if "spawn" in parts:
+            _spawns(ours, raw, args.spawns)
+        if "prompts" in parts:
+            _per_prompt(ours, raw, args.prompts, args.warm, args.rounds)
+        if "children" in parts:
+            wall, done = asyncio.run(_children(args.children))
+            print(f"\n{args.children} concurrent acp children (spawn, prompt, answer, dispose):")
+            print(f"  wall                   {wall * 1000:7.0f} ms ({done} completed)")
 
-        ready_ours = [asyncio.run(_ready(ours))[0] for _ in range(args.spawns)]
-        ready_raw = [asyncio.run(_ready(raw))[0] for _ in range(args.spawns)]
-        print(f"\nspawn-to-ready (initialize + session/new, median of {args.spawns}):")
-        print(f"  dsh-acp-agent          {statistics.median(ready_ours) * 1000:7.0f} ms")
-        print(f"  SDK-only echo agent    {statistics.median(ready_raw) * 1000:7.0f} ms")
 
-        per_ours = asyncio.run(_prompts(ours, args.prompts))
-        per_raw = asyncio.run(_prompts(raw, args.prompts))
-        print(f"\nper-prompt round trip on a warm child ({args.prompts} sequential):")
-        print(f"  dsh-acp-agent          {per_ours:7.2f} ms")
-        print(f"  SDK-only echo agent    {per_raw:7.2f} ms")
-        print(f"  ratio                  {per_ours / per_raw:7.2f}x")
+def _imports() -> None:
+    print("imports (median of 3 fresh interpreters):")
+    bare = _import_time("pass", 3)
+    sdk = _import_time("import acp", 3)
+    core = _import_time("import dsh_core", 3)
+    both = _import_time("import acp, dsh_core, dsh_core.plugin, dsh_acp_agent._server", 3)
+    print(f"  interpreter            {bare * 1000:7.0f} ms")
+    print(f"  + acp (the SDK)        {sdk * 1000:7.0f} ms")
+    print(f"  + dsh_core             {core * 1000:7.0f} ms")
+    print(f"  + both, and the server {both * 1000:7.0f} ms")
 
-        wall, done = asyncio.run(_children(args.children))
-        print(f"\n{args.children} concurrent acp children (spawn, prompt, answer, dispose):")
-        print(f"  wall                   {wall * 1000:7.0f} ms ({done} completed)")
+
+def _spawns(ours: list[str], raw: list[str], spawns: int) -> None:
+    ready_ours = [asyncio.run(_ready(ours))[0] for _ in range(spawns)]
+    ready_raw = [asyncio.run(_ready(raw))[0] for _ in range(spawns)]
+    print(f"\nspawn-to-ready (initialize + session/new, median of {spawns}):")
+    print(f"  dsh-acp-agent          {statistics.median(ready_ours) * 1000:7.0f} ms")
+    print(f"  SDK-only echo agent    {statistics.median(ready_raw) * 1000:7.0f} ms")
+
+
+def _per_prompt(ours: list[str], raw: list[str], prompts: int, warm: int, rounds: int) -> None:
+    """``rounds`` alternating runs of each agent (a fresh child each), medians and ratios."""
+    per_ours: list[float] = []
+    per_raw: list[float] = []
+    for _ in range(rounds):
+        per_ours.append(asyncio.run(_prompts(ours, prompts, warm)))
+        per_raw.append(asyncio.run(_prompts(raw, prompts, warm)))
+    ratios = sorted(o / r for o, r in zip(per_ours, per_raw, strict=True))
+    print(f"\nper-prompt round trip on a warm child ({prompts} sequential after {warm}):")
+    print(f"  dsh-acp-agent          {statistics.median(per_ours):7.3f} ms")
+    print(f"  SDK-only echo agent    {statistics.median(per_raw):7.3f} ms")
+    print(f"  ratio                  {statistics.median(ratios):7.2f}x", end="")
+    print(f" (rounds: {', '.join(f'{r:.2f}' for r in ratios)})" if rounds > 1 else "")
 
 
 if __name__ == "__main__":

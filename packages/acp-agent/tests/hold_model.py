@@ -1,14 +1,35 @@
 """A test plugin (loaded through ``modules``): provider ``hold``'s model streams "working" and
-waits until its request is aborted when the prompt is "hold"; it echoes anything else."""
+waits until its request is aborted when the prompt is "hold"; when it is "split", it streams
+its answer and its reasoning in several deltas each; it echoes anything else."""
 
 import asyncio
 
-from dsh_core import PluginSpec, ScriptedAdapter, ScriptedReply, hookimpl
+from dsh_core import (
+    Finish,
+    PluginSpec,
+    ReasoningDelta,
+    ScriptedAdapter,
+    ScriptedReply,
+    TextDelta,
+    hookimpl,
+)
+
+SPLIT = (
+    ReasoningDelta(index=0, text="let me "),
+    ReasoningDelta(index=0, text="think"),
+    TextDelta(index=1, text="one, "),
+    TextDelta(index=1, text=""),
+    TextDelta(index=1, text="two, "),
+    TextDelta(index=1, text="three"),
+    Finish(reason="stop"),
+)
 
 
 def _model(request):
     if request.last_user_text == "hold":
         return ScriptedReply(text="working", wait=asyncio.Event().wait)
+    if request.last_user_text == "split":
+        return ScriptedReply(chunks=SPLIT)
     return request.last_user_text
 
 

@@ -149,6 +149,30 @@ async def test_cancel_answers_cancelled(tmp_path: Path) -> None:
         sys.path.remove(str(Path(__file__).parent))
 
 
+async def test_deltas_that_pile_up_go_out_as_one_update(tmp_path: Path) -> None:
+    """acp 16.2: the text deltas a turn streams while its prompt is not sending (here, a whole
+    answer at once) are sent as one agent_message_chunk, its reasoning's as one
+    agent_thought_chunk, in the order they came; the text is the same."""
+    config = AgentServerConfig(
+        modules={"hold-model": "hold_model"}, plugins=({"plugin": "hold-model"},),
+        provider="hold",
+    )  # fmt: skip
+    sys.path.insert(0, str(Path(__file__).parent))
+    try:
+        async with served(config) as (client, rec):
+            sid = (await client.new_session(cwd=str(tmp_path), mcp_servers=[])).session_id
+            async with asyncio.timeout(10):
+                response = await client.prompt(session_id=sid, prompt=[acp.text_block("split")])
+            assert response.stop_reason == "end_turn"
+            sent = [(u.session_update, u.content.text) for u in rec.updates]
+            assert sent == [
+                ("agent_thought_chunk", "let me think"),
+                ("agent_message_chunk", "one, two, three"),
+            ]
+    finally:
+        sys.path.remove(str(Path(__file__).parent))
+
+
 async def test_load_replays_a_stored_session(tmp_path: Path) -> None:
     """acp 16.2: with the jsonl store, loadSession is advertised; a second server resumes a
     session from the store and replays it; an unknown id is refused."""

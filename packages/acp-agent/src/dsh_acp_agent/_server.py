@@ -22,6 +22,8 @@ import acp
 from acp import helpers
 from acp.schema import (
     AgentCapabilities,
+    AgentMessageChunk,
+    AgentThoughtChunk,
     Implementation,
     InitializeResponse,
     LoadSessionResponse,
@@ -36,7 +38,6 @@ from dsh_core import (
     AgentCancelCause,
     AgentHandle,
     AgentOptions,
-    AssistantChunkData,
     Context,
     CreateAgentOptions,
     ReasoningBlock,
@@ -83,17 +84,39 @@ _WATCHED = frozenset({"turn/end", "assistant/chunk", "tool/call", "tool/result"}
 _USER_CANCEL = AgentCancelCause(kind="user", reason="session/cancel")
 
 
+#: What ``pending`` holds: a built update, or streamed text not built into one yet.
+_Pending = Any
+
+
+class _Text:
+    """Streamed text of one kind (an answer's, or its reasoning's) not sent yet: the deltas
+    that arrive while the prompt is busy sending go out as one update."""
+
+    __slots__ = ("parts", "thought")
+
+    def __init__(self, thought: bool, text: str) -> None:
+        self.thought = thought
+        self.parts = [text]
+
+    def update(self) -> Any:
+        parts = self.parts
+        block = TextContentBlock(type="text", text=parts[0] if len(parts) == 1 else "".join(parts))
+        if self.thought:
+            return AgentThoughtChunk(session_update="agent_thought_chunk", content=block)
+        return AgentMessageChunk(session_update="agent_message_chunk", content=block)
+
+
+def _add_text(pending: list[_Pending], thought: bool, text: str) -> None:
+    last = pending[-1] if pending else None
+    if last.__class__ is _Text and last.thought is thought:
+        last.parts.append(text)
+    else:
+        pending.append(_Text(thought, text))
+
+
 def _updates(event: SessionEvent) -> list[Any]:
-    """The ACP updates one session event streams as (most events stream nothing)."""
-    kind = event.type
-    if kind == "assistant/chunk":
-        data: AssistantChunkData = event.data
-        chunk = data.chunk
-        if isinstance(chunk, TextDelta) and chunk.text:
-            return [helpers.update_agent_message_text(chunk.text)]
-        if isinstance(chunk, ReasoningDelta) and chunk.text:
-            return [helpers.update_agent_thought_text(chunk.text)]
-    elif kind == "tool/call":
+    """The ACP updates a ``tool/call`` or ``tool/result`` streams as."""
+    if event.type == "tool/call":
         call: ToolCallData = event.data
         return [
             helpers.start_tool_call(
@@ -104,14 +127,10 @@ def _updates(event: SessionEvent) -> list[Any]:
                 raw_input=call.arguments,
             )
         ]
-    elif kind == "tool/result":
-        result: ToolResultData = event.data
-        return [
-            _tool_done(block)
-            for block in result.message.content
-            if isinstance(block, ToolResultBlock)
-        ]
-    return []
+    result: ToolResultData = event.data
+    return [
+        _tool_done(block) for block in result.message.content if isinstance(block, ToolResultBlock)
+    ]
 
 
 def _tool_done(block: ToolResultBlock) -> Any:
@@ -132,7 +151,7 @@ class _Live:
         self.agent = handle.agent
         self.busy = False  # a prompt runs: its session's events stream
         self.cancelled = False
-        self.pending: list[Any] = []  # updates not sent yet
+        self.pending: list[_Pending] = []  # updates not sent yet (text not built yet)
         self.end: TurnEndData | None = None  # the turn/end the prompt waits for
         self.wake: asyncio.Future[None] | None = None  # the prompt waiting for either
 
@@ -160,7 +179,7 @@ class DshAcpAgent:
         self.conn = conn
 
     def _on_event(self, session: Any, event: SessionEvent) -> None:
-        # Every event of every session comes here (ten a plain turn): the kinds that stream
+        # Every event of every session comes here (eleven a plain turn): the kinds that stream
         # nothing return on one set look-up, before the session look-up and update building.
         kind = event.type
         if kind not in _WATCHED:
@@ -168,7 +187,17 @@ class DshAcpAgent:
         live = self.sessions.get(session.header.id)
         if live is None or not live.busy:
             return
-        if kind == "turn/end":
+        if kind == "assistant/chunk":
+            chunk = event.data.chunk
+            if isinstance(chunk, TextDelta):
+                if not chunk.text:
+                    return
+                _add_text(live.pending, False, chunk.text)
+            elif isinstance(chunk, ReasoningDelta) and chunk.text:
+                _add_text(live.pending, True, chunk.text)
+            else:
+                return
+        elif kind == "turn/end":
             live.end = event.data
         else:
             updates = _updates(event)
@@ -176,8 +205,10 @@ class DshAcpAgent:
                 return
             live.pending += updates
         wake = live.wake
-        if wake is not None and not wake.done():
-            wake.set_result(None)
+        if wake is not None:
+            live.wake = None  # woken once: the prompt makes a new one if it waits again
+            if not wake.done():
+                wake.set_result(None)
 
     async def initialize(
         self,
@@ -279,13 +310,14 @@ class DshAcpAgent:
                 if live.pending:
                     batch, live.pending = live.pending, []
                     for update in batch:
-                        await self.conn.session_update(session_id=session_id, update=update)
+                        await self._send(session_id, update)
                 else:
-                    live.wake = loop.create_future()
-                    await live.wake
-            await agent.when_idle()
-            for update in live.pending:  # a latched turn that ran on after ours
-                await self.conn.session_update(session_id=session_id, update=update)
+                    live.wake = wake = loop.create_future()
+                    await wake
+            if agent.status != "idle":  # a latched turn runs on after ours: wait, then send
+                await agent.when_idle()
+                for update in live.pending:
+                    await self._send(session_id, update)
         finally:
             live.busy = False
             live.pending = []
@@ -301,6 +333,12 @@ class DshAcpAgent:
             _log.warning("session %s: the turn ended %s: %s", session_id, kind, message)
             raise acp.RequestError.internal_error({"turnEnd": kind, "message": message})
         return answer
+
+    def _send(self, session_id: str, update: _Pending) -> Any:
+        """Send one ``session/update`` (building it first if it is streamed text)."""
+        if update.__class__ is _Text:
+            update = update.update()
+        return self.conn.session_update(session_id=session_id, update=update)
 
     async def cancel(self, session_id: str, **kwargs: Any) -> None:
         """``session/cancel``: stop the running turn (its prompt answers ``cancelled``)."""

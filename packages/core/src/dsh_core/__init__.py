@@ -143,7 +143,7 @@ from ._query import (
     install_session_query,
 )
 from ._scripted import ScriptedAdapter, ScriptedReply, ScriptedRequest, ScriptedToolCall
-from ._sessions import Session, SessionStore, SessionStoreService, now_ms
+from ._sessions import MessageHistory, Session, SessionStore, SessionStoreService, now_ms
 from ._tagged import TaggedUnion, TaggedUnionError
 from ._tools import (
     VALIDATOR_CACHE_SIZE,
@@ -225,6 +225,7 @@ __all__ = [
     "LogInvariantError",
     "MemorySessionPersistence",
     "Message",
+    "MessageHistory",
     "MessageId",
     "MessageSource",
     "ModelSource",

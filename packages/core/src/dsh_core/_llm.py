@@ -8,7 +8,7 @@ an ``error``/``aborted`` finish (host-core §2).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 import attrs
@@ -57,11 +57,15 @@ class LlmSeamError(DshError):
 
 @attrs.frozen(kw_only=True)
 class GenerateOptions:
-    """One model request. ``loop_request`` marks requests the agent loop built from its log."""
+    """One model request. ``loop_request`` marks requests the agent loop built from its log.
+
+    ``messages`` is any immutable sequence: the loop passes its session's
+    ``derive_messages()``, a view of the history that costs O(1) to take (not a copy).
+    """
 
     provider: str
     model: str
-    messages: tuple[Message, ...]
+    messages: Sequence[Message]
     system: str | None = None
     tools: tuple[ToolSchema, ...] | None = None
     max_tokens: int | None = None

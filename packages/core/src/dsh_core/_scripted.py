@@ -12,7 +12,15 @@ import inspect
 import json
 import re
 import tomllib
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from pathlib import Path
 from typing import Any, TypeAlias, get_args
 
@@ -146,8 +154,8 @@ class ScriptedRequest:
         return self.options.loop_request
 
     @property
-    def messages(self) -> tuple[Message, ...]:
-        """The conversation sent to the model."""
+    def messages(self) -> Sequence[Message]:
+        """The conversation sent to the model (a tuple-like immutable sequence)."""
         return self.options.messages
 
     @property
@@ -168,7 +176,10 @@ class ScriptedRequest:
     @property
     def last(self) -> Message | None:
         """The latest message."""
-        return self.options.messages[-1] if self.options.messages else None
+        try:  # one look-up: the loop's messages are a view whose every access is a call
+            return self.options.messages[-1]
+        except IndexError:
+            return None
 
     @property
     def last_user_text(self) -> str:

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, NoReturn
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from itertools import islice
+from typing import TYPE_CHECKING, Any, NoReturn, overload
 
 import attrs
 
@@ -37,7 +38,7 @@ from ._log_checker import LogInvariantError, check_balanced
 if TYPE_CHECKING:
     from ._context import Context
 
-__all__ = ["Session", "SessionStore", "SessionStoreService", "now_ms"]
+__all__ = ["MessageHistory", "Session", "SessionStore", "SessionStoreService", "now_ms"]
 
 Validator = Callable[["Session", SessionEvent], None]
 
@@ -51,6 +52,83 @@ def now_ms() -> int:
     """Epoch milliseconds."""
     return _time_ns() // 1_000_000
 
+
+class MessageHistory(Sequence[Message]):
+    """An immutable prefix of a session's model-visible history (what ``derive_messages``
+    returns): the first ``len`` messages of the session's derived list.
+
+    Taking one costs O(1), not a copy of the history: the derived list only ever grows (a fold
+    appends to it; nothing rewrites it), so a prefix of it never changes. It reads like a
+    tuple (``+`` with a tuple gives a tuple), and equals the tuple of the same messages (and
+    hashes like it).
+    """
+
+    __slots__ = ("_items", "_n")
+
+    def __init__(self, items: list[Message], n: int) -> None:
+        self._items = items  # shared, append-only: read only below n
+        self._n = n
+
+    def __len__(self) -> int:
+        return self._n
+
+    @overload
+    def __getitem__(self, index: int) -> Message: ...
+    @overload
+    def __getitem__(self, index: slice) -> tuple[Message, ...]: ...
+    def __getitem__(self, index: int | slice) -> Message | tuple[Message, ...]:
+        n = self._n
+        if isinstance(index, slice):
+            items = self._items
+            return tuple([items[i] for i in range(*index.indices(n))])
+        if index < 0:
+            index += n
+        if not 0 <= index < n:
+            raise IndexError("message history index out of range")
+        return self._items[index]
+
+    def __iter__(self) -> Iterator[Message]:
+        return islice(self._items, self._n)
+
+    def __reversed__(self) -> Iterator[Message]:
+        items = self._items
+        n = self._n
+        if n == len(items):  # the latest view (the usual one): the list's own iterator, which
+            return reversed(items)  # starts at its current end and never sees later appends
+        return (items[i] for i in range(n - 1, -1, -1))
+
+    def __add__(self, other: tuple[Message, ...]) -> tuple[Message, ...]:
+        if not isinstance(other, tuple | MessageHistory):
+            return NotImplemented
+        return (*self, *other)
+
+    def __radd__(self, other: tuple[Message, ...]) -> tuple[Message, ...]:
+        if not isinstance(other, tuple):
+            return NotImplemented
+        return (*other, *self)
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is MessageHistory:
+            theirs: MessageHistory = other
+            if theirs._items is self._items:  # two prefixes of one history
+                return theirs._n == self._n
+            return theirs._n == self._n and self._items[: self._n] == theirs._items[: theirs._n]
+        if isinstance(other, tuple):
+            return len(other) == self._n and tuple(self) == other
+        return NotImplemented
+
+    def __ne__(self, other: object) -> bool:
+        equal = self.__eq__(other)
+        return equal if equal is NotImplemented else not equal
+
+    def __hash__(self) -> int:
+        return hash(tuple(self))
+
+    def __repr__(self) -> str:
+        return f"MessageHistory({tuple(self)!r})"
+
+
+_NO_MESSAGES: list[Message] = []
 
 #: Marks a publishing session (its ``_specs`` while ``session/event`` listeners run).
 _PUBLISHING: dict[str, EventTypeSpec] = {}
@@ -99,7 +177,7 @@ class Session:
         self._vouching = types._specs if types._core else None
         self._events: list[SessionEvent] = []
         self._messages: list[Message] = []
-        self._messages_view: tuple[Message, ...] = ()
+        self._messages_view = MessageHistory(_NO_MESSAGES, 0)
         self._view: tuple[SessionEvent, ...] = ()
         self._validators: list[Validator] = []
         self._request_header: EpochHeader | None = None
@@ -198,11 +276,17 @@ class Session:
         """The events from ``seq`` on (a copy)."""
         return self._events[seq:]
 
-    def derive_messages(self) -> tuple[Message, ...]:
-        """The model-visible history: user messages, non-empty assistant messages, results."""
+    def derive_messages(self) -> MessageHistory:
+        """The model-visible history: user messages, non-empty assistant messages, results.
+
+        O(1): an immutable view of the history so far (see :class:`MessageHistory`), which
+        the log's folds keep up to date as events are appended; it is never re-derived.
+        """
         view = self._messages_view
-        if len(view) != len(self._messages):  # the history only grows
-            view = self._messages_view = tuple(self._messages)
+        messages = self._messages
+        n = len(messages)
+        if view._n != n:  # the history only grows: a shorter view is stale
+            view = self._messages_view = MessageHistory(messages, n)
         return view
 
     def request_header(self) -> EpochHeader | None:

@@ -18,7 +18,7 @@ import asyncio
 import math
 import os
 import re
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -122,7 +122,7 @@ def _text(blocks: tuple[Any, ...]) -> str:
 
 
 def _wire_messages(
-    system: str | None, messages: tuple[Message, ...], send_reasoning: bool
+    system: str | None, messages: Sequence[Message], send_reasoning: bool
 ) -> list[dict[str, Any]]:
     """The conversation as chat-completions messages. Reasoning goes back only when asked
     (``reasoning_content``): DeepSeek's reasoner refuses a request that carries it."""
