@@ -1132,28 +1132,6 @@ async def test_a_load_pauses_the_collector_and_restores_it(
     await jsonl.close()
 
 
-async def test_a_loaded_log_skips_the_young_generations_unless_objects_are_frozen(
-    jsonl: Env,
-) -> None:
-    """host-core §5, issue 13: the events of a load go straight to the collector's oldest
-    generation (no pass walks them while young); while the program keeps objects frozen the
-    load leaves them frozen and its events stay young."""
-    await jsonl.store("s", balanced())
-    _, loaded = await jsonl.persistence.inspect("s")
-    young = {id(o) for o in gc.get_objects(0) + gc.get_objects(1)}
-    assert not any(id(event) in young for event in loaded)
-    kept: list[object] = []  # a tracked object of the program's, frozen below
-    gc.freeze()
-    try:
-        _, loaded = await jsonl.persistence.inspect("s")
-        assert not any(o is kept for o in gc.get_objects())  # still frozen
-        young = {id(o) for o in gc.get_objects(0) + gc.get_objects(1)}
-        assert all(id(event) in young for event in loaded)
-    finally:
-        gc.unfreeze()
-    await jsonl.close()
-
-
 def test_collector_pauses_overlap_and_leave_a_disabled_collector_off() -> None:
     """host-core §5, issue 13: overlapping pauses (loads in two threads) turn the collector
     back on only when the last one ends, and never turn on a collector that was off."""

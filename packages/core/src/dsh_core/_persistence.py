@@ -1442,16 +1442,13 @@ class _CollectorPause:
     A load builds some four collector-tracked objects per event that all survive it: with the
     collector on, a 10,000-event log sets off dozens of young-generation passes and several
     middle ones that walk those objects again and again (about a tenth of the load), and they
-    find nothing, since a log holds no cycles. Paused, and moved to the oldest generation
-    when the pause ends (``gc.freeze`` then ``gc.unfreeze``, no walk), they wait for the next
-    full pass instead. The switch is process-wide, so it is held briefly (one log's
+    find nothing, since a log holds no cycles. Paused, the objects are walked once, by the
+    first pass after the load. The switch is process-wide, so it is held briefly (one log's
     parse and decode, in a worker thread; the event loop runs on meanwhile, its cyclic garbage
     waiting for the pass after), counted across overlapping loads, restored on every exit
     (an exception included), and left alone when the collector was already off. A program
     that turns the collector off itself while a load is under way sees it turned back on when
-    the load ends. The move to the oldest generation takes every young object of the process
-    along (young garbage cycles then wait for the next full pass) and is skipped while the
-    program keeps objects frozen (``gc.freeze``), which ``gc.unfreeze`` would let go.
+    the load ends.
     """
 
     __slots__ = ("_depth", "_lock", "_restore")
@@ -1472,12 +1469,6 @@ class _CollectorPause:
         with self._lock:
             self._depth -= 1
             if not self._depth and self._restore:
-                if not gc.get_freeze_count():
-                    # Straight to the oldest generation, unwalked: the young one would walk
-                    # the whole log at the next allocation only to find it all alive. Skipped
-                    # while the program keeps frozen objects (unfreeze would release them).
-                    gc.freeze()
-                    gc.unfreeze()
                 gc.enable()
 
 
