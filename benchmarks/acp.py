@@ -7,7 +7,9 @@ Three figures, each against the bare SDK doing the same work:
    alone (echo, ~30 lines). The import times of the interpreter, the SDK and dsh-core are
    measured apart, to show what each adds.
 2. **per-prompt round trip** on a warm child: N sequential ``session/prompt`` calls in one
-   session, ms per prompt, dsh-acp-agent against the SDK-only agent.
+   session, ms per prompt, dsh-acp-agent against the SDK-only agent, with each agent
+   process's own CPU per prompt beside it (on Linux: the round trip's spread between runs is
+   mostly scheduling, the agent's CPU is the part the agent controls).
 3. **concurrent children**: ``--children`` one-shot ``acp`` runs started at once through
    ``ctx.subagents.start()`` (spawn, prompt, answer, dispose), each a dsh-acp-agent process.
 
@@ -98,23 +100,37 @@ async def _ready(command: list[str]) -> tuple[float, Any]:
     return ready, None
 
 
-async def _prompts(command: list[str], n: int, warm: int = 20) -> float:
-    """Milliseconds per prompt on a warm child (after ``warm`` prompts in the same session)."""
+def _cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds a process has used (Linux ``/proc``; ``None`` elsewhere)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def _prompts(command: list[str], n: int, warm: int = 20) -> tuple[float, float | None]:
+    """Milliseconds per prompt on a warm child (after ``warm`` prompts in the same session),
+    and the agent process's CPU milliseconds per prompt (``None`` where unknown)."""
     import acp
 
     async with acp.spawn_agent_process(_Sink(), command[0], *command[1:], env=dict(os.environ)) as (
         conn,
-        _,
+        process,
     ):
         await conn.initialize(protocol_version=acp.PROTOCOL_VERSION)
         sid = (await conn.new_session(cwd=os.getcwd(), mcp_servers=[])).session_id
         block = [acp.text_block("ping")]
         for _ in range(warm):
             await conn.prompt(session_id=sid, prompt=block)
+        cpu_start = _cpu_seconds(process.pid)
         start = time.perf_counter()
         for _ in range(n):
             await conn.prompt(session_id=sid, prompt=block)
-        return (time.perf_counter() - start) * 1000 / n
+        wall = (time.perf_counter() - start) * 1000 / n
+        cpu_end = _cpu_seconds(process.pid)
+    cpu = None if cpu_start is None or cpu_end is None else (cpu_end - cpu_start) * 1000 / n
+    return wall, cpu
 
 
 async def _children(n: int) -> tuple[float, int]:
@@ -210,13 +226,23 @@ def _per_prompt(ours: list[str], raw: list[str], prompts: int, warm: int, rounds
     """``rounds`` alternating runs of each agent (a fresh child each), medians and ratios."""
     per_ours: list[float] = []
     per_raw: list[float] = []
+    cpu_ours: list[float] = []
+    cpu_raw: list[float] = []
     for _ in range(rounds):
-        per_ours.append(asyncio.run(_prompts(ours, prompts, warm)))
-        per_raw.append(asyncio.run(_prompts(raw, prompts, warm)))
+        for per, cpus, command in ((per_ours, cpu_ours, ours), (per_raw, cpu_raw, raw)):
+            wall, cpu = asyncio.run(_prompts(command, prompts, warm))
+            per.append(wall)
+            if cpu is not None:
+                cpus.append(cpu)
     ratios = sorted(o / r for o, r in zip(per_ours, per_raw, strict=True))
     print(f"\nper-prompt round trip on a warm child ({prompts} sequential after {warm}):")
-    print(f"  dsh-acp-agent          {statistics.median(per_ours):7.3f} ms")
-    print(f"  SDK-only echo agent    {statistics.median(per_raw):7.3f} ms")
+    for name, per, cpus in (
+        ("dsh-acp-agent      ", per_ours, cpu_ours),
+        ("SDK-only echo agent", per_raw, cpu_raw),
+    ):
+        # The agent process's own CPU per prompt (the client's is the same on both sides).
+        cpu = f" (agent CPU {statistics.median(cpus):.3f} ms)" if cpus else ""
+        print(f"  {name}    {statistics.median(per):7.3f} ms{cpu}")
     print(f"  ratio                  {statistics.median(ratios):7.2f}x", end="")
     print(f" (rounds: {', '.join(f'{r:.2f}' for r in ratios)})" if rounds > 1 else "")
 
