@@ -67,6 +67,11 @@ def main() -> None:
     parser.add_argument("--flood-stderr", type=int, default=0, help="lines written to stderr")
     parser.add_argument("--extras", action="store_true", help="thoughts, tool cards, images")
     parser.add_argument("--grandchild", action="store_true", help="start a SIGTERM-proof child")
+    parser.add_argument(
+        "--daemon",
+        action="store_true",
+        help="start a child in a session of its own that keeps our stdout and stderr open",
+    )
     parser.add_argument("--say", default="", help="a line for stderr at start")
     parser.add_argument("--echo-prefix", default="echo: ")
     parser.add_argument("--hold-text", default=None, help="a prompt answered as --prompt slow")
@@ -85,6 +90,16 @@ def main() -> None:
             hold()
         if pidfile:
             with open(pidfile + ".grandchild", "w") as f:
+                f.write(str(pid))
+    if args.daemon:
+        pid = os.fork()
+        if pid == 0:
+            os.setsid()
+            os.close(0)
+            time.sleep(30)
+            os._exit(0)
+        if pidfile:
+            with open(pidfile + ".daemon", "w") as f:
                 f.write(str(pid))
     if pidfile:
         with open(pidfile, "w") as f:

@@ -589,6 +589,31 @@ async def test_a_child_that_answers_then_exits_at_once_completed() -> None:
         assert_reaped(run.pid)  # type: ignore[attr-defined]
 
 
+async def test_a_descendant_keeping_the_pipes_hangs_neither_result_nor_dispose(
+    tmp_path: Path,
+) -> None:
+    """ACP-5/7: a child that crashes while a descendant outside its process group keeps its
+    stdout and stderr open still settles error with its exit status, and dispose still ends
+    (the child's exit, not its pipes' end, is waited for); the child is reaped."""
+    pidfile = tmp_path / "pid"
+    async with acp_host(
+        "--prompt", "crash", "--daemon", env={"FAKE_ACP_PIDFILE": str(pidfile)},
+        dispose_eof_grace_ms=100, dispose_grace_ms=100,
+    ) as b:  # fmt: skip
+        run = await b.start()
+        daemon = _read_pid(Path(str(pidfile) + ".daemon"))
+        try:
+            async with asyncio.timeout(10):
+                result = await run.result
+            async with asyncio.timeout(10):
+                await run.dispose()
+        finally:
+            os.kill(daemon, signal.SIGKILL)
+        assert result.stop_reason == "error"
+        assert result.diagnostic == "the ACP child exited with status 3"
+        assert_reaped(run.pid)  # type: ignore[attr-defined]
+
+
 async def test_refused_prompt_is_an_error() -> None:
     """ACP-5: a prompt the child answers with a JSON-RPC error settles error; the diagnostic
     has the code and one bounded line of the message, never the error's data."""

@@ -51,14 +51,36 @@ def child_environment(
     return env
 
 
+class _ExitProtocol(asyncio.subprocess.SubprocessStreamProtocol):
+    """The stream protocol of ``create_subprocess_exec``, which also says when the process
+    exits. ``Process.wait()`` resolves only once every pipe has closed too, which a descendant
+    that left the process group and kept the child's stdout or stderr never lets happen."""
+
+    def __init__(self, limit: int, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(limit=limit, loop=loop)
+        self.exit: asyncio.Future[None] = loop.create_future()
+
+    def process_exited(self) -> None:
+        super().process_exited()
+        if not self.exit.done():
+            self.exit.set_result(None)
+
+
 class ChildProcess:
     """One spawned ACP agent: its pipes, its stderr relay and its disposal ladder."""
 
-    def __init__(self, process: asyncio.subprocess.Process, label: str) -> None:
+    def __init__(
+        self,
+        process: asyncio.subprocess.Process,
+        label: str,
+        transport: asyncio.SubprocessTransport,
+        exited: asyncio.Future[None],
+    ) -> None:
         self.process = process
         self.pid = process.pid
         self._label = label
-        self._exited = asyncio.ensure_future(process.wait())
+        self._transport = transport
+        self._exited = asyncio.ensure_future(self._exit_status(exited))
         assert process.stderr is not None
         self._relay = asyncio.ensure_future(self._relay_stderr(process.stderr))
         self._terminated: asyncio.Future[None] | None = None
@@ -76,7 +98,9 @@ class ChildProcess:
         label: str,
     ) -> ChildProcess:
         """Start ``command`` in its own process group with piped stdio (OSError if it cannot)."""
-        process = await asyncio.create_subprocess_exec(
+        loop = asyncio.get_running_loop()
+        transport, protocol = await loop.subprocess_exec(
+            lambda: _ExitProtocol(limit=1 << 20, loop=loop),
             command,
             *args,
             stdin=asyncio.subprocess.PIPE,
@@ -85,13 +109,20 @@ class ChildProcess:
             cwd=cwd,
             env=dict(env),
             start_new_session=True,
-            limit=1 << 20,
         )
-        return cls(process, label)
+        process = asyncio.subprocess.Process(transport, protocol, loop)
+        return cls(process, label, transport, protocol.exit)
+
+    async def _exit_status(self, exited: asyncio.Future[None]) -> int:
+        await exited
+        status = self._transport.get_returncode()
+        assert status is not None
+        return status
 
     @property
     def exited(self) -> asyncio.Future[int]:
-        """Resolves with the exit status once the child has exited (and been reaped)."""
+        """Resolves with the exit status once the child has exited (and been reaped), whether
+        or not its pipes have closed."""
         return self._exited
 
     async def _relay_stderr(self, stream: asyncio.StreamReader) -> None:
@@ -169,6 +200,8 @@ class ChildProcess:
             self._relay.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._relay
+        # Release our ends of the pipes, which a descendant outside the group may still hold.
+        self._transport.close()
 
     def exit_status(self) -> int | None:
         """The status the child exited with by itself (``None``: running, or ended by us)."""
