@@ -790,9 +790,10 @@ async def test_completed_child_exits_at_eof() -> None:
 def test_credential_names() -> None:
     """ACP-8: credential-shaped names are recognised; ordinary ones are not."""
     for name in ("DEEPSEEK_API_KEY", "GITHUB_TOKEN", "AWS_SECRET_ACCESS_KEY", "PGPASSWORD",
-                 "SSH_AUTH_SOCK", "MY_PASS", "OPENAI_APIKEY"):  # fmt: skip
+                 "SSH_AUTH_SOCK", "MY_PASS", "OPENAI_APIKEY", "MYSQL_PWD", "GPG_PASSPHRASE",
+                 "CI_JOB_JWT", "AZURE_STORAGE_CONNECTION_STRING"):  # fmt: skip
         assert is_credential_name(name), name
-    for name in ("PATH", "HOME", "MONKEY_BUSINESS", "KEYBOARD", "LANG", "TERM"):
+    for name in ("PATH", "HOME", "MONKEY_BUSINESS", "KEYBOARD", "LANG", "TERM", "PWD", "OLDPWD"):
         assert not is_credential_name(name), name
 
 

@@ -19,10 +19,17 @@ from collections.abc import Mapping
 __all__ = ["ChildProcess", "child_environment", "is_credential_name"]
 
 #: Name parts that mark a variable as credential-shaped wherever they appear.
-_SECRET_WORDS = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "PRIVATE_KEY", "APIKEY")
+_SECRET_WORDS = (
+    "TOKEN", "SECRET", "PASSWORD", "PASSWD", "PASSPHRASE", "CREDENTIAL", "PRIVATE_KEY", "APIKEY",
+    "CONNECTION_STRING",
+)  # fmt: skip
 #: Name parts that mark a variable only as a whole ``_``-separated word (``API_KEY``, not
-#: ``MONKEY``).
-_SECRET_PARTS = frozenset({"KEY", "AUTH", "PASS", "PAT", "COOKIE", "SESSIONID", "DSN"})
+#: ``MONKEY``; ``MYSQL_PWD``, not ``OLDPWD``).
+_SECRET_PARTS = frozenset(
+    {"KEY", "AUTH", "PASS", "PAT", "PWD", "JWT", "COOKIE", "SESSIONID", "DSN"}
+)
+#: Names a part would mark, that are no credential: the shell's working directory.
+_NOT_SECRETS = frozenset({"PWD"})
 #: How much of a line without a newline the relay keeps before writing it out anyway.
 _LINE_LIMIT = 8192
 #: How often the ladder looks whether the rest of the group has gone (a group has no waitable
@@ -35,7 +42,7 @@ def is_credential_name(name: str) -> bool:
     upper = name.upper()
     if any(word in upper for word in _SECRET_WORDS):
         return True
-    return any(part in _SECRET_PARTS for part in upper.split("_"))
+    return upper not in _NOT_SECRETS and any(part in _SECRET_PARTS for part in upper.split("_"))
 
 
 def child_environment(
