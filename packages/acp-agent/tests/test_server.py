@@ -149,6 +149,38 @@ async def test_cancel_answers_cancelled(tmp_path: Path) -> None:
         sys.path.remove(str(Path(__file__).parent))
 
 
+async def test_a_second_prompt_on_a_busy_session_is_refused(tmp_path: Path) -> None:
+    """acp 16.2: a prompt while one runs on the same session is refused (-32600) and leaves
+    the running one alone; a cancel before any prompt, or for an unknown session, cancels
+    nothing: the next prompt still ends end_turn."""
+    config = AgentServerConfig(
+        modules={"hold-model": "hold_model"}, plugins=({"plugin": "hold-model"},),
+        provider="hold",
+    )  # fmt: skip
+    sys.path.insert(0, str(Path(__file__).parent))
+    try:
+        async with served(config) as (client, rec):
+            sid = (await client.new_session(cwd=str(tmp_path), mcp_servers=[])).session_id
+            await client.cancel(session_id=sid)
+            await client.cancel(session_id="no-such-session")
+            async with asyncio.timeout(10):
+                fresh = await client.prompt(session_id=sid, prompt=[acp.text_block("fresh")])
+            assert fresh.stop_reason == "end_turn"
+            first = asyncio.ensure_future(
+                client.prompt(session_id=sid, prompt=[acp.text_block("hold")])
+            )
+            async with asyncio.timeout(10):
+                await rec.running.wait()
+                with pytest.raises(acp.RequestError) as refused:
+                    await client.prompt(session_id=sid, prompt=[acp.text_block("again")])
+                assert refused.value.code == -32600
+                assert not first.done()
+                await client.cancel(session_id=sid)
+                assert (await first).stop_reason == "cancelled"
+    finally:
+        sys.path.remove(str(Path(__file__).parent))
+
+
 async def test_deltas_that_pile_up_go_out_as_one_update(tmp_path: Path) -> None:
     """acp 16.2: the text deltas a turn streams while its prompt is not sending (here, a whole
     answer at once) are sent as one agent_message_chunk, its reasoning's as one
@@ -193,6 +225,33 @@ async def test_load_replays_a_stored_session(tmp_path: Path) -> None:
         assert rec.text() == "remember me"
         with pytest.raises(acp.RequestError):
             await client.load_session(cwd=str(tmp_path), session_id="missing", mcp_servers=[])
+
+
+async def test_load_of_a_live_session_replays_it_without_a_store_it_is_refused(
+    tmp_path: Path,
+) -> None:
+    """acp 16.2: with the jsonl store, session/load of a session this server runs replays it
+    and the session goes on; on the memory store session/load is method-not-found (-32601),
+    for a live id and an unknown one alike."""
+    config = AgentServerConfig(store="jsonl", store_root=str(tmp_path / "sessions"))
+    async with served(config) as (client, rec):
+        sid = (await client.new_session(cwd=str(tmp_path), mcp_servers=[])).session_id
+        async with asyncio.timeout(10):
+            await client.prompt(session_id=sid, prompt=[acp.text_block("one")])
+            rec.updates.clear()
+            await client.load_session(cwd=str(tmp_path), session_id=sid, mcp_servers=[])
+            assert [u.session_update for u in rec.updates] == [
+                "user_message_chunk",
+                "agent_message_chunk",
+            ]
+            again = await client.prompt(session_id=sid, prompt=[acp.text_block("two")])
+        assert again.stop_reason == "end_turn"
+    async with served(AgentServerConfig()) as (client, _):
+        sid = (await client.new_session(cwd=str(tmp_path), mcp_servers=[])).session_id
+        for session_id in (sid, "missing"):
+            with pytest.raises(acp.RequestError) as refused:
+                await client.load_session(cwd=str(tmp_path), session_id=session_id, mcp_servers=[])
+            assert refused.value.code == -32601
 
 
 async def test_unknown_session_and_relative_cwd_are_refused(tmp_path: Path) -> None:
@@ -297,6 +356,50 @@ def test_console_script_keeps_stdout_for_the_protocol(tmp_path: Path) -> None:
     assert [a["id"] for a in answers] == [0, 1]
     assert answers[1]["result"]["sessionId"]
     assert "noise from a plugin" in done.stderr
+
+
+@pytest.mark.slow
+async def test_stdin_eof_mid_turn_ends_the_process(tmp_path: Path) -> None:
+    """acp 16.2: stdin closing while a turn runs (its model never ending by itself) ends the
+    process, bounded, with status 0: the served agents are disposed, not waited for."""
+    config = tmp_path / "agent.toml"
+    config.write_text(
+        'modules = { hold-model = "hold_model" }\n[[plugins]]\nplugin = "hold-model"\n'
+        '[model]\nprovider = "hold"\nmodel = "m"\n',
+        encoding="utf-8",
+    )
+    env = dict(os.environ)
+    tests = str(Path(__file__).parent)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [tests, env.get("PYTHONPATH")]))
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "dsh_acp_agent", "--config", str(config),
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
+    )  # fmt: skip
+    assert process.stdin is not None and process.stdout is not None
+    try:
+        async with asyncio.timeout(60):
+            requests = [
+                {"jsonrpc": "2.0", "id": 0, "method": "initialize",
+                 "params": {"protocolVersion": 1}},
+                {"jsonrpc": "2.0", "id": 1, "method": "session/new",
+                 "params": {"cwd": str(tmp_path), "mcpServers": []}},
+            ]  # fmt: skip
+            process.stdin.write("".join(json.dumps(r) + "\n" for r in requests).encode())
+            while (answer := json.loads(await process.stdout.readline())).get("id") != 1:
+                pass
+            prompt = {"sessionId": answer["result"]["sessionId"],
+                      "prompt": [{"type": "text", "text": "hold"}]}  # fmt: skip
+            line = {"jsonrpc": "2.0", "id": 2, "method": "session/prompt", "params": prompt}
+            process.stdin.write((json.dumps(line) + "\n").encode())
+            while b'"working"' not in await process.stdout.readline():
+                pass
+        process.stdin.close()
+        async with asyncio.timeout(10):
+            assert await process.wait() == 0
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
 
 
 @pytest.mark.slow

@@ -13,8 +13,15 @@ import signal
 import sys
 import time
 
+#: What ``--prompt`` makes of a prompt (see ``main``).
+PROMPT_MODES = (
+    "echo", "slow", "ignore-cancel", "crash", "env", "permission", "refuse", "answer-exit",
+    "exit0", "close-stdout", "foreign-ids", "big", "other-session", "no-options", "non-utf8",
+    "long-stop", "malformed",
+)  # fmt: skip
 
-def send(message: dict) -> None:
+
+def send(message: object) -> None:
     sys.stdout.write(json.dumps(message) + "\n")
     sys.stdout.flush()
 
@@ -48,7 +55,7 @@ def main() -> None:
     parser.add_argument(
         "--prompt",
         default="echo",
-        choices=["echo", "slow", "ignore-cancel", "crash", "env", "permission", "refuse"],
+        choices=PROMPT_MODES,
     )
     parser.add_argument("--stop", default="end_turn")
     parser.add_argument("--no-init", action="store_true", help="never answer initialize")
@@ -60,6 +67,11 @@ def main() -> None:
     parser.add_argument("--flood-stderr", type=int, default=0, help="lines written to stderr")
     parser.add_argument("--extras", action="store_true", help="thoughts, tool cards, images")
     parser.add_argument("--grandchild", action="store_true", help="start a SIGTERM-proof child")
+    parser.add_argument(
+        "--daemon",
+        action="store_true",
+        help="start a child in a session of its own that keeps our stdout and stderr open",
+    )
     parser.add_argument("--say", default="", help="a line for stderr at start")
     parser.add_argument("--echo-prefix", default="echo: ")
     parser.add_argument("--hold-text", default=None, help="a prompt answered as --prompt slow")
@@ -78,6 +90,16 @@ def main() -> None:
             hold()
         if pidfile:
             with open(pidfile + ".grandchild", "w") as f:
+                f.write(str(pid))
+    if args.daemon:
+        pid = os.fork()
+        if pid == 0:
+            os.setsid()
+            os.close(0)
+            time.sleep(30)
+            os._exit(0)
+        if pidfile:
+            with open(pidfile + ".daemon", "w") as f:
                 f.write(str(pid))
     if pidfile:
         with open(pidfile, "w") as f:
@@ -160,6 +182,57 @@ def main() -> None:
             elif mode in ("slow", "ignore-cancel"):
                 chunk(session_id, "partial")
                 pending_prompt = request_id if mode == "slow" else None
+            elif mode == "answer-exit":  # a one-shot agent: answer, then leave at once
+                chunk(session_id, "done")
+                answer(request_id, {"stopReason": "end_turn"})
+                sys.exit(0)
+            elif mode == "exit0":
+                sys.exit(0)
+            elif mode == "close-stdout":
+                os.close(1)
+                sys.stderr.write("stdout closed\n")
+                sys.stderr.flush()
+                hold()
+            elif mode == "foreign-ids":  # answers to requests we never got
+                for foreign in (999, "x", None, -1, 1.5, request_id + 1000):
+                    send({"jsonrpc": "2.0", "id": foreign, "result": {"stopReason": "refusal"}})
+                chunk(session_id, "after foreign ids")
+                answer(request_id, {"stopReason": "end_turn"})
+            elif mode == "malformed":  # JSON, but no JSON-RPC message
+                send([1, 2])
+                send({"jsonrpc": "2.0", "id": [request_id], "result": {}})
+                chunk(session_id, "after malformed")
+                answer(request_id, {"stopReason": "end_turn"})
+            elif mode == "big":
+                chunk(session_id, "y" * (3 << 20))
+                answer(request_id, {"stopReason": "end_turn"})
+            elif mode == "other-session":
+                chunk("someone-else", "not for you")
+                chunk(session_id, "for you")
+                answer(request_id, {"stopReason": "end_turn"})
+            elif mode == "no-options":
+                pending_prompt = request_id
+                permission_for = "perm-1"
+                send(
+                    {
+                        "jsonrpc": "2.0",
+                        "id": permission_for,
+                        "method": "session/request_permission",
+                        "params": {
+                            "sessionId": session_id,
+                            "toolCall": {"toolCallId": "t1", "title": "x"},
+                            "options": [],
+                        },
+                    }
+                )
+            elif mode == "non-utf8":
+                sys.stdout.flush()
+                sys.stdout.buffer.write(b'\xff\xfe{"jsonrpc": "2.0"}\n')
+                sys.stdout.buffer.flush()
+                chunk(session_id, "caf\u00e9")
+                answer(request_id, {"stopReason": "end_turn"})
+            elif mode == "long-stop":
+                answer(request_id, {"stopReason": "z" * 10000})
             elif mode == "crash":
                 chunk(session_id, "partial")
                 sys.exit(3)

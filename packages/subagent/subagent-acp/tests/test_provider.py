@@ -247,6 +247,49 @@ async def test_abort_during_session_new_reaps_the_child(
     assert_reaped(_read_pid(pidfile))
 
 
+async def test_abort_during_initialize_reaps_the_child(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ACP-2: an abort while initialize is pending rejects with the documented text, after
+    the child (ignoring EOF and SIGTERM) was reaped."""
+    pidfile = tmp_path / "pid"
+    at_init = _StderrWatch("at initialize")
+    monkeypatch.setattr(sys, "stderr", at_init)
+    async with acp_host(
+        "--no-init", "--say", "at initialize", "--hold-eof", "--trap-term",
+        env={"FAKE_ACP_PIDFILE": str(pidfile)}, dispose_eof_grace_ms=50, dispose_grace_ms=50,
+    ) as b:  # fmt: skip
+        controller = AbortController()
+        starting = asyncio.ensure_future(b.start(signal=controller.signal))
+        async with asyncio.timeout(10):
+            await at_init.seen.wait()
+        controller.abort("early")
+        with pytest.raises(AbortedError) as caught:
+            async with asyncio.timeout(10):
+                await starting
+        assert (str(caught.value), caught.value.reason) == (ABORTED_BEFORE_START, "early")
+    assert_reaped(_read_pid(pidfile))
+
+
+async def test_a_start_cancelled_during_session_new_reaps_the_child(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ACP-2, hardening: a caller cancelled while session/new is pending gets its
+    CancelledError, and the child is reaped."""
+    pidfile = tmp_path / "pid"
+    at_new = _StderrWatch("waiting in session/new")
+    monkeypatch.setattr(sys, "stderr", at_new)
+    async with acp_host("--hang-new", env={"FAKE_ACP_PIDFILE": str(pidfile)}) as b:
+        starting = asyncio.ensure_future(b.start())
+        async with asyncio.timeout(10):
+            await at_new.seen.wait()
+        starting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            async with asyncio.timeout(10):
+                await starting
+    assert_reaped(_read_pid(pidfile))
+
+
 async def test_no_session_id_is_refused_after_reaping(tmp_path: Path) -> None:
     """ACP-2: a session/new answer without a session id rejects with the documented text."""
     pidfile = tmp_path / "pid"
@@ -532,6 +575,45 @@ async def test_dispose_after_the_child_died_under_a_cancel() -> None:
         assert (await run.result).stop_reason == "aborted"
 
 
+async def test_a_child_that_answers_then_exits_at_once_completed() -> None:
+    """ACP-3/5: a one-shot child that answers the prompt and exits at once is completed: its
+    answer, written before it left, is read even when its exit is seen first."""
+    async with acp_host("--prompt", "answer-exit") as b:
+        run = await b.start()
+        try:
+            async with asyncio.timeout(10):
+                result = await run.result
+        finally:
+            await run.dispose()
+        assert (result.stop_reason, blocks_text(result.output)) == ("completed", "done")
+        assert_reaped(run.pid)  # type: ignore[attr-defined]
+
+
+async def test_a_descendant_keeping_the_pipes_hangs_neither_result_nor_dispose(
+    tmp_path: Path,
+) -> None:
+    """ACP-5/7: a child that crashes while a descendant outside its process group keeps its
+    stdout and stderr open still settles error with its exit status, and dispose still ends
+    (the child's exit, not its pipes' end, is waited for); the child is reaped."""
+    pidfile = tmp_path / "pid"
+    async with acp_host(
+        "--prompt", "crash", "--daemon", env={"FAKE_ACP_PIDFILE": str(pidfile)},
+        dispose_eof_grace_ms=100, dispose_grace_ms=100,
+    ) as b:  # fmt: skip
+        run = await b.start()
+        daemon = _read_pid(Path(str(pidfile) + ".daemon"))
+        try:
+            async with asyncio.timeout(10):
+                result = await run.result
+            async with asyncio.timeout(10):
+                await run.dispose()
+        finally:
+            os.kill(daemon, signal.SIGKILL)
+        assert result.stop_reason == "error"
+        assert result.diagnostic == "the ACP child exited with status 3"
+        assert_reaped(run.pid)  # type: ignore[attr-defined]
+
+
 async def test_refused_prompt_is_an_error() -> None:
     """ACP-5: a prompt the child answers with a JSON-RPC error settles error; the diagnostic
     has the code and one bounded line of the message, never the error's data."""
@@ -561,6 +643,57 @@ async def test_garbage_on_stdout_is_skipped() -> None:
         assert blocks_text(result.output) == "echo: still here"
 
 
+@pytest.mark.parametrize(
+    ("mode", "text"),
+    [
+        ("foreign-ids", "after foreign ids"),
+        ("other-session", "for you"),
+        ("non-utf8", "caf\u00e9"),
+        ("big", "y" * (3 << 20)),
+    ],
+)
+async def test_a_hostile_peer_still_completes(mode: str, text: str) -> None:
+    """ACP-3, acp 16.3: answers to ids never requested are dropped, updates for another
+    session are not output, a line that is not UTF-8 is skipped, and a message larger than
+    the stream limit (1 MiB) is read whole; the run completes with exactly its own text."""
+    async with acp_host("--prompt", mode) as b:
+        run = await b.start()
+        try:
+            async with asyncio.timeout(10):
+                result = await run.result
+        finally:
+            await run.dispose()
+        assert (result.stop_reason, blocks_text(result.output)) == ("completed", text)
+        assert_reaped(run.pid)  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    ("mode", "diagnostic"),
+    [
+        ("exit0", "the ACP child exited with status 0"),
+        ("close-stdout", "the connection to the ACP child closed"),
+        ("malformed", "the connection to the ACP child closed"),
+        ("long-stop", "the ACP child's answer does not fit the protocol"),
+    ],
+)
+async def test_a_broken_peer_settles_error(mode: str, diagnostic: str) -> None:
+    """ACP-5: a child that exits 0 without answering, closes its stdout but keeps running,
+    writes JSON that is no JSON-RPC message, or answers a stop reason off the protocol settles
+    error with a diagnostic of at most 4096 bytes; dispose reaps it, even the one still
+    running with its stdin unread."""
+    async with acp_host("--prompt", mode, dispose_eof_grace_ms=100, dispose_grace_ms=3000) as b:
+        run = await b.start()
+        try:
+            async with asyncio.timeout(10):
+                result = await run.result
+        finally:
+            async with asyncio.timeout(10):
+                await run.dispose()
+        assert (result.stop_reason, result.diagnostic) == ("error", diagnostic)
+        assert len(diagnostic.encode()) <= 4096
+        assert_reaped(run.pid)  # type: ignore[attr-defined]
+
+
 # -- ACP-6: permission ----------------------------------------------------------------------------
 
 
@@ -570,15 +703,17 @@ async def test_garbage_on_stdout_is_skipped() -> None:
         ("reject", False, "aborted", "permission: cancelled"),
         ("allow", False, "completed", "permission: selected yes"),
         ("allow", True, "aborted", "permission: cancelled"),
+        ("allow", None, "aborted", "permission: cancelled"),
     ],
 )
 async def test_permission_is_answered_by_policy(
-    permission: str, no_allow: bool, stop_reason: str, text: str
+    permission: str, no_allow: bool | None, stop_reason: str, text: str
 ) -> None:
     """ACP-6: reject answers cancelled (the turn ends aborted); allow picks the first allow
-    option, or answers cancelled when none is offered."""
+    option, or answers cancelled when none is offered (``None``: no option at all)."""
     env = {"FAKE_ACP_NO_ALLOW": "1"} if no_allow else {}
-    async with acp_host("--prompt", "permission", permission=permission, env=env) as b:
+    mode = "no-options" if no_allow is None else "permission"
+    async with acp_host("--prompt", mode, permission=permission, env=env) as b:
         run = await b.start()
         try:
             async with asyncio.timeout(10):
@@ -655,9 +790,10 @@ async def test_completed_child_exits_at_eof() -> None:
 def test_credential_names() -> None:
     """ACP-8: credential-shaped names are recognised; ordinary ones are not."""
     for name in ("DEEPSEEK_API_KEY", "GITHUB_TOKEN", "AWS_SECRET_ACCESS_KEY", "PGPASSWORD",
-                 "SSH_AUTH_SOCK", "MY_PASS", "OPENAI_APIKEY"):  # fmt: skip
+                 "SSH_AUTH_SOCK", "MY_PASS", "OPENAI_APIKEY", "MYSQL_PWD", "GPG_PASSPHRASE",
+                 "CI_JOB_JWT", "AZURE_STORAGE_CONNECTION_STRING"):  # fmt: skip
         assert is_credential_name(name), name
-    for name in ("PATH", "HOME", "MONKEY_BUSINESS", "KEYBOARD", "LANG", "TERM"):
+    for name in ("PATH", "HOME", "MONKEY_BUSINESS", "KEYBOARD", "LANG", "TERM", "PWD", "OLDPWD"):
         assert not is_credential_name(name), name
 
 

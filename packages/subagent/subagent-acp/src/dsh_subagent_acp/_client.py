@@ -48,6 +48,9 @@ _STOP_REASONS = {
 _ALLOW = ("allow_once", "allow_always")
 #: How much of a child's JSON-RPC error message a diagnostic repeats (never its ``data``).
 _MESSAGE_LIMIT = 200
+#: How long the answer of a child that has exited may still take to be read: its stdout's end
+#: normally ends the wait at once; a descendant that kept the pipe open, this bound.
+_DRAIN_S = 1.0
 _CANCELLED = RequestPermissionResponse(outcome=DeniedOutcome(outcome="cancelled"))
 
 
@@ -282,6 +285,8 @@ class _Run:
             )
             try:
                 await asyncio.wait({task, child.exited}, return_when=asyncio.FIRST_COMPLETED)
+                if not task.done():  # what it wrote before leaving is still read, to its EOF
+                    await asyncio.wait({task}, timeout=_DRAIN_S)
             finally:
                 if not task.done():
                     task.cancel()

@@ -19,10 +19,17 @@ from collections.abc import Mapping
 __all__ = ["ChildProcess", "child_environment", "is_credential_name"]
 
 #: Name parts that mark a variable as credential-shaped wherever they appear.
-_SECRET_WORDS = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "PRIVATE_KEY", "APIKEY")
+_SECRET_WORDS = (
+    "TOKEN", "SECRET", "PASSWORD", "PASSWD", "PASSPHRASE", "CREDENTIAL", "PRIVATE_KEY", "APIKEY",
+    "CONNECTION_STRING",
+)  # fmt: skip
 #: Name parts that mark a variable only as a whole ``_``-separated word (``API_KEY``, not
-#: ``MONKEY``).
-_SECRET_PARTS = frozenset({"KEY", "AUTH", "PASS", "PAT", "COOKIE", "SESSIONID", "DSN"})
+#: ``MONKEY``; ``MYSQL_PWD``, not ``OLDPWD``).
+_SECRET_PARTS = frozenset(
+    {"KEY", "AUTH", "PASS", "PAT", "PWD", "JWT", "COOKIE", "SESSIONID", "DSN"}
+)
+#: Names a part would mark, that are no credential: the shell's working directory.
+_NOT_SECRETS = frozenset({"PWD"})
 #: How much of a line without a newline the relay keeps before writing it out anyway.
 _LINE_LIMIT = 8192
 #: How often the ladder looks whether the rest of the group has gone (a group has no waitable
@@ -35,7 +42,7 @@ def is_credential_name(name: str) -> bool:
     upper = name.upper()
     if any(word in upper for word in _SECRET_WORDS):
         return True
-    return any(part in _SECRET_PARTS for part in upper.split("_"))
+    return upper not in _NOT_SECRETS and any(part in _SECRET_PARTS for part in upper.split("_"))
 
 
 def child_environment(
@@ -51,14 +58,36 @@ def child_environment(
     return env
 
 
+class _ExitProtocol(asyncio.subprocess.SubprocessStreamProtocol):
+    """The stream protocol of ``create_subprocess_exec``, which also says when the process
+    exits. ``Process.wait()`` resolves only once every pipe has closed too, which a descendant
+    that left the process group and kept the child's stdout or stderr never lets happen."""
+
+    def __init__(self, limit: int, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(limit=limit, loop=loop)
+        self.exit: asyncio.Future[None] = loop.create_future()
+
+    def process_exited(self) -> None:
+        super().process_exited()
+        if not self.exit.done():
+            self.exit.set_result(None)
+
+
 class ChildProcess:
     """One spawned ACP agent: its pipes, its stderr relay and its disposal ladder."""
 
-    def __init__(self, process: asyncio.subprocess.Process, label: str) -> None:
+    def __init__(
+        self,
+        process: asyncio.subprocess.Process,
+        label: str,
+        transport: asyncio.SubprocessTransport,
+        exited: asyncio.Future[None],
+    ) -> None:
         self.process = process
         self.pid = process.pid
         self._label = label
-        self._exited = asyncio.ensure_future(process.wait())
+        self._transport = transport
+        self._exited = asyncio.ensure_future(self._exit_status(exited))
         assert process.stderr is not None
         self._relay = asyncio.ensure_future(self._relay_stderr(process.stderr))
         self._terminated: asyncio.Future[None] | None = None
@@ -76,7 +105,9 @@ class ChildProcess:
         label: str,
     ) -> ChildProcess:
         """Start ``command`` in its own process group with piped stdio (OSError if it cannot)."""
-        process = await asyncio.create_subprocess_exec(
+        loop = asyncio.get_running_loop()
+        transport, protocol = await loop.subprocess_exec(
+            lambda: _ExitProtocol(limit=1 << 20, loop=loop),
             command,
             *args,
             stdin=asyncio.subprocess.PIPE,
@@ -85,13 +116,20 @@ class ChildProcess:
             cwd=cwd,
             env=dict(env),
             start_new_session=True,
-            limit=1 << 20,
         )
-        return cls(process, label)
+        process = asyncio.subprocess.Process(transport, protocol, loop)
+        return cls(process, label, transport, protocol.exit)
+
+    async def _exit_status(self, exited: asyncio.Future[None]) -> int:
+        await exited
+        status = self._transport.get_returncode()
+        assert status is not None
+        return status
 
     @property
     def exited(self) -> asyncio.Future[int]:
-        """Resolves with the exit status once the child has exited (and been reaped)."""
+        """Resolves with the exit status once the child has exited (and been reaped), whether
+        or not its pipes have closed."""
         return self._exited
 
     async def _relay_stderr(self, stream: asyncio.StreamReader) -> None:
@@ -169,6 +207,8 @@ class ChildProcess:
             self._relay.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._relay
+        # Release our ends of the pipes, which a descendant outside the group may still hold.
+        self._transport.close()
 
     def exit_status(self) -> int | None:
         """The status the child exited with by itself (``None``: running, or ended by us)."""
