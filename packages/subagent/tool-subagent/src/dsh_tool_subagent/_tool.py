@@ -57,6 +57,8 @@ NO_JOBS = "background jobs unavailable: load dsh-core's jobs plugin"
 BACKGROUND_DISABLED = (
     "run_in_background is disabled for this tool instance (enable_run_in_background: false)"
 )
+#: A provider cancelled a start itself (not the caller's task being cancelled).
+START_CANCELLED = "subagent start was cancelled; no subagent was started"
 #: TOOL-7: the headline of a foreground run that did not complete, by stop reason.
 HEADLINES = {
     "aborted": "subagent run was cancelled",
@@ -130,6 +132,14 @@ def guidance_for(tool_name: str) -> str:
         "background subagent settles, the runtime sends you a notice containing its outcome "
         "and any closing message: there is no need to poll."
     )
+
+
+def _cancelled_here() -> bool:
+    """Whether the running task is being cancelled: a ``CancelledError`` that is ours to
+    propagate, rather than a provider's own cancellation (of its start, or of the result
+    future it settled by cancelling), which must not end the parent's turn."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
 
 
 def _foreground_failure(result: SubagentResult) -> str:
@@ -268,19 +278,23 @@ class SubagentTool:
         prompt = (TextBlock(text=args["prompt"]),)
         label: str = args["description"]
         if background and self.config.continuable:
-            started = await run.ctx[SUBAGENTS].start_continuable(
-                ContinuableStartSpec(
-                    provider=self.provider,
-                    label=label,
-                    prompt=prompt,
-                    parent=parent,
-                    signal=run.signal,
-                    agent_options=self.agent_options,
-                    max_depth=self.max_depth,
-                    tool_filter=self.tool_filter,
-                    persona=self.persona,
-                )
+            spec = ContinuableStartSpec(
+                provider=self.provider,
+                label=label,
+                prompt=prompt,
+                parent=parent,
+                signal=run.signal,
+                agent_options=self.agent_options,
+                max_depth=self.max_depth,
+                tool_filter=self.tool_filter,
+                persona=self.persona,
             )
+            try:
+                started = await run.ctx[SUBAGENTS].start_continuable(spec)
+            except asyncio.CancelledError:
+                if _cancelled_here():
+                    raise
+                raise ToolError(START_CANCELLED, code="CANCELLED") from None
             return f"started subagent {started.child_id}"
         if background:
             return self._start_job(run, parent, label, prompt)
@@ -306,15 +320,21 @@ class SubagentTool:
         self, run: ToolRunContext, parent: Any, label: str, prompt: tuple[TextBlock, ...]
     ) -> str:
         """TOOL-7: start with the call's signal, await the result, then ALWAYS dispose."""
-        child = await run.ctx[SUBAGENTS].start(
-            self.provider, self._request(parent, label, prompt, run.signal)
-        )
+        request = self._request(parent, label, prompt, run.signal)
+        try:
+            child = await run.ctx[SUBAGENTS].start(self.provider, request)
+        except asyncio.CancelledError:
+            if _cancelled_here():
+                raise
+            raise ToolError(START_CANCELLED, code="CANCELLED") from None
         failed: str | None = None
         try:
             result = await child.result
         except asyncio.CancelledError:
-            await asyncio.shield(child.dispose())
-            raise
+            if _cancelled_here():
+                await asyncio.shield(child.dispose())
+                raise
+            failed = HEADLINES["aborted"]  # the provider settled the run by cancelling it
         except Exception as exc:
             failed = f"subagent run failed: {str(exc) or type(exc).__name__}"
         else:
