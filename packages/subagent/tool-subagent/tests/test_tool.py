@@ -474,6 +474,32 @@ async def test_forced_background_when_disabled_fails_without_calling_the_provide
         assert text(await b.execute(args(run_in_background=False))) == "fake answer"
 
 
+@pytest.mark.parametrize(
+    ("config", "fields"),
+    [
+        ({}, "description, prompt and run_in_background"),
+        ({"background_mode": "continuable"}, "description, prompt and run_in_background"),
+        ({"enable_run_in_background": False}, "description and prompt"),
+    ],
+)
+async def test_an_unknown_field_is_an_errored_result_and_starts_nothing(
+    config: dict[str, Any], fields: str
+) -> None:
+    """Input schema ("there is no provider or type parameter"), tools 15 (extra fields are
+    bad input): a field the tool does not take, such as a subagent type, is INVALID_ARGS
+    naming it and the fields there are; the provider is never called."""
+    provider = LocalProvider()
+    async with boot(row(**config), provider=provider) as b:
+        result = await b.execute(args(subagent_type="Explore", model="big"))
+        assert result.error is not None and result.error.code == "INVALID_ARGS"
+        assert text(result) == (
+            "Error: invalid arguments for subagent: unknown fields 'model', 'subagent_type'; "
+            f"subagent takes only {fields}"
+        )
+        assert provider.requests == [] and provider.prepared == []
+        assert len(b.host.ctx.agents.list()) == 1
+
+
 async def test_omitted_background_defaults_per_mode() -> None:
     """TOOL-4: omitted, run_in_background is false in one-shot mode and true in continuable."""
     async with boot(row(), provider=LocalProvider()) as b:

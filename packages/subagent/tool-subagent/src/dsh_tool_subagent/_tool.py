@@ -69,6 +69,10 @@ HEADLINES = {
 #: TOOL-11: where the ``tool:<name>`` guidance section sits.
 SECTION_ORDER = 116.5
 
+#: Every field a call may carry (``run_in_background`` also when background is disabled:
+#: a forced ``true`` is refused by TOOL-4's own text).
+_FIELDS = frozenset({"description", "prompt", "run_in_background"})
+
 _SEES_NOTHING = (
     "The subagent does not see this conversation: write a self-contained prompt that gives it "
     "everything it needs to know."
@@ -271,6 +275,9 @@ class SubagentTool:
         parent = run.agent
         if parent is None:
             raise ToolError(NO_AGENT, code="NO_AGENT")
+        unknown = sorted(key for key in args if key not in _FIELDS)
+        if unknown:
+            raise ToolError(self._unknown_fields(unknown), code="INVALID_ARGS")
         forced = args.get("run_in_background")
         if forced is True and not self.config.enable_run_in_background:
             raise ToolError(BACKGROUND_DISABLED, code="BACKGROUND_DISABLED")
@@ -299,6 +306,22 @@ class SubagentTool:
         if background:
             return self._start_job(run, parent, label, prompt)
         return await self._foreground(run, parent, label, prompt)
+
+    def _unknown_fields(self, unknown: list[str]) -> str:
+        """Extra fields are bad input, not ignored: a model passing a subagent type or a
+        model would otherwise believe it chose one (the schema stays open, so that
+        ``run_in_background`` reaches TOOL-4's own refusal when background is disabled)."""
+        names = ", ".join(repr(key) for key in unknown)
+        takes = (
+            "description, prompt and run_in_background"
+            if self.config.enable_run_in_background
+            else "description and prompt"
+        )
+        return (
+            f"invalid arguments for {self.config.tool_name}: unknown "
+            f"field{'s' if len(unknown) > 1 else ''} {names}; "
+            f"{self.config.tool_name} takes only {takes}"
+        )
 
     def _request(
         self, parent: Any, label: str, prompt: tuple[TextBlock, ...], signal: Any
