@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from dsh_core import (
+    AgentCancelCause,
     Message,
     PluginRow,
     ToolCallBlock,
@@ -388,3 +389,39 @@ async def test_a_one_shot_background_child_is_collected_with_job_output() -> Non
         assert answer == "collected: seven lighthouses\n[status: completed]"
         entries = await host.ctx[SUBAGENTS].list_children("lead")
         assert [e.mode for e in entries] == ["one-shot"]
+
+
+async def test_a_turn_cancelled_as_the_foreground_child_is_prompted_stops_the_child() -> None:
+    """tools 15 (races), TOOL-7, DRV-5: the parent's turn is cancelled re-entrantly, by a
+    listener of the very insertion of a foreground child's prompt (before the child's turn
+    exists to be stopped); the child is still stopped before it asks its model anything and is
+    disposed, and the parent's call ends, bounded, as `subagent run was cancelled`."""
+    asked: list[str] = []
+
+    def model(request: ScriptedRequest) -> ScriptedReply | str:
+        if request.session_id == "lead":
+            if request.last is not None and request.last.role == "tool":
+                return "stopped"
+            return tool_call_reply(
+                ("subagent", {"description": "Count the lighthouses", "prompt": "count them"})
+            )
+        asked.append(request.session_id or "")
+        return held_reply(asyncio.Event(), "never answered")
+
+    async with scripted_host(
+        "subagent", "subagent-spawn", _spawn_tool(), model=model, load=LOAD
+    ) as host:
+        lead = (await host.create_agent(session_id="lead")).agent
+
+        def on_inserted(agent: Any, message: Message) -> None:
+            if agent is not lead and blocks_text(message.content) == "count them":
+                lead.cancel(AgentCancelCause(kind="user"))
+
+        host.ctx.on("agent/inbox/inserted", on_inserted, global_=True)
+        lead.followup(user_message("delegate"))
+        async with asyncio.timeout(10):
+            await lead.when_idle()
+        results = _tool_results(lead.session.derive_messages())
+        assert results == ["Error: subagent run was cancelled"]
+        assert asked == []
+        assert [a.id for a in host.ctx.agents.list()] == ["lead"]

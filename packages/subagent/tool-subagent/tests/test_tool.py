@@ -474,6 +474,32 @@ async def test_forced_background_when_disabled_fails_without_calling_the_provide
         assert text(await b.execute(args(run_in_background=False))) == "fake answer"
 
 
+@pytest.mark.parametrize(
+    ("config", "fields"),
+    [
+        ({}, "description, prompt and run_in_background"),
+        ({"background_mode": "continuable"}, "description, prompt and run_in_background"),
+        ({"enable_run_in_background": False}, "description and prompt"),
+    ],
+)
+async def test_an_unknown_field_is_an_errored_result_and_starts_nothing(
+    config: dict[str, Any], fields: str
+) -> None:
+    """Input schema ("there is no provider or type parameter"), tools 15 (extra fields are
+    bad input): a field the tool does not take, such as a subagent type, is INVALID_ARGS
+    naming it and the fields there are; the provider is never called."""
+    provider = LocalProvider()
+    async with boot(row(**config), provider=provider) as b:
+        result = await b.execute(args(subagent_type="Explore", model="big"))
+        assert result.error is not None and result.error.code == "INVALID_ARGS"
+        assert text(result) == (
+            "Error: invalid arguments for subagent: unknown fields 'model', 'subagent_type'; "
+            f"subagent takes only {fields}"
+        )
+        assert provider.requests == [] and provider.prepared == []
+        assert len(b.host.ctx.agents.list()) == 1
+
+
 async def test_omitted_background_defaults_per_mode() -> None:
     """TOOL-4: omitted, run_in_background is false in one-shot mode and true in continuable."""
     async with boot(row(), provider=LocalProvider()) as b:
@@ -865,3 +891,64 @@ async def test_max_depth_zero_forbids_any_child() -> None:
         result = await b.execute(args())
         assert result.error is not None
         assert text(result) == "Error: subagent depth 1 exceeds maxDepth 0"
+
+
+# -- a provider's own cancellation is not the parent's (tools 15: never end the parent's turn) ----
+
+
+@attrs.define(eq=False)
+class SelfCancellingProvider:
+    """A provider that settles with a cancellation of its own, not of the caller's task:
+    ``where`` is ``start`` (its start raises ``CancelledError``), ``result`` (it cancels its
+    result future) or ``prepare`` (its ``prepare_continuable`` raises ``CancelledError``)."""
+
+    where: str
+    name: str = "local"
+    capabilities: SubagentCapabilities = IN_PROCESS_CAPABILITIES
+    inherits_parent_context: bool = False
+    disposed: int = 0
+
+    async def start(self, request: ResolvedSubagentStartRequest) -> SubagentRun:
+        if self.where == "start":
+            raise asyncio.CancelledError
+        future: asyncio.Future[SubagentResult] = asyncio.get_running_loop().create_future()
+        future.cancel()
+
+        async def dispose() -> None:
+            self.disposed += 1
+
+        return SubagentRun(id="cancelled-run", local_agent=None, result=future, dispose=dispose)
+
+    async def prepare_continuable(self, request: ContinuableCreateRequest) -> ContinuableCreateSpec:
+        raise asyncio.CancelledError
+
+
+@pytest.mark.parametrize(
+    ("where", "config", "expected", "code"),
+    [
+        ("start", {}, "Error: subagent start was cancelled; no subagent was started", "CANCELLED"),
+        ("result", {}, "Error: subagent run was cancelled", "SUBAGENT_RUN_FAILED"),
+        (
+            "prepare",
+            {"background_mode": "continuable"},
+            "Error: subagent start was cancelled; no subagent was started",
+            "CANCELLED",
+        ),
+    ],
+)
+async def test_a_providers_own_cancellation_is_an_errored_result_not_the_end_of_the_turn(
+    where: str, config: dict[str, Any], expected: str, code: str
+) -> None:
+    """TOOL-7, TOOL-9 (tools 15: bad outcomes are errored results): a provider that cancels
+    its own start, preparation or result future (``SharedResult.cancelled()``) is not a
+    cancellation of the parent: the call is an errored result the model reads, a run that
+    exists is disposed, and the parent's turn completes."""
+    provider = SelfCancellingProvider(where=where)
+    async with boot(row(**config), provider=provider) as b:
+        answer = await b.run(call_text(args()))
+        assert answer == f"got: {expected}"
+        (result,) = [e.data for e in b.parent.session.events if e.type == "tool/result"]
+        assert result.error is not None and result.error.code == code
+        ends = [e.data.reason.kind for e in b.parent.session.events if e.type == "turn/end"]
+        assert ends == ["completed"]
+        assert provider.disposed == (1 if where == "result" else 0)

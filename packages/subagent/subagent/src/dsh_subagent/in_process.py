@@ -270,6 +270,11 @@ def _publish(
         except BaseException:
             remove()
             raise
+        if request.signal.aborted:  # read again: ``followup`` ran listeners
+            # Aborted re-entrantly while the prompt was queued (a listener of the insertion):
+            # that cancel found no turn to stop, and the one followup then opened would run
+            # unprompted and unbounded. Stop it now (DRV-5).
+            cancel()
 
     async def dispose() -> None:
         # Whatever state ``result`` is in, a running child is stopped (hardening 11.8).

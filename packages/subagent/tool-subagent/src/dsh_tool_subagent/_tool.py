@@ -57,6 +57,8 @@ NO_JOBS = "background jobs unavailable: load dsh-core's jobs plugin"
 BACKGROUND_DISABLED = (
     "run_in_background is disabled for this tool instance (enable_run_in_background: false)"
 )
+#: A provider cancelled a start itself (not the caller's task being cancelled).
+START_CANCELLED = "subagent start was cancelled; no subagent was started"
 #: TOOL-7: the headline of a foreground run that did not complete, by stop reason.
 HEADLINES = {
     "aborted": "subagent run was cancelled",
@@ -66,6 +68,10 @@ HEADLINES = {
 }
 #: TOOL-11: where the ``tool:<name>`` guidance section sits.
 SECTION_ORDER = 116.5
+
+#: Every field a call may carry (``run_in_background`` also when background is disabled:
+#: a forced ``true`` is refused by TOOL-4's own text).
+_FIELDS = frozenset({"description", "prompt", "run_in_background"})
 
 _SEES_NOTHING = (
     "The subagent does not see this conversation: write a self-contained prompt that gives it "
@@ -130,6 +136,14 @@ def guidance_for(tool_name: str) -> str:
         "background subagent settles, the runtime sends you a notice containing its outcome "
         "and any closing message: there is no need to poll."
     )
+
+
+def _cancelled_here() -> bool:
+    """Whether the running task is being cancelled: a ``CancelledError`` that is ours to
+    propagate, rather than a provider's own cancellation (of its start, or of the result
+    future it settled by cancelling), which must not end the parent's turn."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
 
 
 def _foreground_failure(result: SubagentResult) -> str:
@@ -261,6 +275,9 @@ class SubagentTool:
         parent = run.agent
         if parent is None:
             raise ToolError(NO_AGENT, code="NO_AGENT")
+        unknown = sorted(key for key in args if key not in _FIELDS)
+        if unknown:
+            raise ToolError(self._unknown_fields(unknown), code="INVALID_ARGS")
         forced = args.get("run_in_background")
         if forced is True and not self.config.enable_run_in_background:
             raise ToolError(BACKGROUND_DISABLED, code="BACKGROUND_DISABLED")
@@ -268,23 +285,43 @@ class SubagentTool:
         prompt = (TextBlock(text=args["prompt"]),)
         label: str = args["description"]
         if background and self.config.continuable:
-            started = await run.ctx[SUBAGENTS].start_continuable(
-                ContinuableStartSpec(
-                    provider=self.provider,
-                    label=label,
-                    prompt=prompt,
-                    parent=parent,
-                    signal=run.signal,
-                    agent_options=self.agent_options,
-                    max_depth=self.max_depth,
-                    tool_filter=self.tool_filter,
-                    persona=self.persona,
-                )
+            spec = ContinuableStartSpec(
+                provider=self.provider,
+                label=label,
+                prompt=prompt,
+                parent=parent,
+                signal=run.signal,
+                agent_options=self.agent_options,
+                max_depth=self.max_depth,
+                tool_filter=self.tool_filter,
+                persona=self.persona,
             )
+            try:
+                started = await run.ctx[SUBAGENTS].start_continuable(spec)
+            except asyncio.CancelledError:
+                if _cancelled_here():
+                    raise
+                raise ToolError(START_CANCELLED, code="CANCELLED") from None
             return f"started subagent {started.child_id}"
         if background:
             return self._start_job(run, parent, label, prompt)
         return await self._foreground(run, parent, label, prompt)
+
+    def _unknown_fields(self, unknown: list[str]) -> str:
+        """Extra fields are bad input, not ignored: a model passing a subagent type or a
+        model would otherwise believe it chose one (the schema stays open, so that
+        ``run_in_background`` reaches TOOL-4's own refusal when background is disabled)."""
+        names = ", ".join(repr(key) for key in unknown)
+        takes = (
+            "description, prompt and run_in_background"
+            if self.config.enable_run_in_background
+            else "description and prompt"
+        )
+        return (
+            f"invalid arguments for {self.config.tool_name}: unknown "
+            f"field{'s' if len(unknown) > 1 else ''} {names}; "
+            f"{self.config.tool_name} takes only {takes}"
+        )
 
     def _request(
         self, parent: Any, label: str, prompt: tuple[TextBlock, ...], signal: Any
@@ -306,15 +343,21 @@ class SubagentTool:
         self, run: ToolRunContext, parent: Any, label: str, prompt: tuple[TextBlock, ...]
     ) -> str:
         """TOOL-7: start with the call's signal, await the result, then ALWAYS dispose."""
-        child = await run.ctx[SUBAGENTS].start(
-            self.provider, self._request(parent, label, prompt, run.signal)
-        )
+        request = self._request(parent, label, prompt, run.signal)
+        try:
+            child = await run.ctx[SUBAGENTS].start(self.provider, request)
+        except asyncio.CancelledError:
+            if _cancelled_here():
+                raise
+            raise ToolError(START_CANCELLED, code="CANCELLED") from None
         failed: str | None = None
         try:
             result = await child.result
         except asyncio.CancelledError:
-            await asyncio.shield(child.dispose())
-            raise
+            if _cancelled_here():
+                await asyncio.shield(child.dispose())
+                raise
+            failed = HEADLINES["aborted"]  # the provider settled the run by cancelling it
         except Exception as exc:
             failed = f"subagent run failed: {str(exc) or type(exc).__name__}"
         else:
