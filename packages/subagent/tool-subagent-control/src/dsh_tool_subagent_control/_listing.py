@@ -147,18 +147,25 @@ def project_descendants(
     return rows
 
 
+def _one_line(text: str) -> str:
+    """``text`` with its line breaks as spaces: a label (a model wrote it, maybe a child's
+    model) or a reason stays inside its own row and cannot pass for another row."""
+    return " ".join(text.splitlines()) if text else text
+
+
 def render_rows(rows: Any) -> str:
     """``<id> [<status>] — <label>``, ``<id> [diagnostic: <reason>]`` (with `` parent=<id>
-    depth=<n>`` after the bracket on a descendants row), one per line; ``(no subagents)``."""
+    depth=<n>`` after the bracket on a descendants row), one per line; ``(no subagents)``.
+    Line breaks inside a label or a reason are rendered as spaces (the value keeps them)."""
     if not rows:
         return "(no subagents)"
     lines = []
     for row in rows:
         at = f" parent={row['parent']} depth={row['depth']}" if "parent" in row else ""
         if row["kind"] == "child":
-            lines.append(f"{row['id']} [{row['status']}]{at} — {row['label']}")
+            lines.append(f"{row['id']} [{row['status']}]{at} — {_one_line(row['label'])}")
         else:
-            lines.append(f"{row['id']} [diagnostic: {row['reason']}]{at}")
+            lines.append(f"{row['id']} [diagnostic: {_one_line(row['reason'])}]{at}")
     return "\n".join(lines)
 
 
