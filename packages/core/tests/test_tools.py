@@ -337,6 +337,44 @@ async def test_tool_exceptions_become_failure_results_with_their_code() -> None:
         assert "bad value" in text(broken)
 
 
+async def test_a_cancelled_error_of_the_body_itself_is_a_failure_result() -> None:
+    """host-core §7: tool exceptions become Failure results, never turn failures; that holds
+    for a ``CancelledError`` the body raises by itself (it awaited work that someone else
+    cancelled) while its own task is not being cancelled."""
+    async with scripted_host() as h:
+
+        async def awaits_cancelled_work(args: Any, run: ToolRunContext) -> str:
+            work = asyncio.get_running_loop().create_future()
+            work.cancel()
+            return await work  # type: ignore[no-any-return]
+
+        h.ctx.tools.register(tool("orphaned", body=awaits_cancelled_work))
+        result = await h.ctx.tools.execute(call("orphaned"))
+        assert code(result) == "TOOL_ERROR"
+        assert text(result) == "Error: the tool's work was cancelled"
+
+
+async def test_cancelling_the_task_running_a_tool_still_propagates() -> None:
+    """host-core §2: a foreign cancellation of the running task (the turn's, the loop's
+    shutdown) is never turned into a product outcome: it propagates."""
+    async with scripted_host() as h:
+        started = asyncio.Event()
+
+        async def waits(args: Any, run: ToolRunContext) -> str:
+            started.set()
+            await asyncio.get_running_loop().create_future()
+            return "never"
+
+        h.ctx.tools.register(tool("waits", body=waits))
+        running = asyncio.ensure_future(h.ctx.tools.execute(call("waits")))
+        async with asyncio.timeout(5):
+            await started.wait()
+        running.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            async with asyncio.timeout(5):
+                await running
+
+
 async def test_pre_execute_waterfall_can_deny_and_ask_is_a_denial() -> None:
     """host-core §7: tools/pre-execute returns allow | deny; `ask` is a denial (no approval)."""
     async with scripted_host() as h:
@@ -496,6 +534,29 @@ async def test_invalid_args_from_the_model_are_a_result_and_the_turn_goes_on() -
         assert second.messages[-1].role == "tool"
         assert "Error: arguments are not valid JSON" in blocks_text(
             second.messages[-1].content[0].content  # type: ignore[attr-defined]
+        )
+        ends = [e.data.reason.kind for e in handle.agent.session.events if e.type == "turn/end"]
+        assert ends == ["completed"]
+
+
+async def test_a_body_that_raises_cancelled_error_by_itself_does_not_end_the_turn() -> None:
+    """host-core §7: a tool whose body raises ``CancelledError`` by itself gives an errored
+    tool result the model reads, and the turn completes (its call is answered)."""
+    replies = [ScriptedReply(tool_calls=(ScriptedToolCall(name="orphaned", id="c1"),)), "went on"]
+    async with scripted_host(model=replies) as h:
+
+        async def awaits_cancelled_work(args: Any, run: ToolRunContext) -> str:
+            work = asyncio.get_running_loop().create_future()
+            work.cancel()
+            return await work  # type: ignore[no-any-return]
+
+        h.ctx.tools.register(tool("orphaned", body=awaits_cancelled_work))
+        handle = await h.create_agent()
+        assert await h.run(handle.agent, "go") == "went on"
+        answer = h.model.requests[1].messages[-1]
+        assert answer.role == "tool"
+        assert blocks_text(answer.content[0].content) == (  # type: ignore[attr-defined]
+            "Error: the tool's work was cancelled"
         )
         ends = [e.data.reason.kind for e in handle.agent.session.events if e.type == "turn/end"]
         assert ends == ["completed"]

@@ -583,11 +583,20 @@ plain_result: ToolExecutionResult | None = None
 async def _invoke(
     definition: ToolDefinition, arguments: JsonValue, run: ToolRunContext
 ) -> ToolExecutionResult:
-    """Run the tool body; its own failure becomes an error result (code from ``exc.code``)."""
+    """Run the tool body; its own failure becomes an error result (code from ``exc.code``).
+
+    A ``CancelledError`` propagates only while the running task is being cancelled (the
+    turn's, or the loop shutting down). One the body raises by itself (it awaited work that
+    someone else cancelled) is the tool's failure like any other exception: it must not end
+    the caller's turn with its call left unanswered.
+    """
     try:
         value = await definition.execute(arguments, run)
-    except asyncio.CancelledError:
-        raise
+    except asyncio.CancelledError as exc:
+        task = asyncio.current_task()
+        if task is None or task.cancelling():
+            raise
+        return failure(str(exc) or "the tool's work was cancelled", "TOOL_ERROR")
     except Exception as exc:
         code = getattr(exc, "code", None)
         return failure(
