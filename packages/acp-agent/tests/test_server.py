@@ -18,6 +18,7 @@ import pytest
 from acp._transport import memory_transport_pair
 
 from dsh_acp_agent import AgentServerConfig, ConfigError, load_config, open_agent
+from dsh_core import PluginError
 
 
 class Recorder:
@@ -320,6 +321,66 @@ def test_a_bad_config_file_is_a_one_line_error(
     assert out == ""
     assert err.startswith("dsh-acp-agent: error: ") and "store.kind" in err
     assert main(["--config", str(tmp_path / "missing.toml")]) == 2
+
+
+def test_a_config_file_not_in_utf_8_is_a_one_line_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """acp 16.2: a config file in another encoding exits 2 with one line naming it, never a
+    UnicodeDecodeError traceback."""
+    from dsh_acp_agent.cli import main
+
+    path = tmp_path / "agent.toml"
+    path.write_bytes('[model]\nmodel = "caf\xe9"\n'.encode("latin-1"))
+    assert main(["--config", str(path)]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.startswith(f"dsh-acp-agent: error: cannot read {path}: ")
+    assert len(err.splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("row", "needle"),
+    [
+        ('plugin = "jobs"\nconfig = { cap = "3" }', "plugins[0] (plugin 'jobs') config: key 'cap'"),
+        ('plugin = "jobs"\nextra = 1', "plugins[0] needs `plugin`"),
+        ("plugin = 5", "plugins[0]: `plugin` must be a string"),
+    ],
+)
+async def test_a_bad_row_of_the_config_file_is_named_as_the_file_numbers_it(
+    tmp_path: Path, row: str, needle: str
+) -> None:
+    """acp 16.2, dx 12.5: a row of the file's [[plugins]] that is wrong is named by the file
+    and by its index in the file (the server's own rows before it are not counted)."""
+    path = tmp_path / "agent.toml"
+    path.write_text(f"[[plugins]]\n{row}\n", encoding="utf-8")
+    with pytest.raises(PluginError) as err:
+        async with open_agent(load_config(path)):
+            pass
+    assert err.value.code == "PLUGIN_CONFIG"
+    assert str(err.value).startswith(f"{path}: {needle}")
+
+
+@pytest.mark.parametrize("stdin", ["devnull", "file", "closed"])
+def test_stdin_that_is_not_a_pipe_is_a_one_line_error(tmp_path: Path, stdin: str) -> None:
+    """acp 16.2: the protocol comes on a pipe or a socket; with /dev/null the server hung for
+    ever after a logged traceback, with a file it died on a ValueError. Either is one line
+    and exit status 2, before anything is served."""
+    request = tmp_path / "requests.jsonl"
+    request.write_text("{}\n", encoding="utf-8")
+    redirect = {"devnull": "</dev/null", "file": f"<'{request}'", "closed": "<&-"}[stdin]
+    done = subprocess.run(
+        ["/bin/sh", "-c", f"exec '{sys.executable}' -m dsh_acp_agent {redirect}"],
+        stdin=subprocess.PIPE,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith("dsh-acp-agent: error: stdin ")
+    assert len(done.stderr.splitlines()) == 1
+    assert done.stdout == ""
 
 
 @pytest.mark.slow

@@ -1621,3 +1621,26 @@ async def test_when_idle_after_a_driver_cancelled_before_it_ran() -> None:
         driver.cancel()
         await bounded(waiter)
         assert agent.status == "idle" and agent._driver is None
+
+
+async def test_a_turn_of_steps_that_never_suspend_still_lets_the_loop_run() -> None:
+    """host-core §9 (turn loop): a model and tools that never suspend (the scripted model calling
+    a tool that fails at once) must not keep the event loop to one turn: between two steps
+    other tasks run, so Ctrl-C, a timeout or an abort reaches a turn that loops forever."""
+    ran = asyncio.Event()
+    requests = 0
+
+    def model(request: Any) -> ScriptedReply | str:
+        nonlocal requests
+        requests += 1
+        if ran.is_set() or requests > 50:  # bounded either way: the test cannot hang
+            return "done"
+        return ScriptedReply(tool_calls=(ScriptedToolCall(name="no_such_tool"),))
+
+    async with scripted_host(model=model) as h:
+        agent = (await h.create_agent()).agent
+        agent.followup(user_message("loop"))
+        asyncio.get_running_loop().call_soon(ran.set)
+        await bounded(agent.when_idle())
+        assert ran.is_set()
+        assert requests <= 3, f"the loop ran only after {requests} steps"

@@ -123,12 +123,15 @@ disabled = true
         pytest.param('[[plugins]]\nplugin = "a"\nextra = 1\n', id="unknown-row-key"),
         pytest.param('other = 1\n[[plugins]]\nplugin = "a"\n', id="unknown-top-level-key"),
         pytest.param("[[plugins]\n", id="not-toml"),
+        pytest.param('[[plugins]]\nplugin = "caf\xe9"\n', id="not-utf-8"),
+        pytest.param("x = " + "[" * 100_000 + "]" * 100_000, id="nested-too-deep"),
     ],
 )
 def test_malformed_composition_file_fails_plugin_config(tmp_path: Path, text: str) -> None:
-    """host-core §1: a malformed composition file fails PLUGIN_CONFIG."""
+    """host-core §1: a malformed composition file fails PLUGIN_CONFIG (one not in UTF-8, or
+    nested too deep to parse, too: never a UnicodeDecodeError or a RecursionError)."""
     path = tmp_path / "host.toml"
-    path.write_text(text, encoding="utf-8")
+    path.write_bytes(text.encode("latin-1"))
     with pytest.raises(PluginError) as err:
         load_composition(path)
     assert err.value.code == "PLUGIN_CONFIG"

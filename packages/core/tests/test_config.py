@@ -199,10 +199,13 @@ def test_a_right_typed_value_is_taken_as_it_is(data: st.DataObject) -> None:
         pytest.param({"cap": 2.0}, "key 'cap' (int)", id="int-float"),
         pytest.param({"cap": True}, "key 'cap' (int)", id="int-bool"),
         pytest.param({"capp": 3}, "key 'capp' is unknown (known keys: ['cap'])", id="unknown"),
+        pytest.param({"cap": 0}, "key 'cap' must be at least 1, got 0", id="zero"),
+        pytest.param({"cap": -1}, "key 'cap' must be at least 1, got -1", id="negative"),
     ],
 )
 def test_jobs_cap_is_an_integer_and_nothing_else(config: dict[str, Any], needle: str) -> None:
-    """host-core §1, dx 12.5: no int("3"), no int from a float or a boolean, no unknown key."""
+    """host-core §1, dx 12.5: no int("3"), no int from a float or a boolean, no unknown key;
+    a cap under 1 is refused by the config, naming the row and key (not at mount, unnamed)."""
     with pytest.raises(PluginError) as err:
         structure_config(CONFIGURED["jobs"], config, row=5)
     assert err.value.code == "PLUGIN_CONFIG"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
+from datetime import date
 from pathlib import Path
 from typing import Any
 
@@ -316,6 +317,22 @@ async def test_script_file_tool_call_keeps_its_id() -> None:
             id="group-named-like-a-built-in",
         ),
         pytest.param({"rules": [{"when": {"last_tool_result": "["}, "reply": "x"}]}, id="bad-re"),
+        # a wrong type is refused, never converted nor left to fail at request time
+        pytest.param({"rules": 5}, id="rules-not-a-list"),
+        pytest.param({"rules": "ab"}, id="rules-a-string"),
+        pytest.param({"default": {"tool_calls": 5}}, id="calls-not-a-list"),
+        pytest.param({"default": {"tool_calls": [{"name": 3}]}}, id="call-name-a-number"),
+        pytest.param({"default": {"tool_calls": [{"name": ""}]}}, id="call-name-empty"),
+        pytest.param({"default": {"tool_calls": [{"name": "t", "arguments": 5}]}}, id="args-5"),
+        pytest.param(
+            {"default": {"tool_calls": [{"name": "t", "arguments": {"d": date(2024, 1, 1)}}]}},
+            id="args-a-toml-date",
+        ),
+        pytest.param({"rules": [{"when": {"last_role": []}, "reply": "x"}]}, id="role-a-list"),
+        pytest.param({"rules": [{"when": {"last_user": 5}, "reply": "x"}]}, id="regex-a-number"),
+        pytest.param({"rules": [{"when": {"tool": ["a"]}, "reply": "x"}]}, id="tool-a-list"),
+        pytest.param({"default": {"error": {"message": 5}}}, id="error-message-a-number"),
+        pytest.param({"default": {"error": {"reason": "x"}}}, id="error-unknown-key"),
     ],
 )
 def test_malformed_script_data_is_script_invalid(data: dict[str, Any]) -> None:
@@ -331,12 +348,16 @@ def test_malformed_script_data_is_script_invalid(data: dict[str, Any]) -> None:
         ("broken.json", "{not json"),
         ("broken.toml", "rules = [ {"),
         ("list.json", "[1, 2]"),
+        ("deep.json", '{"rules": ' + "[" * 100_000 + "]" * 100_000 + "}"),
+        ("deep.toml", "rules = " + "[" * 100_000 + "]" * 100_000),
+        ("latin1.toml", "default = 'caf\xe9'"),
     ],
 )
 def test_unreadable_script_files_are_script_invalid(tmp_path: Path, name: str, text: str) -> None:
-    """host-core §2: invalid JSON/TOML, a non-object script or a missing file is SCRIPT_INVALID."""
+    """host-core §2: invalid JSON/TOML, a non-object script, one nested too deep to parse, one
+    not in UTF-8, or a missing file is SCRIPT_INVALID."""
     path = tmp_path / name
-    path.write_text(text, encoding="utf-8")
+    path.write_bytes(text.encode("latin-1"))
     with pytest.raises(ScriptError) as err:
         ScriptedAdapter.from_file(path)
     assert err.value.code == "SCRIPT_INVALID"

@@ -277,6 +277,39 @@ async def test_whole_tool_calls_without_an_index_stay_apart(
     )
 
 
+async def test_parallel_tool_calls_that_reuse_one_index_stay_apart(
+    server: ChatCompletionsServer,
+) -> None:
+    """host-core §2: an endpoint that numbers every parallel call `index: 0` (Ollama does), each
+    with an id of its own and its arguments in pieces, gets one block per call, never one call
+    with the arguments of both; an endpoint that repeats a call's id on each of its pieces
+    (vLLM does) still gets one block for it."""
+
+    def call(call_id: str | None, name: str | None, arguments: str) -> dict[str, Any]:
+        function: dict[str, Any] = {"arguments": arguments}
+        if name is not None:
+            function["name"] = name
+        head = {"id": call_id, "type": "function"} if call_id is not None else {}
+        return {"index": 0, **head, "function": function}
+
+    server.add(
+        Reply(
+            chunks=(
+                chunk(tool_calls=[call("call_a", "read", "")]),
+                chunk(tool_calls=[call(None, None, '{"path": ')]),
+                chunk(tool_calls=[call(None, None, '"a"}')]),
+                chunk(tool_calls=[call("call_b", "read", '{"path": ')]),
+                chunk(tool_calls=[call("call_b", None, '"b"}')]),
+                chunk(finish_reason="tool_calls"),
+            )
+        )
+    )
+    assert assemble(await collect(adapter(server), request())).blocks() == (
+        ToolCallBlock(id="call_a", name="read", arguments='{"path": "a"}'),
+        ToolCallBlock(id="call_b", name="read", arguments='{"path": "b"}'),
+    )
+
+
 # -- finish reasons -------------------------------------------------------------------------------
 
 

@@ -44,11 +44,19 @@ class AgentServerConfig:
     max_tokens: int | None = None
     store: str = "memory"
     store_root: str | None = None
+    #: The file the config was read from (errors about its rows name it).
+    source: str | None = None
 
     @property
     def durable(self) -> bool:
         """Whether sessions outlive the process (``session/load`` is offered)."""
         return self.store == "jsonl"
+
+    @property
+    def first_file_row(self) -> int:
+        """The index in :meth:`rows` of the file's ``plugins[0]`` (the rows before it are the
+        ones this class adds)."""
+        return len(self.rows()) - len(self.plugins) - 1
 
     def rows(self) -> list[Any]:
         """The composition: the core rows, the store, the scripted model (unless a row of
@@ -86,12 +94,12 @@ def load_config(path: str | Path | None) -> AgentServerConfig:
     p = Path(path)
     try:
         data = tomllib.loads(p.read_text(encoding="utf-8"))
-    except (OSError, tomllib.TOMLDecodeError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:  # ValueError: not UTF-8, not TOML
         raise ConfigError(f"cannot read {p}: {exc}") from exc
     unknown = set(data) - _KEYS
     if unknown:
         raise ConfigError(f"{p}: unknown keys {sorted(unknown)} (known: {sorted(_KEYS)})")
-    fields: dict[str, Any] = {}
+    fields: dict[str, Any] = {"source": str(p)}
     if "load" in data:
         fields["load"] = _strings(data["load"], f"{p}: load")
     modules = data.get("modules", {})

@@ -15,6 +15,7 @@ import contextlib
 import importlib
 import logging
 import os
+import re
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -40,6 +41,7 @@ from dsh_core import (
     AgentOptions,
     Context,
     CreateAgentOptions,
+    PluginError,
     ReasoningBlock,
     ReasoningDelta,
     ResumeAgentOptions,
@@ -358,6 +360,23 @@ class DshAcpAgent:
                 await live.handle.dispose()
 
 
+_ROW = re.compile(r"plugins\[(\d+)\]")
+
+
+def _in_file(exc: PluginError, config: AgentServerConfig) -> PluginError:
+    """``exc`` naming the config file's own row: the host counts the rows it is booted with,
+    the core ones this server puts before the file's included."""
+    message = str(exc)
+    found = _ROW.match(message)
+    first = config.first_file_row
+    if config.source is None or found is None:
+        return exc
+    index = int(found.group(1)) - first
+    if not 0 <= index < len(config.plugins):
+        return exc  # a row of the server's own (the [model] route's `acp-agent`, say)
+    return PluginError(f"{config.source}: plugins[{index}]{message[found.end() :]}", code=exc.code)
+
+
 @contextlib.asynccontextmanager
 async def open_agent(config: AgentServerConfig) -> AsyncIterator[DshAcpAgent]:
     """Boot the host ``config`` describes (with the ``acp-agent`` plugin) and yield its ACP
@@ -376,7 +395,11 @@ async def open_agent(config: AgentServerConfig) -> AsyncIterator[DshAcpAgent]:
         pm.load_entry_points(only=config.load)
         for failure in pm.failures:
             _log.error("%s", failure.describe())
-    async with await boot_host(config.rows(), pm=pm) as runtime:
+    try:
+        runtime = await boot_host(config.rows(), pm=pm)
+    except PluginError as exc:
+        raise _in_file(exc, config) from exc
+    async with runtime:
         agent = runtime.ctx.acp_agent.agent()
         try:
             yield agent

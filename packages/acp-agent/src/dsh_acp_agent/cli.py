@@ -15,6 +15,7 @@ import gc
 import logging
 import os
 import signal
+import stat
 import sys
 from collections.abc import Sequence
 from typing import BinaryIO, cast
@@ -85,6 +86,18 @@ async def _main(config: AgentServerConfig, out: BinaryIO) -> None:
         await serve(config, reader, writer)
 
 
+def _stdin_problem() -> str | None:
+    """Why stdin cannot carry the protocol, if it cannot: the event loop reads a pipe, a
+    socket or a terminal; a regular file or ``/dev/null`` would fail, or never end."""
+    try:
+        mode = os.fstat(0).st_mode
+    except OSError as exc:
+        return f"stdin is not open ({exc.strerror})"
+    if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or os.isatty(0):
+        return None
+    return "stdin must be a pipe or a socket to the ACP client (got a file or a device)"
+
+
 def _tune_collector() -> None:
     """Collect the youngest generation every ``YOUNG_THRESHOLD`` allocations.
 
@@ -109,6 +122,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         config = load_config(args.config)
     except ConfigError as exc:
         print(f"dsh-acp-agent: error: {exc}", file=sys.stderr)
+        return 2
+    problem = _stdin_problem()
+    if problem is not None:
+        print(f"dsh-acp-agent: error: {problem}", file=sys.stderr)
         return 2
     out = _claim_stdout()
     _tune_collector()

@@ -548,6 +548,10 @@ class Agent:
                         raise _TurnAborted
                     if not inbox.next_step:
                         break
+                # Another step follows: let the event loop run first. A model and tools that
+                # never suspend (the scripted model, a tool failing at once) would otherwise
+                # keep the loop to this turn, out of reach of Ctrl-C, timeouts and aborts.
+                await asyncio.sleep(0)
                 batch = tuple(inbox.claim(turn_boundary=False))
                 self._emit_claimed(batch)
         except (_TurnAborted, AbortedError):

@@ -113,7 +113,7 @@ def load_composition(path: str | Path) -> list[PluginRow]:
     p = Path(path)
     try:
         data = tomllib.loads(p.read_text(encoding="utf-8"))
-    except (OSError, tomllib.TOMLDecodeError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:  # ValueError: not UTF-8, not TOML
         raise PluginError(f"cannot read composition {p}: {exc}", code="PLUGIN_CONFIG") from exc
     rows = data.get("plugins")
     if not isinstance(rows, list) or set(data) - {"plugins"}:

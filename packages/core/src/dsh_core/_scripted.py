@@ -244,7 +244,10 @@ class ScriptedAdapter:
     @classmethod
     def from_data(cls, data: Mapping[str, Any], *, record: bool = True) -> ScriptedAdapter:
         """Build from a script mapping (see :meth:`from_file` for the format)."""
-        rules = [_parse_rule(r, i) for i, r in enumerate(data.get("rules", ()))]
+        raw_rules = data.get("rules", ())
+        if not isinstance(raw_rules, list | tuple):
+            raise ScriptError(f"`rules` is a list of {{when, reply}} tables, got {raw_rules!r:.80}")
+        rules = [_parse_rule(r, i) for i, r in enumerate(raw_rules)]
         default = data.get("default")
         fallback = _parse_reply(default, "default") if default is not None else None
         fallback_templated = fallback is not None and _templated(fallback)
@@ -287,7 +290,7 @@ class ScriptedAdapter:
         try:
             text = p.read_text(encoding="utf-8")
             data = tomllib.loads(text) if p.suffix == ".toml" else json.loads(text)
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, RecursionError) as exc:  # RecursionError: nested too deep
             raise ScriptError(f"cannot read model script {p}: {exc}") from exc
         if not isinstance(data, Mapping):
             raise ScriptError(f"model script {p} must be an object")
@@ -510,8 +513,12 @@ def _parse_rule(raw: object, i: int) -> _Rule:
     for key in ("last_user", "system", "last_tool_result", "unanswered", "conversation"):
         if key not in when:
             continue
+        if not isinstance(when[key], str):
+            raise ScriptError(
+                f"rule {i}: `{key}` is a regular expression (a string), got {when[key]!r:.80}"
+            )
         try:
-            pattern = re.compile(str(when[key]))
+            pattern = re.compile(when[key])
         except re.error as exc:
             raise ScriptError(f"rule {i}: bad regex: {exc}") from exc
         taken = _BUILTINS & set(pattern.groupindex)
@@ -522,11 +529,13 @@ def _parse_rule(raw: object, i: int) -> _Rule:
         tests.append(_regex_test(key, pattern))
     if "last_role" in when:
         role = when["last_role"]
-        if role not in _ROLES:
+        if not isinstance(role, str) or role not in _ROLES:
             raise ScriptError(f"rule {i}: `last_role` is one of {sorted(_ROLES)}")
         tests.append(lambda r: _NO_CAPTURES if r.last is not None and r.last.role == role else None)
     if "tool" in when:
         tool = when["tool"]
+        if not isinstance(tool, str):
+            raise ScriptError(f"rule {i}: `tool` is a tool name (a string), got {tool!r:.80}")
         tests.append(lambda r: _NO_CAPTURES if tool in r.tool_names else None)
 
     def holds(r: ScriptedRequest) -> dict[str, str] | None:
@@ -549,24 +558,38 @@ def _parse_reply(raw: object, where: str) -> ScriptedReply:
     if not isinstance(raw, Mapping) or set(raw) - _REPLY_KEYS:
         raise ScriptError(f"{where}: a reply is a string or an object with {sorted(_REPLY_KEYS)}")
     calls: list[ScriptedToolCall] = []
-    for c in raw.get("tool_calls", ()):
+    raw_calls = raw.get("tool_calls", ())
+    if not isinstance(raw_calls, list | tuple):
+        raise ScriptError(f"{where}: `tool_calls` is a list of {{name, arguments?}} tables")
+    for c in raw_calls:
         if not isinstance(c, Mapping) or "name" not in c or set(c) - {"name", "arguments", "id"}:
             raise ScriptError(f"{where}: a tool call is {{name, arguments?}}")
+        name = c["name"]
+        if not isinstance(name, str) or not name:
+            raise ScriptError(f"{where}: a tool call's `name` is a non-empty string")
         call_id = c.get("id")
         if call_id is not None and not isinstance(call_id, str):
             raise ScriptError(f"{where}: a tool call id is a string")
-        calls.append(
-            ScriptedToolCall(name=str(c["name"]), arguments=c.get("arguments", {}), id=call_id)
-        )
+        call = ScriptedToolCall(name=name, arguments=c.get("arguments", {}), id=call_id)
+        if not isinstance(call.arguments, str | Mapping):
+            raise ScriptError(f"{where}: tool call {name!r}: `arguments` is a table or JSON text")
+        try:
+            call.raw_arguments()
+        except (TypeError, ValueError) as exc:  # a TOML date, say: JSON has no such value
+            raise ScriptError(
+                f"{where}: tool call {name!r}: `arguments` is not JSON: {exc}"
+            ) from exc
+        calls.append(call)
     error = raw.get("error")
     failure = None
     if error is not None:
-        if not isinstance(error, Mapping):
+        if not isinstance(error, Mapping) or set(error) - {"message", "code"}:
             raise ScriptError(f"{where}: error is {{message, code}}")
-        failure = LlmFailure(
-            message=str(error.get("message", "scripted failure")),
-            code=str(error.get("code", "SCRIPTED")),
-        )
+        message = error.get("message", "scripted failure")
+        code = error.get("code", "SCRIPTED")
+        if not isinstance(message, str) or not isinstance(code, str):
+            raise ScriptError(f"{where}: error's `message` and `code` are strings")
+        failure = LlmFailure(message=message, code=code)
     for key in ("text", "reasoning"):
         if not isinstance(raw.get(key, ""), str):
             raise ScriptError(f"{where}: `{key}` is a string")

@@ -146,9 +146,6 @@ def cmd_run(args: argparse.Namespace, out: TextIO) -> int:
     except DshError as exc:
         print(f"dsh run: error: {exc} [{exc.code}]", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("\ndsh run: interrupted", file=sys.stderr)
-        return 130
     return status
 
 
@@ -206,7 +203,11 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     """Entry point of the ``dsh`` console script; returns the exit status."""
     args = _parser().parse_args(argv)
-    status: int = args.run(args, out or sys.stdout)
+    try:
+        status: int = args.run(args, out or sys.stdout)
+    except KeyboardInterrupt:  # Ctrl-C: whatever ran was cancelled and closed on the way out
+        print(f"\ndsh {args.command}: interrupted", file=sys.stderr)
+        return 130
     return status
 
 

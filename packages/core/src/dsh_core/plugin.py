@@ -72,11 +72,16 @@ class SystemPromptConfig:
     persona: str = ""
 
 
+def _at_least_one(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
+    if value < 1:
+        raise ValueError(f"key {attribute.name!r} must be at least 1, got {value!r}")
+
+
 @attrs.frozen(kw_only=True)
 class JobsConfig:
-    """``jobs``: unfinished jobs allowed per owner."""
+    """``jobs``: unfinished jobs allowed per owner (at least 1)."""
 
-    cap: int = DEFAULT_CAP
+    cap: int = attrs.field(default=DEFAULT_CAP, validator=_at_least_one)
 
 
 def _sessions(ctx: Context, _: None) -> None:

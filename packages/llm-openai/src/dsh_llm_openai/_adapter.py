@@ -396,6 +396,7 @@ class OpenAIAdapter:
                 anext_ = stream.__aiter__().__anext__
                 current_task = asyncio.current_task
                 blocks: dict[object, int] = {}
+                call_ids: dict[object, str] = {}  # the id of the call each wire key holds now
                 next_index = 0
                 last_kind: object = None
                 finish_reason: str | None = None
@@ -444,6 +445,15 @@ class OpenAIAdapter:
                                         )
                                     key = ("call", wire)
                                     index = blocks.get(key)
+                                    call_id = call.get("id")
+                                    if (
+                                        call_id
+                                        and call_id.__class__ is str
+                                        and call_ids.setdefault(key, call_id) != call_id
+                                    ):  # a new call under a used index (Ollama numbers every
+                                        # parallel call 0): a block of its own
+                                        call_ids[key] = call_id
+                                        index = None
                                     if index is None:
                                         index = blocks[key] = next_index
                                         next_index += 1
