@@ -148,6 +148,49 @@ def test_a_route_nothing_answers_fails_before_the_turn(
     assert err.startswith("dsh run: error: ") and f"[{code}]" in err
 
 
+def test_a_bad_config_in_the_row_that_sets_model_names_the_file_and_row(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """llm-openai 17.3 (config rule: errors name the row and the key): the row `dsh run` reads
+    for its route before it boots is checked like every row, so its error names the file and
+    `plugins[i]`, not only the plugin."""
+    config = tmp_path / "bad.toml"
+    config.write_text(
+        '[[plugins]]\nplugin = "sessions"\n'
+        '[[plugins]]\nplugin = "llm-scripted"\nconfig = { model = 5 }\n',
+        encoding="utf-8",
+    )
+    status, out, err = run("--config", str(config), "hi", capsys=capsys)
+    assert (status, out) == (2, "")
+    assert f"{config}: plugins[1] (plugin 'llm-scripted') config: " in err
+    assert "'model'" in err and "[PLUGIN_CONFIG]" in err
+
+
+def test_an_unknown_plugin_is_reported_before_the_missing_route(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """llm-openai 17.3: a file whose rows name an unknown plugin and no model fails with
+    PLUGIN_UNKNOWN (the likely cause: the row meant to set the model), not RUN_MODEL."""
+    config = tmp_path / "typo.toml"
+    config.write_text('[[plugins]]\nplugin = "llm-opneai"\nconfig = { x = 1 }\n', "utf-8")
+    status, out, err = run("--config", str(config), "hi", capsys=capsys)
+    assert (status, out) == (2, "")
+    assert "[PLUGIN_UNKNOWN]" in err and "'llm-opneai'" in err
+    assert "RUN_MODEL" not in err
+
+
+def test_a_file_with_no_model_row_is_run_model_once_it_boots(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """llm-openai 17.3: a sound file that sets no model and mounts no scripted model is
+    RUN_MODEL, exit 2, and no turn runs."""
+    config = tmp_path / "nomodel.toml"
+    config.write_text('[[plugins]]\nplugin = "sessions"\n', encoding="utf-8")
+    status, out, err = run("--config", str(config), "hi", capsys=capsys)
+    assert (status, out) == (2, "")
+    assert "sets `model`" in err and "[RUN_MODEL]" in err
+
+
 def test_a_turn_that_fails_exits_1_with_the_reason(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -55,6 +55,9 @@ class Composition:
     rows: tuple[PluginRow, ...]
     provider: str
     model: str
+    #: Why no route could be chosen (``RUN_MODEL``), raised once the rows have booted, so an
+    #: unknown plugin or a missing service in them is reported first (it may be the cause).
+    no_route: str | None = None
 
 
 def _where(options: RunOptions) -> str:
@@ -92,12 +95,13 @@ def _default_rows(specs: Mapping[str, PluginSpec]) -> list[PluginRow]:
 def _route_of_rows(
     rows: Sequence[PluginRow], specs: Mapping[str, PluginSpec], provider: str | None
 ) -> tuple[str, str] | None:
-    """The first enabled row whose config names a ``model`` (of ``provider``, when given)."""
-    for row in rows:
+    """The first enabled row whose config names a ``model`` (of ``provider``, when given).
+    A bad config in such a row is ``PLUGIN_CONFIG`` naming it (``plugins[i]``), as at boot."""
+    for i, row in enumerate(rows):
         spec = specs.get(row.plugin)
         if row.disabled or spec is None or "model" not in row.config:
             continue
-        config = structure_config(spec, row.config)
+        config = structure_config(spec, row.config, row=i)
         model, name = getattr(config, "model", None), getattr(config, "provider", None)
         if isinstance(model, str) and model and isinstance(name, str) and provider in (None, name):
             return name, model
@@ -106,8 +110,20 @@ def _route_of_rows(
 
 def compose_run(options: RunOptions, specs: Mapping[str, PluginSpec]) -> Composition:
     """The rows and the route of a run (nothing is booted). Errors are ``PLUGIN_CONFIG``
-    naming the file, and ``RUN_MODEL`` for a route that cannot be chosen."""
+    naming the file; a route that cannot be chosen is ``no_route`` (``RUN_MODEL`` after boot).
+    """
     rows = load_composition(options.config) if options.config else _default_rows(specs)
+    try:
+        return _compose(options, specs, rows)
+    except PluginError as exc:
+        if options.config and options.config not in str(exc):
+            raise PluginError(f"{options.config}: {exc}", code=exc.code) from exc
+        raise
+
+
+def _compose(
+    options: RunOptions, specs: Mapping[str, PluginSpec], rows: list[PluginRow]
+) -> Composition:
     has_store = any(r.plugin in _PERSISTENCE and not r.disabled for r in rows)
     if options.store is not None:
         # A file's row keeps its index (errors name it): a replaced row is disabled in place.
@@ -121,9 +137,11 @@ def compose_run(options: RunOptions, specs: Mapping[str, PluginSpec]) -> Composi
         if route is not None:
             return Composition(rows=tuple(rows), provider=route[0], model=route[1])
         if options.config and not any(r.plugin == "llm-scripted" for r in rows):
-            raise DshError(
-                f"no row of {options.config} sets `model`: pass --model PROVIDER:MODEL",
-                code="RUN_MODEL",
+            return Composition(
+                rows=tuple(rows),
+                provider="",
+                model="",
+                no_route=f"no row of {options.config} sets `model`: pass --model PROVIDER:MODEL",
             )
         provider = "scripted"  # nothing named a model: the offline one
     if provider == "scripted":
@@ -131,10 +149,14 @@ def compose_run(options: RunOptions, specs: Mapping[str, PluginSpec]) -> Composi
     if not model:
         route = _route_of_rows(rows, specs, provider)
         if route is None:
-            raise DshError(
-                f"--model {provider!r} names no model, and no row of {_where(options)} for "
-                f"provider {provider!r} sets `model`: pass --model {provider}:MODEL",
-                code="RUN_MODEL",
+            return Composition(
+                rows=tuple(rows),
+                provider=provider,
+                model="",
+                no_route=(
+                    f"--model {provider!r} names no model, and no row of {_where(options)} for "
+                    f"provider {provider!r} sets `model`: pass --model {provider}:MODEL"
+                ),
             )
         model = route[1]
     return Composition(rows=tuple(rows), provider=provider, model=model)
@@ -226,6 +248,8 @@ async def run_agent(
         raise
     async with runtime as host:
         ctx = host.ctx
+        if composition.no_route is not None:
+            raise DshError(composition.no_route, code="RUN_MODEL")
         if ctx.llm.adapter(composition.provider) is None:
             raise LlmSeamError(
                 f"no model adapter answers provider {composition.provider!r} in "
