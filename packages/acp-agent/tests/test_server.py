@@ -497,3 +497,39 @@ def test_console_script_raises_the_collectors_first_threshold() -> None:
         assert gc.get_threshold() == (cli.YOUNG_THRESHOLD, 10, 10) == (10_000, 10, 10)
     finally:
         gc.set_threshold(*before)
+
+
+@pytest.mark.parametrize(
+    ("config", "needle"),
+    [
+        pytest.param({"max_tokens": 0}, "key 'max_tokens' must be at least 1, got 0", id="zero"),
+        pytest.param({"max_tokens": -3}, "key 'max_tokens' must be at least 1", id="negative"),
+        pytest.param({"provider": ""}, "key 'provider' must not be empty", id="provider"),
+        pytest.param({"model": ""}, "key 'model' must not be empty", id="model"),
+    ],
+)
+async def test_the_plugin_row_refuses_what_the_config_file_refuses(
+    config: dict[str, Any], needle: str
+) -> None:
+    """acp 16.2, dx 12.5: an `acp-agent` row's route is checked like the file's [model]: a
+    `max_tokens` under 1 or an empty provider/model is PLUGIN_CONFIG naming the row and key."""
+    import dsh_acp_agent.plugin
+    from dsh_core.testing import scripted_host
+
+    with pytest.raises(PluginError) as err:
+        async with scripted_host(
+            "acp-agent", modules={"acp-agent": dsh_acp_agent.plugin}, config={"acp-agent": config}
+        ):
+            pass
+    assert err.value.code == "PLUGIN_CONFIG"
+    assert "(plugin 'acp-agent') config: " in str(err.value)
+    assert needle in str(err.value)
+
+
+@pytest.mark.parametrize("value", ["0", "-1", '"8"', "1.5", "true"])
+def test_the_config_file_max_tokens_is_a_positive_integer(tmp_path: Path, value: str) -> None:
+    """acp 16.2: the file's `[model] max_tokens` is a positive integer, as the plugin row's."""
+    path = tmp_path / "agent.toml"
+    path.write_text(f"[model]\nmax_tokens = {value}\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"model\.max_tokens must be a positive integer"):
+        load_config(path)

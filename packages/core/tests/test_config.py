@@ -213,6 +213,16 @@ def test_jobs_cap_is_an_integer_and_nothing_else(config: dict[str, Any], needle:
     assert needle in str(err.value)
 
 
+def test_scripted_model_provider_must_not_be_empty() -> None:
+    """host-core §1, dx 12.5: `llm-scripted` with `provider = ""` is refused by the config,
+    naming the row and key (an empty provider name routes nothing a request can name)."""
+    with pytest.raises(PluginError) as err:
+        structure_config(CONFIGURED["llm-scripted"], {"provider": ""}, row=3)
+    assert err.value.code == "PLUGIN_CONFIG"
+    assert str(err.value).startswith("plugins[3] (plugin 'llm-scripted') config: ")
+    assert "key 'provider' must not be empty" in str(err.value)
+
+
 @attrs.frozen(kw_only=True)
 class Inner:
     """A nested config table."""

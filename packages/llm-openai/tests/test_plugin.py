@@ -142,13 +142,27 @@ async def test_the_key_never_reaches_the_session_log(server: ChatCompletionsServ
         ({"max_retries": "3"}, ["max_retries", "int"]),
         ({"api_kee": "x"}, ["api_kee", "unknown"]),
         ({"max_tokens_field": "tokens"}, ["max_tokens_field"]),
+        ({"max_retries": 11}, ["'max_retries' must be from 0 to 10, got 11"]),
+        ({"base_url": "http://localhost:99999/v1"}, ["base_url", "port from 1 to 65535"]),
+        ({"base_url": "http://localhost:0/v1"}, ["base_url", "port from 1 to 65535"]),
+        ({"base_url": "http://localhost:x/v1"}, ["base_url", "port from 1 to 65535"]),
+        ({"base_url": "http://user@/v1"}, ["base_url", "with a host"]),
+        ({"headers": {"X Team": "a"}}, ["key 'headers.X Team': not an HTTP header name"]),
+        ({"headers": {"X:Team": "a"}}, ["key 'headers.X:Team': not an HTTP header name"]),
+        ({"headers": {"": "a"}}, ["key 'headers.': not an HTTP header name"]),
+        ({"headers": {"X-Team": "s3cret\r\nX-Evil: 1"}}, ["key 'headers.X-Team': the value"]),
+        ({"headers": {"X-Team": "s3cret\n"}}, ["key 'headers.X-Team': the value", "LF"]),
+        ({"headers": {"X-Team": "s3cret\0"}}, ["key 'headers.X-Team': the value", "NUL"]),
+        ({"headers": {"X-Team": "s3cr\u00e9t"}}, ["key 'headers.X-Team': the value", "ASCII"]),
     ],
 )
 async def test_a_bad_config_fails_the_boot_naming_the_row_and_key(
     config: dict[str, Any], words: list[str]
 ) -> None:
     """llm-openai 17.3: a wrong key or value fails with PLUGIN_CONFIG naming the row, the
-    plugin and the key."""
+    plugin and the key: a base_url without a host or with a port outside 1-65535, more than 10
+    retries, a header name that is not a token or a value that is not printable ASCII (the
+    value itself is never shown: it may be a secret)."""
     with pytest.raises(PluginError) as caught:
         await TestHost.start(
             PluginRow(plugin="llm-openai", config=config), modules={"llm-openai": openai_plugin}
@@ -156,6 +170,18 @@ async def test_a_bad_config_fails_the_boot_naming_the_row_and_key(
     assert caught.value.code == "PLUGIN_CONFIG"
     for word in words:
         assert word in str(caught.value), (word, str(caught.value))
+    assert "s3cr" not in str(caught.value)
+
+
+def test_the_value_checks_leave_what_an_endpoint_takes() -> None:
+    """llm-openai 17.3: the checks refuse only what cannot go out: an IPv6 host with a port, a
+    header value with spaces and tabs, and 10 retries are taken."""
+    config = OpenAIConfig(
+        base_url="https://[::1]:8443/v1",
+        headers={"X-Team_1": "a b\tc", "OpenAI-Organization": "org-1"},
+        max_retries=10,
+    )
+    assert (config.max_retries, config.headers["X-Team_1"]) == (10, "a b\tc")
 
 
 # -- chunk mapping, whatever the split ----------------------------------------------------------

@@ -23,13 +23,24 @@ if TYPE_CHECKING:
 __all__ = ["AcpAgentConfig", "AcpAgentService", "dsh_plugins"]
 
 
+def _non_empty(instance: object, attribute: attrs.Attribute[str], value: str) -> None:
+    if not value:
+        raise ValueError(f"key {attribute.name!r} must not be empty")
+
+
+def _positive(instance: object, attribute: attrs.Attribute[int | None], value: int | None) -> None:
+    if value is not None and value < 1:
+        raise ValueError(f"key {attribute.name!r} must be at least 1, got {value!r}")
+
+
 @attrs.frozen(kw_only=True)
 class AcpAgentConfig:
-    """Config of ``acp-agent``: the model route of the sessions it serves."""
+    """Config of ``acp-agent``: the model route of the sessions it serves (``provider`` and
+    ``model`` non-empty, ``max_tokens`` at least 1, as the config file's ``[model]``)."""
 
-    provider: str = "scripted"
-    model: str = "echo"
-    max_tokens: int | None = None
+    provider: str = attrs.field(default="scripted", validator=_non_empty)
+    model: str = attrs.field(default="echo", validator=_non_empty)
+    max_tokens: int | None = attrs.field(default=None, validator=_positive)
 
 
 class AcpAgentService:

@@ -54,14 +54,19 @@ class JsonlPersistenceConfig:
     root: str | None = None
 
 
+def _non_empty(instance: object, attribute: attrs.Attribute[str], value: str) -> None:
+    if not value:
+        raise ValueError(f"key {attribute.name!r} must not be empty")
+
+
 @attrs.frozen(kw_only=True)
 class ScriptedModelConfig:
     """``llm-scripted``: the provider name it answers and an optional script file.
 
-    Without ``script`` it echoes the latest user message.
+    Without ``script`` it echoes the latest user message. ``provider`` must not be empty.
     """
 
-    provider: str = "scripted"
+    provider: str = attrs.field(default="scripted", validator=_non_empty)
     script: str | None = None
 
 

@@ -18,6 +18,7 @@ import asyncio
 import math
 import os
 import re
+import urllib.parse
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
@@ -55,14 +56,53 @@ def _positive(instance: object, attribute: attrs.Attribute[Any], value: float | 
         )
 
 
-def _not_negative(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
-    if value < 0:
-        raise ValueError(f"key {attribute.name!r} must be 0 or more, got {value!r}")
+#: The most retries a row may ask for (each retry backs off, so ten already wait minutes).
+MAX_RETRIES = 10
+
+
+def _retries(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
+    if not 0 <= value <= MAX_RETRIES:
+        raise ValueError(f"key {attribute.name!r} must be from 0 to {MAX_RETRIES}, got {value!r}")
 
 
 def _url(instance: object, attribute: attrs.Attribute[str | None], value: str | None) -> None:
-    if value is not None and not re.match(r"https?://[^/\s]+", value):
+    if value is None:
+        return
+    if not re.match(r"https?://[^/\s]+", value):
         raise ValueError(f"key {attribute.name!r} must be an http(s) URL, got {value!r}")
+    parts = urllib.parse.urlsplit(value)
+    try:
+        port_ok = parts.port != 0
+    except ValueError:  # a port that is not a number, or out of 0-65535
+        port_ok = False
+    if not (parts.hostname and port_ok):
+        raise ValueError(
+            f"key {attribute.name!r} must be an http(s) URL with a host and, if any, a port "
+            f"from 1 to 65535, got {value!r}"
+        )
+
+
+#: An HTTP field name is a token (RFC 9110 §5.1, §5.6.2).
+_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+#: A value goes out as ASCII: visible characters, space and tab (no CR, LF, NUL or other
+#: control character, which would split or end the header).
+_FIELD_VALUE = re.compile(r"[\t\x20-\x7e]*")
+
+
+def _headers(
+    instance: object, attribute: attrs.Attribute[Mapping[str, str]], value: Mapping[str, str]
+) -> None:
+    for name, text in value.items():
+        if not _TOKEN.fullmatch(name):
+            raise ValueError(
+                f"key 'headers.{name}': not an HTTP header name (letters, digits and "
+                "!#$%&'*+-.^_`|~ only)"
+            )
+        if not _FIELD_VALUE.fullmatch(text):  # the value may be a secret: never shown
+            raise ValueError(
+                f"key 'headers.{name}': the value must be printable ASCII (no CR, LF, NUL or "
+                "other control character)"
+            )
 
 
 def _one_of(*allowed: str) -> Any:
@@ -96,8 +136,8 @@ class OpenAIConfig:
     model: str | None = None
     timeout: float = attrs.field(default=600.0, validator=_positive)
     connect_timeout: float = attrs.field(default=10.0, validator=_positive)
-    max_retries: int = attrs.field(default=2, validator=_not_negative)
-    headers: Mapping[str, str] = attrs.field(factory=dict)
+    max_retries: int = attrs.field(default=2, validator=_retries)
+    headers: Mapping[str, str] = attrs.field(factory=dict, validator=_headers)
     max_tokens_field: str = attrs.field(
         default="max_tokens", validator=_one_of("max_tokens", "max_completion_tokens")
     )

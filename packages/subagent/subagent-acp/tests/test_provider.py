@@ -481,10 +481,17 @@ def test_config_cwd_rules(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
         ({"permission": "sometimes"}, "permission must be 'reject' or 'allow'"),
         ({"command": ""}, "command must name the ACP agent"),
         ({"args": "not a list"}, "key 'args' (list[str])"),
+        ({"command": "ag\0ent"}, "command must not contain NUL"),
+        ({"args": ["--ok", "a\0b"]}, "args[1] must not contain NUL"),
+        ({"env": {"A=B": "1"}}, "env names must be non-empty, without '=' or NUL, got 'A=B'"),
+        ({"env": {"": "1"}}, "env names must be non-empty, without '=' or NUL, got ''"),
+        ({"env": {"A\0": "1"}}, "env names must be non-empty, without '=' or NUL"),
+        ({"env": {"A": "x\0y"}}, "env.A must not contain NUL"),
     ],
 )
 async def test_bad_config_fails_the_boot(changes: dict[str, Any], message: str) -> None:
-    """ACP surface: graces must be positive, finite and at most MAX_TIMER_DELAY_MS; a bad
+    """ACP surface: graces must be positive, finite and at most MAX_TIMER_DELAY_MS; what the
+    child's execve would refuse (NUL, an env name with '=' or empty) is refused up front; a bad
     key fails loading (PLUGIN_CONFIG) with the documented text."""
     with pytest.raises(PluginError) as caught:
         async with scripted_host(

@@ -60,6 +60,18 @@ def resolve_config_cwd(value: str | None, *, launch_dir: str | None = None) -> s
 def _check(config: AcpConfig) -> str | None:
     if not config.command:
         raise ValueError("subagent-acp: command must name the ACP agent to run")
+    if "\0" in config.command:
+        raise ValueError("subagent-acp: command must not contain NUL")
+    for i, arg in enumerate(config.args):
+        if "\0" in arg:
+            raise ValueError(f"subagent-acp: args[{i}] must not contain NUL, got {arg!r}")
+    for name, value in config.env.items():
+        if not name or "=" in name or "\0" in name:
+            raise ValueError(
+                f"subagent-acp: env names must be non-empty, without '=' or NUL, got {name!r}"
+            )
+        if "\0" in value:
+            raise ValueError(f"subagent-acp: env.{name} must not contain NUL")
     if config.permission not in _PERMISSIONS:
         raise ValueError(
             f"subagent-acp: permission must be 'reject' or 'allow', got {config.permission!r}"
@@ -76,6 +88,10 @@ def _check(config: AcpConfig) -> str | None:
 
 def check_config(config: AcpConfig) -> str | None:
     """Check the values of ``config`` (ACP surface, ACP-4); returns the resolved ``cwd``.
+
+    What the child's ``execve`` would refuse is refused here, naming the key: NUL in
+    ``command``, an ``args`` item or an ``env`` value; an ``env`` name that is empty or holds
+    ``=`` or NUL.
 
     Raises ``PluginError`` (``PLUGIN_CONFIG``) naming what is wrong.
     """
