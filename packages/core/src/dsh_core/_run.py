@@ -9,9 +9,10 @@ scripted model (``scripted:echo``). ``--store DIR`` keeps the session as JSONL f
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -113,8 +114,16 @@ def compose_run(options: RunOptions, specs: Mapping[str, PluginSpec]) -> Composi
     naming the file; a route that cannot be chosen is ``no_route`` (``RUN_MODEL`` after boot).
     """
     rows = load_composition(options.config) if options.config else _default_rows(specs)
-    try:
+    with _naming_file(options):
         return _compose(options, specs, rows)
+
+
+@contextlib.contextmanager
+def _naming_file(options: RunOptions) -> Iterator[None]:
+    """A ``PluginError`` raised inside names the composition file (once): a row's error
+    says ``plugins[i]``, and the file it is in comes from here."""
+    try:
+        yield
     except PluginError as exc:
         if options.config and options.config not in str(exc):
             raise PluginError(f"{options.config}: {exc}", code=exc.code) from exc
@@ -240,12 +249,8 @@ async def run_agent(
     err = err or sys.stderr
     specs = pm.collect_plugin_specs()
     composition = compose_run(options, specs)
-    try:
+    with _naming_file(options):
         runtime = await boot_host(composition.rows, pm=pm)
-    except PluginError as exc:
-        if options.config and options.config not in str(exc):
-            raise PluginError(f"{options.config}: {exc}", code=exc.code) from exc
-        raise
     async with runtime as host:
         ctx = host.ctx
         if composition.no_route is not None:

@@ -11,8 +11,8 @@ child through ``start_continuable`` (TOOL-9). Every call form is concurrency-saf
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 import attrs
 
@@ -136,6 +136,21 @@ def guidance_for(tool_name: str) -> str:
         "background subagent settles, the runtime sends you a notice containing its outcome "
         "and any closing message: there is no need to poll."
     )
+
+
+_T = TypeVar("_T")
+
+
+async def _started(start: Awaitable[_T]) -> _T:
+    """``start`` (a provider's start or preparation), awaited: the provider's own
+    cancellation of it is an errored result (``CANCELLED``), not the end of the parent's
+    turn; the cancellation of this task itself propagates."""
+    try:
+        return await start
+    except asyncio.CancelledError:
+        if _cancelled_here():
+            raise
+        raise ToolError(START_CANCELLED, code="CANCELLED") from None
 
 
 def _cancelled_here() -> bool:
@@ -296,12 +311,7 @@ class SubagentTool:
                 tool_filter=self.tool_filter,
                 persona=self.persona,
             )
-            try:
-                started = await run.ctx[SUBAGENTS].start_continuable(spec)
-            except asyncio.CancelledError:
-                if _cancelled_here():
-                    raise
-                raise ToolError(START_CANCELLED, code="CANCELLED") from None
+            started = await _started(run.ctx[SUBAGENTS].start_continuable(spec))
             return f"started subagent {started.child_id}"
         if background:
             return self._start_job(run, parent, label, prompt)
@@ -344,12 +354,7 @@ class SubagentTool:
     ) -> str:
         """TOOL-7: start with the call's signal, await the result, then ALWAYS dispose."""
         request = self._request(parent, label, prompt, run.signal)
-        try:
-            child = await run.ctx[SUBAGENTS].start(self.provider, request)
-        except asyncio.CancelledError:
-            if _cancelled_here():
-                raise
-            raise ToolError(START_CANCELLED, code="CANCELLED") from None
+        child = await _started(run.ctx[SUBAGENTS].start(self.provider, request))
         failed: str | None = None
         try:
             result = await child.result
