@@ -346,6 +346,24 @@ def test_global_listener_from_a_scoped_context_sees_every_dispatch() -> None:
     assert seen == ["b", "root"]
 
 
+def test_routing_follows_listeners_added_and_removed_in_any_order() -> None:
+    """host-core §1: while only global listeners exist a dispatch reaches exactly them (the
+    fast path); a scoped listener added later is reached from its scope, in registration
+    order among the global ones, and once it is removed only the global ones remain."""
+    root = make_ctx()
+    a = scoped(root, "a")
+    seen: list[str] = []
+    root.on("ping", lambda: seen.append("g1"))
+    a.emit("ping")
+    remove = a.on("ping", lambda: seen.append("a"))
+    root.on("ping", lambda: seen.append("g2"))
+    a.emit("ping")
+    root.emit("ping")
+    remove()
+    a.emit("ping")
+    assert seen == ["g1", "g1", "a", "g2", "g1", "g2", "g1", "g2"]
+
+
 def test_explicit_dispatch_scope_overrides_the_emitter_scope() -> None:
     """host-core §1: emit(..., scope=) routes on the given scope (the routing carrier)."""
     root = make_ctx()

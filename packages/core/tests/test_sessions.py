@@ -239,6 +239,61 @@ def test_the_loops_own_append_is_refused_inside_a_publication_too() -> None:
     assert [e.type for e in session.events] == ["turn/start"]
 
 
+def test_watchers_see_only_their_types_after_the_listeners_and_stop_when_removed() -> None:
+    """host-core §3: ``Session.watch`` is a post-commit observer of one session: called for
+    its types only, after the ``session/event`` listeners, through either append, published
+    or not; its remover stops it."""
+    ctx = make_ctx()
+    order: list[str] = []
+    ctx.on("session/event", lambda s, e: order.append(f"listener {e.type}"), global_=True)
+    session = ctx.sessions.prepare("s")
+    remove = session.watch(["step/start", "turn/start"], lambda e: order.append(f"watch {e.type}"))
+    session.append("turn/start", TurnStartData(turn=1))  # not published yet: no listener
+    ctx.sessions.enter(session)
+    session._append_vouched("step/start", StepData(turn=1, step=1))
+    session.append("user/message", user_message("hi"), source_event_seqs=())
+    remove()
+    session.append("step/end", StepData(turn=1, step=1))
+    session._append_vouched("step/start", StepData(turn=1, step=2))
+    assert order == [
+        "watch turn/start",
+        "listener step/start",
+        "watch step/start",
+        "listener user/message",
+        "listener step/end",
+        "listener step/start",
+    ]
+
+
+def test_a_watcher_cannot_append_and_its_failure_is_contained(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """host-core §3: inside a watcher the session refuses appends (SESSION_REENTRANT_APPEND,
+    nothing written), and a watcher that raises is logged; the append and the watchers after
+    it are unaffected."""
+    ctx = make_ctx()
+    session = ctx.sessions.create("s")
+    errors: list[str] = []
+    seen: list[int] = []
+
+    def appends(event: SessionEvent) -> None:
+        try:
+            session._append_vouched("step/start", StepData(turn=1, step=1))
+        except SessionError as exc:
+            errors.append(exc.code)
+        raise RuntimeError("watcher broke")
+
+    session.watch(["turn/start"], appends)
+    session.watch(["turn/start"], lambda e: seen.append(e.seq))
+    event = session.append("turn/start", TurnStartData(turn=1))
+    assert errors == ["SESSION_REENTRANT_APPEND"]
+    assert seen == [0] and event.seq == 0
+    assert [e.type for e in session.events] == ["turn/start"]
+    assert "watcher of session 's' failed" in caplog.text
+    session.append("step/start", StepData(turn=1, step=1))  # released afterwards
+    assert session.seq == 2
+
+
 def test_the_loops_own_append_runs_validators_and_needs_the_core_types() -> None:
     """host-core §3 (hardening 11.1): ``_append_vouched`` skips only the payload check: a
     validator still vetoes it, and on a registry that does not hold the core types as core

@@ -146,7 +146,7 @@ def _tool_done(block: ToolResultBlock) -> Any:
 class _Live:
     """One served session: its agent, and what the prompt running on it has to send."""
 
-    __slots__ = ("agent", "busy", "cancelled", "end", "handle", "pending", "wake")
+    __slots__ = ("agent", "busy", "cancelled", "end", "handle", "pending", "unwatch", "wake")
 
     def __init__(self, handle: AgentHandle) -> None:
         self.handle = handle
@@ -156,14 +156,44 @@ class _Live:
         self.pending: list[_Pending] = []  # updates not sent yet (text not built yet)
         self.end: TurnEndData | None = None  # the turn/end the prompt waits for
         self.wake: asyncio.Future[None] | None = None  # the prompt waiting for either
+        # The session's events of the kinds a prompt streams come to on_event, and no other:
+        # a plain turn logs ten events, three of which stream.
+        self.unwatch = handle.agent.session.watch(_WATCHED, self.on_event)
 
-    def streaming(self) -> bool:
-        """Whether the running prompt has updates to send or its turn/end still to see."""
-        return self.end is None or bool(self.pending)
+    def on_event(self, event: SessionEvent) -> None:
+        """Collect what the running prompt sends (nothing while no prompt runs)."""
+        if not self.busy:
+            return
+        kind = event.type
+        if kind == "assistant/chunk":
+            chunk = event.data.chunk
+            if isinstance(chunk, TextDelta):
+                if not chunk.text:
+                    return
+                _add_text(self.pending, False, chunk.text)
+            elif isinstance(chunk, ReasoningDelta) and chunk.text:
+                _add_text(self.pending, True, chunk.text)
+            else:
+                return
+        elif kind == "turn/end":
+            self.end = event.data
+        else:
+            updates = _updates(event)
+            if not updates:
+                return
+            self.pending += updates
+        wake = self.wake
+        if wake is not None:
+            self.wake = None  # woken once: the prompt makes a new one if it waits again
+            if not wake.done():
+                wake.set_result(None)
 
-    def turn_end(self) -> TurnEndData | None:
-        """The turn/end the running prompt saw (read after the wait, not narrowed before)."""
-        return self.end
+    def begin(self) -> None:
+        """A prompt starts: stream its turn (set here, so a prompt's own reads of ``end`` are
+        not narrowed to the ``None`` it starts with)."""
+        self.busy = True
+        self.cancelled = False
+        self.end = None
 
 
 class DshAcpAgent:
@@ -175,42 +205,10 @@ class DshAcpAgent:
         self.durable = durable
         self.conn: Any = None
         self.sessions: dict[str, _Live] = {}
-        self._unlisten = self.ctx.on("session/event", self._on_event, global_=True)
+        self._loop: asyncio.AbstractEventLoop | None = None  # the loop the prompts run in
 
     def on_connect(self, conn: Any) -> None:
         self.conn = conn
-
-    def _on_event(self, session: Any, event: SessionEvent) -> None:
-        # Every event of every session comes here (eleven a plain turn): the kinds that stream
-        # nothing return on one set look-up, before the session look-up and update building.
-        kind = event.type
-        if kind not in _WATCHED:
-            return
-        live = self.sessions.get(session.header.id)
-        if live is None or not live.busy:
-            return
-        if kind == "assistant/chunk":
-            chunk = event.data.chunk
-            if isinstance(chunk, TextDelta):
-                if not chunk.text:
-                    return
-                _add_text(live.pending, False, chunk.text)
-            elif isinstance(chunk, ReasoningDelta) and chunk.text:
-                _add_text(live.pending, True, chunk.text)
-            else:
-                return
-        elif kind == "turn/end":
-            live.end = event.data
-        else:
-            updates = _updates(event)
-            if not updates:
-                return
-            live.pending += updates
-        wake = live.wake
-        if wake is not None:
-            live.wake = None  # woken once: the prompt makes a new one if it waits again
-            if not wake.done():
-                wake.set_result(None)
 
     async def initialize(
         self,
@@ -296,19 +294,21 @@ class DshAcpAgent:
             raise acp.RequestError.invalid_request({"sessionId": "a prompt is already running"})
         parts: list[str] = []
         for block in prompt:
-            if isinstance(block, TextContentBlock):
+            # The class test first: the SDK's models answer isinstance through ABCMeta's
+            # Python-level hook, and nearly every block is text.
+            if block.__class__ is TextContentBlock or isinstance(block, TextContentBlock):
                 parts.append(block.text)
             elif isinstance(block, ResourceContentBlock):
                 parts.append(f"[{block.name}]({block.uri})")
-        live.busy = True
-        live.cancelled = False
-        live.end = None
+        live.begin()
         agent = live.agent
         try:
             agent.followup(user_message("".join(parts)))
             # Stream the turn's updates as they come, until its turn/end (every turn has one).
-            loop = asyncio.get_running_loop()
-            while live.streaming():
+            loop = self._loop
+            if loop is None:  # looked up once: each look-up costs a system call (getpid)
+                loop = self._loop = asyncio.get_running_loop()
+            while live.end is None or live.pending:  # updates to send, or the end to see
                 if live.pending:
                     batch, live.pending = live.pending, []
                     for update in batch:
@@ -324,13 +324,13 @@ class DshAcpAgent:
             live.busy = False
             live.pending = []
             live.wake = None
-        end = live.turn_end()
+        end = live.end  # the loop above ends only once it is set
         if live.cancelled:
             return _CANCELLED
-        kind = end.reason.kind if end is not None else "error"
+        kind = end.reason.kind
         answer = _ANSWERS.get(kind)
         if answer is None:
-            failure = end.reason.error if end is not None else None
+            failure = end.reason.error
             message = failure.message if failure is not None else f"the turn ended {kind!r}"
             _log.warning("session %s: the turn ended %s: %s", session_id, kind, message)
             raise acp.RequestError.internal_error({"turnEnd": kind, "message": message})
@@ -351,9 +351,9 @@ class DshAcpAgent:
 
     async def close(self) -> None:
         """Dispose every served agent (the host itself is disposed by its owner)."""
-        self._unlisten()
         sessions, self.sessions = self.sessions, {}
         for live in sessions.values():
+            live.unwatch()
             live.agent.cancel(AgentCancelCause(kind="disposed"))
         for live in sessions.values():
             with contextlib.suppress(Exception):

@@ -431,6 +431,8 @@ class Agent:
                     waiter.set_result(None)
 
     def _driver_done(self, driver: asyncio.Task[None]) -> None:
+        # Only for a driver cancelled before it ever ran (its coroutine's cleanup never ran);
+        # one that ran takes this callback off itself (one loop pass less per turn).
         if self._driver is driver:  # cancelled before it ever ran: it cleared nothing
             self._driver = None
             self._set_status("idle")
@@ -471,6 +473,9 @@ class Agent:
                     break
                 claimed = self._open_turn()
         finally:
+            driver = self._driver
+            if driver is not None:  # it ran, and cleans up here: the callback is not needed
+                driver.remove_done_callback(self._driver_done)
             cause = self._controller.signal.reason if self._controller else None
             self._controller = None
             self._driver = None
@@ -757,7 +762,7 @@ class Agent:
         assembler = BlockAssembler()
         seqs: list[int] = []
         session = self.session
-        task = asyncio.current_task()
+        task = self._driver  # the task running this turn (_stream runs only inside _drive)
         interrupted = False
         vouched = True
         append_vouched = session._append_vouched

@@ -272,10 +272,22 @@ class _Channel:
     never changed in place: a dispatch under way keeps the list it started with.
     """
 
-    __slots__ = ("by_tag",)
+    __slots__ = ("by_tag", "everywhere")
 
     def __init__(self) -> None:
         self.by_tag: dict[Scope | None, list[_Listener]] = {}
+        # The global listeners while no scoped one exists: then every dispatch, on any key,
+        # reaches exactly these, and needs no walk of its key's scope chain (``None`` else).
+        self.everywhere: list[_Listener] | None = None
+
+    def put(self, tag: Scope | None, entries: list[_Listener]) -> None:
+        """Set (or, with no ``entries``, drop) the listeners of ``tag``."""
+        by_tag = self.by_tag
+        if entries:
+            by_tag[tag] = entries
+        else:
+            del by_tag[tag]
+        self.everywhere = by_tag.get(None) if len(by_tag) == 1 else None
 
     def admitted(self, key: Scope | None) -> list[_Listener]:
         """The listeners a dispatch on ``key`` reaches, in registration order (read only)."""
@@ -602,20 +614,16 @@ class Context:
         if channel is None:
             channel = bus[name] = _Channel()
         current = channel.by_tag.get(tag, ())
-        channel.by_tag[tag] = [entry, *current] if prepend else [*current, entry]
+        channel.put(tag, [entry, *current] if prepend else [*current, entry])
 
         def remove() -> None:
             channel = bus.get(name)
             entries = channel.by_tag.get(tag) if channel is not None else None
             if channel is None or not entries or entry not in entries:
                 return
-            rest = [e for e in entries if e is not entry]
-            if rest:
-                channel.by_tag[tag] = rest
-            else:
-                del channel.by_tag[tag]
-                if not channel.by_tag:
-                    del bus[name]
+            channel.put(tag, [e for e in entries if e is not entry])
+            if not channel.by_tag:
+                del bus[name]
 
         return self.fiber.add(remove)
 
@@ -639,7 +647,10 @@ class Context:
         channel = self.host.listeners.get(name)
         if channel is None:
             return
-        for e in channel.admitted(self._key(scope)):
+        entries = channel.everywhere  # the usual case, without a call to find them
+        if entries is None:
+            entries = channel.admitted(self.scope if scope is _UNSET else scope)  # type: ignore[arg-type]
+        for e in entries:
             try:
                 result = e.fn(*args)
             except Exception:

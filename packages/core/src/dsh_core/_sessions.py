@@ -9,6 +9,7 @@ appending to a session from inside its own publication is refused (host-core §3
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -41,6 +42,9 @@ if TYPE_CHECKING:
 __all__ = ["MessageHistory", "Session", "SessionStore", "SessionStoreService", "now_ms"]
 
 Validator = Callable[["Session", SessionEvent], None]
+Watcher = Callable[[SessionEvent], object]
+
+_log = logging.getLogger("dsh.sessions")
 
 
 _time_ns = time.time_ns
@@ -161,6 +165,7 @@ class Session:
         "_validators",
         "_view",
         "_vouching",
+        "_watching",
         "first_live_seq",
         "header",
     )
@@ -191,6 +196,8 @@ class Session:
         # the context's attribute lookup; a host keeps one table for its lifetime).
         self._bus: Mapping[str, object] | None = None
         self._announced = False
+        # Session.watch's watchers by event type (empty: an append pays one test).
+        self._watching: dict[str, tuple[Watcher, ...]] = {}
         self.first_live_seq = 0
         if seed is not None:
             self._load_seed(seed, from_store=stored)
@@ -313,6 +320,43 @@ class Session:
 
     # -- writing ---------------------------------------------------------------------------------
 
+    def watch(self, types: Iterable[str], watcher: Watcher) -> Callable[[], None]:
+        """Call ``watcher(event)`` for each event of one of ``types`` this session commits,
+        from now on; returns the remover.
+
+        A ``session/event`` listener for one session and chosen types: called the same way
+        (synchronously, after the commit and the folds, after the ``session/event``
+        listeners, the session refusing appends meanwhile; a failure is logged and
+        contained), but an event of another type costs one look-up instead of a call, and it
+        works whether or not the session is published. What a consumer following one
+        session's stream wants: dsh-acp-agent streams a prompt's turn this way.
+        """
+        wanted = tuple(dict.fromkeys(types))
+        for kind in wanted:
+            self._watching[kind] = (*self._watching.get(kind, ()), watcher)
+
+        def remove() -> None:
+            for kind in wanted:
+                rest = tuple(w for w in self._watching.get(kind, ()) if w is not watcher)
+                if rest:
+                    self._watching[kind] = rest
+                else:
+                    self._watching.pop(kind, None)
+
+        return remove
+
+    def _tell(self, watchers: tuple[Watcher, ...], event: SessionEvent) -> None:
+        """Run the watchers of one committed event (see :meth:`watch`)."""
+        specs, self._specs = self._specs, _PUBLISHING
+        try:
+            for watcher in watchers:
+                try:
+                    watcher(event)
+                except Exception:
+                    _log.exception("watcher of session %r failed", self.header.id)
+        finally:
+            self._specs = specs
+
     def add_validator(self, validator: Validator) -> Callable[[], None]:
         """Run ``validator(session, event)`` before every commit; a raise vetoes the append."""
         self._validators.append(validator)
@@ -390,6 +434,9 @@ class Session:
                 ctx.emit("session/event", self, event)
             finally:
                 self._specs = specs
+        watching = self._watching
+        if watching and type in watching:
+            self._tell(watching[type], event)
         return event  # type: ignore[no-any-return]  # an alias would cost a store and a load
 
     def _append_vouched(
@@ -435,6 +482,9 @@ class Session:
                 ctx.emit("session/event", self, event)
             finally:
                 self._specs = specs
+        watching = self._watching
+        if watching and type in watching:
+            self._tell(watching[type], event)
         return event  # type: ignore[no-any-return]  # an alias would cost a store and a load
 
     def _checked(
