@@ -1,6 +1,7 @@
 """A test plugin (loaded through ``modules``): provider ``hold``'s model streams "working" and
-waits until its request is aborted when the prompt is "hold"; when it is "split", it streams
-its answer and its reasoning in several deltas each; it echoes anything else."""
+waits until its request is aborted when the prompt is "hold"; when it is "gate", it streams
+"first" and waits until ``GATE`` is set; when it is "split", it streams its answer and its
+reasoning in several deltas each; it echoes anything else."""
 
 import asyncio
 
@@ -25,9 +26,15 @@ SPLIT = (
 )
 
 
+#: What a "gate" prompt's model waits for (a test sets a fresh event first).
+GATE = asyncio.Event()
+
+
 def _model(request):
     if request.last_user_text == "hold":
         return ScriptedReply(text="working", wait=asyncio.Event().wait)
+    if request.last_user_text == "gate":
+        return ScriptedReply(text="first", wait=GATE.wait)
     if request.last_user_text == "split":
         return ScriptedReply(chunks=SPLIT)
     return request.last_user_text

@@ -27,9 +27,11 @@ class Recorder:
     def __init__(self) -> None:
         self.updates: list[Any] = []
         self.running = asyncio.Event()
+        self.arrived = asyncio.Event()
 
     async def session_update(self, session_id: str, update: Any, **kwargs: Any) -> None:
         self.updates.append(update)
+        self.arrived.set()
         if getattr(getattr(update, "content", None), "text", None) == "working":
             self.running.set()
 
@@ -178,6 +180,39 @@ async def test_a_second_prompt_on_a_busy_session_is_refused(tmp_path: Path) -> N
                 assert not first.done()
                 await client.cancel(session_id=sid)
                 assert (await first).stop_reason == "cancelled"
+    finally:
+        sys.path.remove(str(Path(__file__).parent))
+
+
+async def test_updates_stream_while_the_turn_waits_and_the_answer_follows_them(
+    tmp_path: Path,
+) -> None:
+    """acp 16.2: text a turn streams before it waits (on its model) reaches the client while
+    the prompt is still open; when the turn goes on and ends, the prompt answers end_turn,
+    after the update; the next prompt on the session streams as before."""
+    config = AgentServerConfig(
+        modules={"hold-model": "hold_model"}, plugins=({"plugin": "hold-model"},),
+        provider="hold",
+    )  # fmt: skip
+    sys.path.insert(0, str(Path(__file__).parent))
+    try:
+        import hold_model
+
+        hold_model.GATE = asyncio.Event()
+        async with served(config) as (client, rec):
+            sid = (await client.new_session(cwd=str(tmp_path), mcp_servers=[])).session_id
+            prompt = asyncio.ensure_future(
+                client.prompt(session_id=sid, prompt=[acp.text_block("gate")])
+            )
+            async with asyncio.timeout(10):
+                await rec.arrived.wait()
+                assert not prompt.done()
+                assert rec.text() == "first"
+                hold_model.GATE.set()
+                assert (await prompt).stop_reason == "end_turn"
+                again = await client.prompt(session_id=sid, prompt=[acp.text_block("next")])
+            assert again.stop_reason == "end_turn"
+            assert rec.text() == "firstnext"
     finally:
         sys.path.remove(str(Path(__file__).parent))
 

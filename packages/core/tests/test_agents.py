@@ -1646,3 +1646,86 @@ async def test_a_turn_of_steps_that_never_suspend_still_lets_the_loop_run() -> N
         await bounded(agent.when_idle())
         assert ran.is_set()
         assert requests <= YIELD_EVERY_STEPS + 1, f"the loop ran only after {requests} steps"
+
+
+# -- run_followup: the turn in the calling task -----------------------------------------------
+
+
+async def test_run_followup_runs_the_turn_in_the_calling_task_as_a_driver_would() -> None:
+    """host-core §9: from idle, ``run_followup`` logs what ``followup`` logs (the splices, the
+    turn) but runs the turn in the calling task, with the agent as its initiator, and returns
+    once the agent is idle; the caller's context is left as it was."""
+    seen: list[tuple[Any, Any]] = []
+
+    def model(request: Any) -> str:
+        seen.append((asyncio.current_task(), current_initiator()))
+        return "pong"
+
+    async with scripted_host(model=model) as h:
+        inline = (await h.create_agent()).agent
+        tasked = (await h.create_agent()).agent
+        await bounded(inline.run_followup(user_message("ping")))
+        assert inline.status == "idle" and inline._driver is None
+        tasked.followup(user_message("ping"))
+        await bounded(tasked.when_idle())
+        assert types(inline) == types(tasked)
+        assert last_answer(inline) == "pong"
+        assert seen[0] == (asyncio.current_task(), inline)
+        assert seen[1][0] is not asyncio.current_task() and seen[1][1] is tasked
+        assert current_initiator() is None
+
+
+async def test_run_followup_on_a_running_agent_queues_and_waits_for_idle() -> None:
+    """host-core §9: while a turn runs, ``run_followup`` is ``followup`` (next turn, run by
+    the driver) and returns once the agent is idle, both turns completed."""
+    held = Held()
+    replies = iter([held.reply("first"), "second"])
+    async with scripted_host(model=lambda request: next(replies)) as h:
+        agent = (await h.create_agent()).agent
+        agent.followup(user_message("one"))
+        await bounded(held.reached.wait())
+        second = asyncio.ensure_future(agent.run_followup(user_message("two")))
+        await yield_once()
+        assert not second.done()
+        held.gate.set()
+        await bounded(second)
+        assert agent.status == "idle"
+        assert [r.kind for r in turn_ends(agent)] == ["completed", "completed"]
+        assert entered_by_turn(agent) == {1: [["one"]], 2: [["two"]]}
+
+
+async def test_run_followup_stops_on_abort_and_ends_error_when_its_task_is_cancelled() -> None:
+    """host-core §9: a turn run by ``run_followup`` stops on ``cancel`` (``aborted``), and the
+    cancellation of the calling task ends it ``error`` (``turn task cancelled``) and
+    propagates; either way the agent is idle and takes the next follow-up."""
+    held = Held()
+    replies = iter([held.reply("one"), Held().reply("two"), "three"])
+    async with scripted_host(model=lambda request: next(replies)) as h:
+        agent = (await h.create_agent()).agent
+        run = asyncio.ensure_future(agent.run_followup(user_message("one")))
+        await bounded(held.reached.wait())
+        agent.cancel(USER)
+        await bounded(run)
+        run = asyncio.ensure_future(agent.run_followup(user_message("two")))
+        async with asyncio.timeout(5):
+            while agent.session.events[-1].type != "assistant/chunk":  # "two" is held
+                await yield_once()
+        run.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await bounded(run)
+        assert agent.status == "idle" and agent._driver is None
+        await bounded(agent.run_followup(user_message("three")))
+        reasons = turn_ends(agent)
+        assert [r.kind for r in reasons] == ["aborted", "error", "completed"]
+        assert reasons[1].error is not None and reasons[1].error.message == "turn task cancelled"
+
+
+async def test_run_followup_on_a_disposed_agent_is_refused() -> None:
+    """host-core §9: like ``followup``, ``run_followup`` on a disposed agent fails
+    AGENT_DISPOSED."""
+    async with scripted_host() as h:
+        handle = await h.create_agent()
+        await handle.dispose()
+        with pytest.raises(AgentError) as refused:
+            await bounded(handle.agent.run_followup(user_message("late")))
+        assert refused.value.code == "AGENT_DISPOSED"

@@ -16,7 +16,7 @@ import importlib
 import logging
 import os
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import acp
@@ -144,18 +144,45 @@ def _tool_done(block: ToolResultBlock) -> Any:
 
 
 class _Live:
-    """One served session: its agent, and what the prompt running on it has to send."""
+    """One served session: its agent, and what the prompt running on it has to send.
 
-    __slots__ = ("agent", "busy", "cancelled", "end", "handle", "pending", "unwatch", "wake")
+    The prompt runs its turn in its own task (``Agent.run_followup``): a turn that never
+    suspends ends before anything is sent, and its updates go out after it, with no other
+    task. Once the turn suspends with updates waiting (a model streaming over the network), a
+    streamer task sends them as they come, until the turn's end.
+    """
 
-    def __init__(self, handle: AgentHandle) -> None:
+    __slots__ = (
+        "agent",
+        "busy",
+        "cancelled",
+        "end",
+        "handle",
+        "id",
+        "kicked",
+        "loop",
+        "pending",
+        "send",
+        "streamer",
+        "unwatch",
+        "wake",
+    )
+
+    def __init__(
+        self, handle: AgentHandle, send: Callable[[str, _Pending], Awaitable[None]]
+    ) -> None:
         self.handle = handle
         self.agent = handle.agent
+        self.id = handle.agent.id
+        self.send = send
+        self.loop = asyncio.get_running_loop()
         self.busy = False  # a prompt runs: its session's events stream
         self.cancelled = False
         self.pending: list[_Pending] = []  # updates not sent yet (text not built yet)
         self.end: TurnEndData | None = None  # the turn/end the prompt waits for
-        self.wake: asyncio.Future[None] | None = None  # the prompt waiting for either
+        self.kicked = False  # a kick is scheduled
+        self.streamer: asyncio.Task[None] | None = None  # sends while the turn runs
+        self.wake: asyncio.Future[None] | None = None  # the streamer waiting for updates
         # The session's events of the kinds a prompt streams come to on_event, and no other:
         # a plain turn logs ten events, three of which stream.
         self.unwatch = handle.agent.session.watch(_WATCHED, self.on_event)
@@ -184,9 +211,32 @@ class _Live:
             self.pending += updates
         wake = self.wake
         if wake is not None:
-            self.wake = None  # woken once: the prompt makes a new one if it waits again
+            self.wake = None  # woken once: the streamer makes a new one if it waits again
             if not wake.done():
                 wake.set_result(None)
+        elif self.streamer is None and not self.kicked:
+            self.kicked = True
+            self.loop.call_soon(self.kick)
+
+    def kick(self) -> None:
+        """One loop pass after updates began to wait: a turn still running has suspended, so
+        a streamer sends them from now on."""
+        self.kicked = False
+        if self.busy and self.end is None and self.streamer is None:
+            self.streamer = self.loop.create_task(self.stream())
+
+    async def stream(self) -> None:
+        """Send the updates as they come, until the turn has ended and nothing waits."""
+        while True:
+            if self.pending:
+                batch, self.pending = self.pending, []
+                for update in batch:
+                    await self.send(self.id, update)
+            elif self.end is not None:
+                return
+            else:
+                self.wake = wake = self.loop.create_future()
+                await wake
 
     def begin(self) -> None:
         """A prompt starts: stream its turn (set here, so a prompt's own reads of ``end`` are
@@ -194,6 +244,15 @@ class _Live:
         self.busy = True
         self.cancelled = False
         self.end = None
+
+    def finish(self) -> None:
+        """The prompt is over (answered or failed): stop streaming."""
+        streamer, self.streamer = self.streamer, None
+        if streamer is not None and not streamer.done():
+            streamer.cancel()
+        self.busy = False
+        self.pending = []
+        self.wake = None
 
 
 class DshAcpAgent:
@@ -205,7 +264,6 @@ class DshAcpAgent:
         self.durable = durable
         self.conn: Any = None
         self.sessions: dict[str, _Live] = {}
-        self._loop: asyncio.AbstractEventLoop | None = None  # the loop the prompts run in
 
     def on_connect(self, conn: Any) -> None:
         self.conn = conn
@@ -239,7 +297,7 @@ class DshAcpAgent:
         handle = await self.ctx.agents.create(
             CreateAgentOptions(meta=SessionMeta(cwd=cwd), agent_options=self.options)
         )
-        self.sessions[handle.agent.id] = _Live(handle)
+        self.sessions[handle.agent.id] = _Live(handle, self._send)
         return NewSessionResponse(session_id=handle.agent.id)
 
     async def load_session(
@@ -257,7 +315,7 @@ class DshAcpAgent:
             except Exception as exc:
                 _log.warning("session/load of %r failed: %s", session_id, exc)
                 raise acp.RequestError.resource_not_found(session_id) from None
-            live = self.sessions[session_id] = _Live(handle)
+            live = self.sessions[session_id] = _Live(handle, self._send)
         for message in live.agent.session.derive_messages():
             for update in self._replay(message):
                 await self.conn.session_update(session_id=session_id, update=update)
@@ -301,36 +359,21 @@ class DshAcpAgent:
             elif isinstance(block, ResourceContentBlock):
                 parts.append(f"[{block.name}]({block.uri})")
         live.begin()
-        agent = live.agent
         try:
-            agent.followup(user_message("".join(parts)))
-            # Stream the turn's updates as they come, until its turn/end (every turn has one).
-            loop = self._loop
-            if loop is None:  # looked up once: each look-up costs a system call (getpid)
-                loop = self._loop = asyncio.get_running_loop()
-            while live.end is None or live.pending:  # updates to send, or the end to see
-                if live.pending:
-                    batch, live.pending = live.pending, []
-                    for update in batch:
-                        await self._send(session_id, update)
-                else:
-                    live.wake = wake = loop.create_future()
-                    await wake
-            if agent.status != "idle":  # a latched turn runs on after ours: wait, then send
-                await agent.when_idle()
-                for update in live.pending:
-                    await self._send(session_id, update)
+            await live.agent.run_followup(user_message("".join(parts)))
+            if live.streamer is not None:  # the turn suspended: the streamer sends to its end
+                await live.streamer
+            for update in live.pending:
+                await self._send(session_id, update)
         finally:
-            live.busy = False
-            live.pending = []
-            live.wake = None
-        end = live.end  # the loop above ends only once it is set
+            live.finish()
+        end = live.end  # None only if no turn ran (an agent being disposed)
         if live.cancelled:
             return _CANCELLED
-        kind = end.reason.kind
+        kind = end.reason.kind if end is not None else "error"
         answer = _ANSWERS.get(kind)
         if answer is None:
-            failure = end.reason.error
+            failure = end.reason.error if end is not None else None
             message = failure.message if failure is not None else f"the turn ended {kind!r}"
             _log.warning("session %s: the turn ended %s: %s", session_id, kind, message)
             raise acp.RequestError.internal_error({"turnEnd": kind, "message": message})

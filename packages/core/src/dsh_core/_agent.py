@@ -385,6 +385,30 @@ class Agent:
         """Queue a next turn and wake."""
         self.send(message, "next-turn", True)
 
+    async def run_followup(self, message: Message) -> None:
+        """:meth:`followup`, then wait until the agent is idle; from idle, the turn it wakes
+        runs in the calling task rather than in a driver task of its own.
+
+        For a caller that waits for the turn anyway (dsh-acp-agent's prompt): a turn that
+        never suspends then costs no task and no event-loop pass. The turn runs as a driver
+        task runs it: an abort or a dispose stops it, a waking send while it runs joins it,
+        the calling task's cancellation ends it ``error`` (``turn task cancelled``) and
+        propagates, and latched work after it runs in a driver task, waited for too.
+        """
+        task = asyncio.current_task()
+        if self._disposed or self._driver is not None or task is None:
+            self.followup(message)
+        else:
+            self.inbox.insert("next-turn", message)
+            claimed = self._open_turn()
+            self._driver = task
+            token = _INITIATOR.set(self)
+            try:
+                await self._drive(claimed)
+            finally:
+                _INITIATOR.reset(token)
+        await self.when_idle()
+
     def steer(self, message: Message) -> None:
         """Join the nearest step boundary and wake."""
         self.send(message, "next-step", True)
