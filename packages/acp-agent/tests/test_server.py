@@ -65,6 +65,16 @@ def script(tmp_path: Path, body: str) -> dict[str, Any]:
     return {"plugin": "llm-scripted", "config": {"script": str(path)}}
 
 
+@pytest.fixture
+def hold(monkeypatch: pytest.MonkeyPatch) -> AgentServerConfig:
+    """A server whose model is the test plugin ``hold_model`` (provider ``hold``)."""
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    return AgentServerConfig(
+        modules={"hold-model": "hold_model"}, plugins=({"plugin": "hold-model"},),
+        provider="hold",
+    )  # fmt: skip
+
+
 async def test_initialize_and_prompt_stream_text(tmp_path: Path) -> None:
     """acp 16.2: initialize answers v1 (no loadSession on the memory store); a prompt streams
     the answer as agent_message_chunk and ends end_turn."""
@@ -129,116 +139,88 @@ reply = { reasoning = "hmm", tool_calls = [{ name = "nope", id = "c1" }] }
         assert rec.text() == "done"
 
 
-async def test_cancel_answers_cancelled(tmp_path: Path) -> None:
+async def test_cancel_answers_cancelled(tmp_path: Path, hold: AgentServerConfig) -> None:
     """acp 16.2: session/cancel stops the running turn; its prompt answers cancelled."""
-    config = AgentServerConfig(
-        modules={"hold-model": "hold_model"}, plugins=({"plugin": "hold-model"},),
-        provider="hold",
-    )  # fmt: skip
-    sys.path.insert(0, str(Path(__file__).parent))
-    try:
-        async with served(config) as (client, rec):
-            sid = (await client.new_session(cwd=str(tmp_path), mcp_servers=[])).session_id
-            prompt = asyncio.ensure_future(
-                client.prompt(session_id=sid, prompt=[acp.text_block("hold")])
-            )
-            async with asyncio.timeout(10):
-                await rec.running.wait()
-                await client.cancel(session_id=sid)
-                assert (await prompt).stop_reason == "cancelled"
-                again = await client.prompt(session_id=sid, prompt=[acp.text_block("after")])
-            assert again.stop_reason == "end_turn"
-    finally:
-        sys.path.remove(str(Path(__file__).parent))
+    async with served(hold) as (client, rec):
+        sid = (await client.new_session(cwd=str(tmp_path), mcp_servers=[])).session_id
+        prompt = asyncio.ensure_future(
+            client.prompt(session_id=sid, prompt=[acp.text_block("hold")])
+        )
+        async with asyncio.timeout(10):
+            await rec.running.wait()
+            await client.cancel(session_id=sid)
+            assert (await prompt).stop_reason == "cancelled"
+            again = await client.prompt(session_id=sid, prompt=[acp.text_block("after")])
+        assert again.stop_reason == "end_turn"
 
 
-async def test_a_second_prompt_on_a_busy_session_is_refused(tmp_path: Path) -> None:
+async def test_a_second_prompt_on_a_busy_session_is_refused(
+    tmp_path: Path, hold: AgentServerConfig
+) -> None:
     """acp 16.2: a prompt while one runs on the same session is refused (-32600) and leaves
     the running one alone; a cancel before any prompt, or for an unknown session, cancels
     nothing: the next prompt still ends end_turn."""
-    config = AgentServerConfig(
-        modules={"hold-model": "hold_model"}, plugins=({"plugin": "hold-model"},),
-        provider="hold",
-    )  # fmt: skip
-    sys.path.insert(0, str(Path(__file__).parent))
-    try:
-        async with served(config) as (client, rec):
-            sid = (await client.new_session(cwd=str(tmp_path), mcp_servers=[])).session_id
+    async with served(hold) as (client, rec):
+        sid = (await client.new_session(cwd=str(tmp_path), mcp_servers=[])).session_id
+        await client.cancel(session_id=sid)
+        await client.cancel(session_id="no-such-session")
+        async with asyncio.timeout(10):
+            fresh = await client.prompt(session_id=sid, prompt=[acp.text_block("fresh")])
+        assert fresh.stop_reason == "end_turn"
+        first = asyncio.ensure_future(
+            client.prompt(session_id=sid, prompt=[acp.text_block("hold")])
+        )
+        async with asyncio.timeout(10):
+            await rec.running.wait()
+            with pytest.raises(acp.RequestError) as refused:
+                await client.prompt(session_id=sid, prompt=[acp.text_block("again")])
+            assert refused.value.code == -32600
+            assert not first.done()
             await client.cancel(session_id=sid)
-            await client.cancel(session_id="no-such-session")
-            async with asyncio.timeout(10):
-                fresh = await client.prompt(session_id=sid, prompt=[acp.text_block("fresh")])
-            assert fresh.stop_reason == "end_turn"
-            first = asyncio.ensure_future(
-                client.prompt(session_id=sid, prompt=[acp.text_block("hold")])
-            )
-            async with asyncio.timeout(10):
-                await rec.running.wait()
-                with pytest.raises(acp.RequestError) as refused:
-                    await client.prompt(session_id=sid, prompt=[acp.text_block("again")])
-                assert refused.value.code == -32600
-                assert not first.done()
-                await client.cancel(session_id=sid)
-                assert (await first).stop_reason == "cancelled"
-    finally:
-        sys.path.remove(str(Path(__file__).parent))
+            assert (await first).stop_reason == "cancelled"
 
 
 async def test_updates_stream_while_the_turn_waits_and_the_answer_follows_them(
-    tmp_path: Path,
+    tmp_path: Path, hold: AgentServerConfig
 ) -> None:
     """acp 16.2: text a turn streams before it waits (on its model) reaches the client while
     the prompt is still open; when the turn goes on and ends, the prompt answers end_turn,
     after the update; the next prompt on the session streams as before."""
-    config = AgentServerConfig(
-        modules={"hold-model": "hold_model"}, plugins=({"plugin": "hold-model"},),
-        provider="hold",
-    )  # fmt: skip
-    sys.path.insert(0, str(Path(__file__).parent))
-    try:
-        import hold_model
+    import hold_model
 
-        hold_model.GATE = asyncio.Event()
-        async with served(config) as (client, rec):
-            sid = (await client.new_session(cwd=str(tmp_path), mcp_servers=[])).session_id
-            prompt = asyncio.ensure_future(
-                client.prompt(session_id=sid, prompt=[acp.text_block("gate")])
-            )
-            async with asyncio.timeout(10):
-                await rec.arrived.wait()
-                assert not prompt.done()
-                assert rec.text() == "first"
-                hold_model.GATE.set()
-                assert (await prompt).stop_reason == "end_turn"
-                again = await client.prompt(session_id=sid, prompt=[acp.text_block("next")])
-            assert again.stop_reason == "end_turn"
-            assert rec.text() == "firstnext"
-    finally:
-        sys.path.remove(str(Path(__file__).parent))
+    hold_model.GATE = asyncio.Event()
+    async with served(hold) as (client, rec):
+        sid = (await client.new_session(cwd=str(tmp_path), mcp_servers=[])).session_id
+        prompt = asyncio.ensure_future(
+            client.prompt(session_id=sid, prompt=[acp.text_block("gate")])
+        )
+        async with asyncio.timeout(10):
+            await rec.arrived.wait()
+            assert not prompt.done()
+            assert rec.text() == "first"
+            hold_model.GATE.set()
+            assert (await prompt).stop_reason == "end_turn"
+            again = await client.prompt(session_id=sid, prompt=[acp.text_block("next")])
+        assert again.stop_reason == "end_turn"
+        assert rec.text() == "firstnext"
 
 
-async def test_deltas_that_pile_up_go_out_as_one_update(tmp_path: Path) -> None:
+async def test_deltas_that_pile_up_go_out_as_one_update(
+    tmp_path: Path, hold: AgentServerConfig
+) -> None:
     """acp 16.2: the text deltas a turn streams while its prompt is not sending (here, a whole
     answer at once) are sent as one agent_message_chunk, its reasoning's as one
     agent_thought_chunk, in the order they came; the text is the same."""
-    config = AgentServerConfig(
-        modules={"hold-model": "hold_model"}, plugins=({"plugin": "hold-model"},),
-        provider="hold",
-    )  # fmt: skip
-    sys.path.insert(0, str(Path(__file__).parent))
-    try:
-        async with served(config) as (client, rec):
-            sid = (await client.new_session(cwd=str(tmp_path), mcp_servers=[])).session_id
-            async with asyncio.timeout(10):
-                response = await client.prompt(session_id=sid, prompt=[acp.text_block("split")])
-            assert response.stop_reason == "end_turn"
-            sent = [(u.session_update, u.content.text) for u in rec.updates]
-            assert sent == [
-                ("agent_thought_chunk", "let me think"),
-                ("agent_message_chunk", "one, two, three"),
-            ]
-    finally:
-        sys.path.remove(str(Path(__file__).parent))
+    async with served(hold) as (client, rec):
+        sid = (await client.new_session(cwd=str(tmp_path), mcp_servers=[])).session_id
+        async with asyncio.timeout(10):
+            response = await client.prompt(session_id=sid, prompt=[acp.text_block("split")])
+        assert response.stop_reason == "end_turn"
+        sent = [(u.session_update, u.content.text) for u in rec.updates]
+        assert sent == [
+            ("agent_thought_chunk", "let me think"),
+            ("agent_message_chunk", "one, two, three"),
+        ]
 
 
 async def test_load_replays_a_stored_session(tmp_path: Path) -> None:
