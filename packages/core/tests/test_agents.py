@@ -20,7 +20,9 @@ from dsh_core import (
     AgentCancelCause,
     Context,
     ContextError,
+    EventTypeRegistry,
     Finish,
+    Host,
     InboxSplicedData,
     LlmError,
     LlmFailure,
@@ -29,6 +31,7 @@ from dsh_core import (
     SessionEvent,
     SessionLogChecker,
     SessionMeta,
+    SessionStoreService,
     StepData,
     StreamChunk,
     TextDelta,
@@ -52,7 +55,7 @@ from dsh_core._agent import (
     current_initiator,
 )
 from dsh_core._fold import fold_consumed_work
-from dsh_core._inbox import InboxError, replay_inbox
+from dsh_core._inbox import Inbox, InboxError, replay_inbox
 from dsh_core._invariants import InvariantError
 from dsh_core._llm import GenerateOptions
 from dsh_core._tools import ToolDefinition, ToolRunContext
@@ -1729,3 +1732,22 @@ async def test_run_followup_on_a_disposed_agent_is_refused() -> None:
         with pytest.raises(AgentError) as refused:
             await bounded(handle.agent.run_followup(user_message("late")))
         assert refused.value.code == "AGENT_DISPOSED"
+
+
+def test_an_inbox_reports_an_insertion_only_to_names_someone_hears() -> None:
+    """host-core §9: the inbox reports ``agent/inbox/inserted`` through ``notify``; given the
+    names anyone listens to (a live view), it skips the call while nobody listens to it, and
+    makes it again once someone does. Without that view it always reports."""
+    host = Host()
+    ctx = Context(host, host.root)
+    ctx.provide("sessions", SessionStoreService(EventTypeRegistry()))
+    heard: set[str] = set()
+    told: list[str] = []
+    quiet = Inbox(ctx.sessions.create("a"), lambda name, m: told.append(m.text), heard=heard)
+    loud = Inbox(ctx.sessions.create("b"), lambda name, m: told.append(m.text))
+    quiet.insert("next-turn", user_message("unheard"))
+    loud.insert("next-turn", user_message("always"))
+    heard.add("agent/inbox/inserted")
+    quiet.insert("next-turn", user_message("heard"))
+    assert told == ["always", "heard"]
+    assert [m.text for m in quiet.next_turn] == ["unheard", "heard"]

@@ -321,7 +321,7 @@ class Agent:
         # Read on every step: kept here, not looked up through the context each time.
         self._scope = self.ctx.scope
         self._listeners = host_ctx.host.listeners
-        self.inbox = Inbox(session, _notifier(weakref.ref(self)))
+        self.inbox = Inbox(session, _notifier(weakref.ref(self)), heard=host_ctx.host.listeners)
         self._controller: AbortController | None = None
         self._driver: asyncio.Task[None] | None = None
         self._idle: list[asyncio.Future[None]] | None = None
@@ -480,13 +480,13 @@ class Agent:
         self._turn += 1
         self.session._append_vouched("turn/start", _turn_start(turn=self._turn))
         claimed = self.inbox.claim(turn_boundary=True)
-        self._emit_claimed(claimed)
+        if claimed and "agent/inbox/claimed" in self._listeners:  # tested here: once a turn
+            self._emit_claimed(claimed)
         return claimed
 
     def _emit_claimed(self, claimed: Sequence[Message]) -> None:
-        if claimed and "agent/inbox/claimed" in self._listeners:
-            for m in claimed:
-                self.ctx.emit("agent/inbox/claimed", self, m, self._turn)
+        for m in claimed:
+            self.ctx.emit("agent/inbox/claimed", self, m, self._turn)
 
     async def _drive(self, claimed: list[Message]) -> None:
         try:
@@ -563,7 +563,8 @@ class Agent:
                         session._append_vouched("user/message", m, ())
                     else:
                         session.append("user/message", m, source_event_seqs=())
-                    if _is_snapshot(m):
+                    source = m.source
+                    if isinstance(source, PluginSource) and source.form == "snapshot":
                         self._snapshot = m.text
                 outcome = await self._step(turn, step, signal, assembly)
                 open_step = False
@@ -588,7 +589,8 @@ class Agent:
                     # turn, out of reach of Ctrl-C, timeouts and aborts.
                     await asyncio.sleep(0)
                 batch = tuple(inbox.claim(turn_boundary=False))
-                self._emit_claimed(batch)
+                if batch and "agent/inbox/claimed" in self._listeners:
+                    self._emit_claimed(batch)
         except (_TurnAborted, AbortedError):
             reason = _aborted_reason(signal)
         except asyncio.CancelledError:
@@ -748,7 +750,7 @@ class Agent:
 
     def _write_header(self, header: EpochHeader) -> None:
         session = self.session
-        current = session.request_header()
+        current = session._request_header  # request_header() without the call
         if not self._header_written:
             self._header_written = True
             reason: Literal["initial", "resume", "change"] = (
@@ -919,7 +921,7 @@ def _epoch_header(
     tools: tuple[ToolSchema, ...] | None,
 ) -> EpochHeader:
     """The request envelope; the session's current header object when nothing changed."""
-    current = session.request_header()
+    current = session._request_header  # request_header() without the call: once per request
     if (
         current is not None
         and current.config is config

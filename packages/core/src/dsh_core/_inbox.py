@@ -8,7 +8,7 @@ still sees the old lists).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Container, Iterable
 from typing import TYPE_CHECKING, Literal
 
 from . import _content
@@ -58,11 +58,24 @@ Notify = Callable[[str, Message], None]
 class Inbox:
     """The pending messages of one agent; a message id may be pending at most once."""
 
-    __slots__ = ("_lists", "_notify", "_pending", "_session", "next_step", "next_turn")
+    __slots__ = (
+        "_heard",
+        "_lists",
+        "_notify",
+        "_pending",
+        "_session",
+        "next_step",
+        "next_turn",
+    )
 
-    def __init__(self, session: Session, notify: Notify) -> None:
+    def __init__(
+        self, session: Session, notify: Notify, *, heard: Container[str] | None = None
+    ) -> None:
+        """``notify(name, message)`` reports each change; given ``heard`` (the names anyone
+        listens to, a live view), only changes whose name is in it are reported."""
         self._session = session
         self._notify = notify
+        self._heard = heard
         start = session.header.seed_length or 0
         self.next_turn, self.next_step = replay_inbox(session.events_since(start))
         self._lists = {"next-turn": self.next_turn, "next-step": self.next_step}
@@ -109,7 +122,9 @@ class Inbox:
         lst = self._lists[target]
         self._splice(_spliced(target=target, start=len(lst), inserted=(message,)), message)
         self._pending.add(message.id)
-        self._notify("agent/inbox/inserted", message)
+        heard = self._heard
+        if heard is None or "agent/inbox/inserted" in heard:
+            self._notify("agent/inbox/inserted", message)
 
     def _find(self, message_id: str) -> tuple[InboxTarget, int, Message] | None:
         targets: tuple[InboxTarget, InboxTarget] = ("next-turn", "next-step")

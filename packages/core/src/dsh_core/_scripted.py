@@ -311,7 +311,9 @@ class ScriptedAdapter:
         if self._record:
             self.requests.append(request)
         produced = self._script(request)
-        plain = produced.__class__ is str or produced.__class__ is ScriptedReply
+        if produced.__class__ is str:  # the usual reply: its chunks, without a ScriptedReply
+            return _Replay.text(produced)
+        plain = produced.__class__ is ScriptedReply
         if not plain and inspect.isawaitable(produced):  # the usual reply skips the ABC check
             return self._awaited(options, produced)
         reply = _as_reply(produced)  # type: ignore[arg-type]
@@ -412,6 +414,15 @@ class _Replay:
     def __init__(self, reply: ScriptedReply) -> None:
         self._reply: ScriptedReply | None = reply
         self._chunks: Iterator[StreamChunk] = iter(())
+
+    @classmethod
+    def text(cls, text: str) -> _Replay:
+        """The chunks of a reply that is ``text`` alone (what ``_chunks`` makes of it)."""
+        replay = cls.__new__(cls)
+        replay._reply = None
+        stop = _FINISHES["stop"]
+        replay._chunks = iter((_text_delta(index=0, text=text), stop) if text else (stop,))
+        return replay
 
     def __aiter__(self) -> _Replay:
         return self
