@@ -6,18 +6,20 @@ Three figures, each against the bare SDK doing the same work:
    ``session/new`` answered, driven by the SDK's client; against an agent written with the SDK
    alone (echo, ~30 lines). The import times of the interpreter, the SDK and dsh-core are
    measured apart, to show what each adds.
-2. **per-prompt round trip** on a warm child: N sequential ``session/prompt`` calls in one
-   session, ms per prompt, dsh-acp-agent against the SDK-only agent, with each agent
-   process's own CPU per prompt beside it (on Linux: the round trip's spread between runs is
-   mostly scheduling, the agent's CPU is the part the agent controls).
+2. **per-prompt round trip** on a warm child: dsh-acp-agent and the SDK-only agent both
+   spawned and warm, then pairs of blocks of N sequential ``session/prompt`` calls, one block
+   on each, in alternating order; ms per prompt (median block), each agent process's own CPU
+   per prompt beside it (Linux), and the median of the pairs' ratios with their spread. Both
+   children live throughout, so what slows the machine for a while slows both sides of a
+   pair alike.
 3. **concurrent children**: ``--children`` one-shot ``acp`` runs started at once through
    ``ctx.subagents.start()`` (spawn, prompt, answer, dispose), each a dsh-acp-agent process.
 
     python benchmarks/acp.py                     # all three
     python benchmarks/acp.py --prompts 500 --children 20 --spawns 5
-    python benchmarks/acp.py --only prompts --prompts 1000 --rounds 5
-        # the per-prompt figure alone: 5 alternating rounds, the median of each side
-    python benchmarks/acp.py --only prompts --warm 10000 --prompts 1000
+    python benchmarks/acp.py --only prompts --prompts 200 --rounds 30
+        # the per-prompt figure alone: 30 pairs of 200-prompt blocks
+    python benchmarks/acp.py --only prompts --warm 10000
         # per prompt on a long session: 10,000 prompts answered before the timed ones
 
 The figures depend on the machine (most of spawn-to-ready is the SDK's import); compare runs
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import statistics
 import subprocess
@@ -109,28 +112,67 @@ def _cpu_seconds(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def _prompts(command: list[str], n: int, warm: int = 20) -> tuple[float, float | None]:
-    """Milliseconds per prompt on a warm child (after ``warm`` prompts in the same session),
-    and the agent process's CPU milliseconds per prompt (``None`` where unknown)."""
-    import acp
+class _Child:
+    """A spawned agent with one warm session: ``block(n)`` times ``n`` sequential prompts."""
 
-    async with acp.spawn_agent_process(_Sink(), command[0], *command[1:], env=dict(os.environ)) as (
-        conn,
-        process,
-    ):
-        await conn.initialize(protocol_version=acp.PROTOCOL_VERSION)
-        sid = (await conn.new_session(cwd=os.getcwd(), mcp_servers=[])).session_id
-        block = [acp.text_block("ping")]
-        for _ in range(warm):
-            await conn.prompt(session_id=sid, prompt=block)
-        cpu_start = _cpu_seconds(process.pid)
+    def __init__(self, conn: Any, process: Any, sid: str) -> None:
+        self.conn = conn
+        self.pid = process.pid
+        self.sid = sid
+        self.prompt = [_text_block("ping")]
+        self.walls: list[float] = []  # ms per prompt, one per block
+        self.cpu = 0.0  # the process's CPU seconds over the timed blocks (Linux)
+        self.timed = 0
+
+    async def block(self, n: int) -> float:
+        cpu_start = _cpu_seconds(self.pid)
         start = time.perf_counter()
         for _ in range(n):
-            await conn.prompt(session_id=sid, prompt=block)
+            await self.conn.prompt(session_id=self.sid, prompt=self.prompt)
         wall = (time.perf_counter() - start) * 1000 / n
-        cpu_end = _cpu_seconds(process.pid)
-    cpu = None if cpu_start is None or cpu_end is None else (cpu_end - cpu_start) * 1000 / n
-    return wall, cpu
+        cpu_end = _cpu_seconds(self.pid)
+        if cpu_start is not None and cpu_end is not None:
+            self.cpu += cpu_end - cpu_start
+        self.timed += n
+        self.walls.append(wall)
+        return wall
+
+
+def _text_block(text: str) -> Any:
+    import acp
+
+    return acp.text_block(text)
+
+
+async def _both(
+    ours: list[str], raw: list[str], prompts: int, warm: int, rounds: int
+) -> tuple[_Child, _Child, list[float]]:
+    """Both agents spawned and warmed (``warm`` prompts each), then ``rounds`` pairs of
+    ``prompts``-prompt blocks, one on each, the order flipped every pair. Both stay alive
+    throughout, so the machine's slow drifts (another job, a VM neighbour, frequency) fall on
+    both sides of a pair alike; returns the children and every pair's ratio."""
+    import acp
+
+    async with contextlib.AsyncExitStack() as stack:
+        children = []
+        for command in (ours, raw):
+            conn, process = await stack.enter_async_context(
+                acp.spawn_agent_process(_Sink(), command[0], *command[1:], env=dict(os.environ))
+            )
+            await conn.initialize(protocol_version=acp.PROTOCOL_VERSION)
+            sid = (await conn.new_session(cwd=os.getcwd(), mcp_servers=[])).session_id
+            child = _Child(conn, process, sid)
+            for _ in range(warm):
+                await conn.prompt(session_id=sid, prompt=child.prompt)
+            children.append(child)
+        dsh, sdk = children
+        ratios = []
+        for i in range(rounds):
+            first, second = (dsh, sdk) if i % 2 == 0 else (sdk, dsh)
+            a = await first.block(prompts)
+            b = await second.block(prompts)
+            ratios.append(a / b if first is dsh else b / a)
+    return dsh, sdk, ratios
 
 
 async def _children(n: int) -> tuple[float, int]:
@@ -169,7 +211,9 @@ async def _children(n: int) -> tuple[float, int]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--spawns", type=int, default=5, help="spawn-to-ready samples")
-    parser.add_argument("--prompts", type=int, default=300, help="sequential prompts")
+    parser.add_argument(
+        "--prompts", type=int, default=200, help="sequential prompts per timed block"
+    )
     parser.add_argument("--children", type=int, default=20, help="concurrent acp children")
     parser.add_argument(
         "--only",
@@ -179,7 +223,7 @@ def main() -> None:
     )
     parser.add_argument("--warm", type=int, default=20, help="prompts before the timed ones")
     parser.add_argument(
-        "--rounds", type=int, default=1, help="per-prompt rounds (alternating), medians shown"
+        "--rounds", type=int, default=15, help="pairs of per-prompt blocks (alternating)"
     )
     args = parser.parse_args()
     parts = set(args.only or ("imports", "spawn", "prompts", "children"))
@@ -223,28 +267,22 @@ def _spawns(ours: list[str], raw: list[str], spawns: int) -> None:
 
 
 def _per_prompt(ours: list[str], raw: list[str], prompts: int, warm: int, rounds: int) -> None:
-    """``rounds`` alternating runs of each agent (a fresh child each), medians and ratios."""
-    per_ours: list[float] = []
-    per_raw: list[float] = []
-    cpu_ours: list[float] = []
-    cpu_raw: list[float] = []
-    for _ in range(rounds):
-        for per, cpus, command in ((per_ours, cpu_ours, ours), (per_raw, cpu_raw, raw)):
-            wall, cpu = asyncio.run(_prompts(command, prompts, warm))
-            per.append(wall)
-            if cpu is not None:
-                cpus.append(cpu)
-    ratios = sorted(o / r for o, r in zip(per_ours, per_raw, strict=True))
-    print(f"\nper-prompt round trip on a warm child ({prompts} sequential after {warm}):")
-    for name, per, cpus in (
-        ("dsh-acp-agent      ", per_ours, cpu_ours),
-        ("SDK-only echo agent", per_raw, cpu_raw),
-    ):
+    """Alternating blocks on two live children (see :func:`_both`): medians and ratios."""
+    dsh, sdk, ratios = asyncio.run(_both(ours, raw, prompts, warm, rounds))
+    ratios.sort()
+    print(
+        f"\nper-prompt round trip on a warm child ({rounds} pairs of {prompts}-prompt blocks, "
+        f"after {warm}):"
+    )
+    for name, child in (("dsh-acp-agent      ", dsh), ("SDK-only echo agent", sdk)):
         # The agent process's own CPU per prompt (the client's is the same on both sides).
-        cpu = f" (agent CPU {statistics.median(cpus):.3f} ms)" if cpus else ""
-        print(f"  {name}    {statistics.median(per):7.3f} ms{cpu}")
-    print(f"  ratio                  {statistics.median(ratios):7.2f}x", end="")
-    print(f" (rounds: {', '.join(f'{r:.2f}' for r in ratios)})" if rounds > 1 else "")
+        cpu = f" (agent CPU {child.cpu * 1000 / child.timed:.3f} ms)" if child.cpu else ""
+        print(f"  {name}    {statistics.median(child.walls):7.3f} ms{cpu}")
+    quartiles = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios * 3
+    print(
+        f"  ratio                  {statistics.median(ratios):7.2f}x (pairs: min {ratios[0]:.2f},"
+        f" quartiles {quartiles[0]:.2f} / {quartiles[2]:.2f}, max {ratios[-1]:.2f})"
+    )
 
 
 if __name__ == "__main__":
