@@ -345,11 +345,18 @@ class Session:
 
         return remove
 
-    def _tell(self, watchers: tuple[Watcher, ...], event: SessionEvent) -> None:
-        """Run the watchers of one committed event (see :meth:`watch`)."""
+    def _publish(self, event: SessionEvent) -> None:
+        """Publish one committed event: the ``session/event`` listeners (while the session is
+        published), then the watchers of its type (see :meth:`watch`). The session refuses
+        appends meanwhile (its specs are swapped for ``_PUBLISHING``)."""
         specs, self._specs = self._specs, _PUBLISHING
         try:
-            for watcher in watchers:
+            bus = self._bus
+            if bus is not None and "session/event" in bus:
+                ctx = self._ctx
+                assert ctx is not None
+                ctx.emit("session/event", self, event)
+            for watcher in self._watching.get(event.type, ()):
                 try:
                     watcher(event)
                 except Exception:
@@ -426,17 +433,9 @@ class Session:
         if type in _FOLDS:  # a test, not a call, for the types that fold nothing
             _FOLDS[type](self, event.data)
         bus = self._bus
-        if bus is not None and "session/event" in bus:
-            ctx = self._ctx
-            assert ctx is not None
-            specs, self._specs = self._specs, _PUBLISHING
-            try:
-                ctx.emit("session/event", self, event)
-            finally:
-                self._specs = specs
         watching = self._watching
-        if watching and type in watching:
-            self._tell(watching[type], event)
+        if (bus is not None and "session/event" in bus) or (watching and type in watching):
+            self._publish(event)  # a call only when something listens
         return event  # type: ignore[no-any-return]  # an alias would cost a store and a load
 
     def _append_vouched(
@@ -474,17 +473,9 @@ class Session:
         if type in _FOLDS:  # a test, not a call, for the types that fold nothing
             _FOLDS[type](self, data)
         bus = self._bus
-        if bus is not None and "session/event" in bus:
-            ctx = self._ctx
-            assert ctx is not None
-            specs, self._specs = self._specs, _PUBLISHING
-            try:
-                ctx.emit("session/event", self, event)
-            finally:
-                self._specs = specs
         watching = self._watching
-        if watching and type in watching:
-            self._tell(watching[type], event)
+        if (bus is not None and "session/event" in bus) or (watching and type in watching):
+            self._publish(event)  # a call only when something listens
         return event  # type: ignore[no-any-return]  # an alias would cost a store and a load
 
     def _checked(
