@@ -321,7 +321,7 @@ class Agent:
         # Read on every step: kept here, not looked up through the context each time.
         self._scope = self.ctx.scope
         self._listeners = host_ctx.host.listeners
-        self.inbox = Inbox(session, _notifier(weakref.ref(self)), heard=host_ctx.host.listeners)
+        self.inbox = Inbox(session, _notifier(weakref.ref(self)), heard=self._listeners)
         self._controller: AbortController | None = None
         self._driver: asyncio.Task[None] | None = None
         self._idle: list[asyncio.Future[None]] | None = None
