@@ -154,6 +154,7 @@ class Session:
     __slots__ = (
         "_announced",
         "_bus",
+        "_checkpointer",
         "_ctx",
         "_events",
         "_messages",
@@ -198,6 +199,8 @@ class Session:
         self._announced = False
         # Session.watch's watchers by event type (empty: an append pays one test).
         self._watching: dict[str, tuple[Watcher, ...]] = {}
+        # Set by a persistence backend that writes through (see checkpoint); None: nothing to do.
+        self._checkpointer: Callable[[Session], None] | None = None
         self.first_live_seq = 0
         if seed is not None:
             self._load_seed(seed, from_store=stored)
@@ -319,6 +322,20 @@ class Session:
         return self._ctx is not None
 
     # -- writing ---------------------------------------------------------------------------------
+
+    def checkpoint(self) -> None:
+        """Hand every event not yet stored to the operating system now, before returning.
+
+        Called where something is about to be acknowledged or to happen outside the process
+        (an inbox acceptance, a model request, a tool body, a turn end, a child id handed out),
+        so a crash of the process right after loses none of it. A write, not a sync: the
+        backend's policy decides when ``fsync`` follows. Without a backend that writes
+        through (memory, or none) it costs one attribute test. A failed write raises
+        ``SessionError`` ``SESSION_IO``: the caller must not acknowledge what it was about to.
+        """
+        checkpointer = self._checkpointer
+        if checkpointer is not None:
+            checkpointer(self)
 
     def watch(self, types: Iterable[str], watcher: Watcher) -> Callable[[], None]:
         """Call ``watcher(event)`` for each event of one of ``types`` this session commits,
