@@ -1,8 +1,8 @@
 """Development sessions: per-distribution isolated tests, cross-package tests, lint, types, demo.
 
 ``nox`` runs the default set (everything CI runs); ``nox -s demo`` runs the offline demo;
-``nox -s thorough``, ``nox -s interop`` and ``nox -s continuable_machine`` are the slow tiers,
-never part of the default set.
+``nox -s thorough``, ``nox -s interop``, ``nox -s crash`` and ``nox -s continuable_machine`` are
+the slow tiers, never part of the default set.
 Every test venv installs wheels built from this checkout (``dist/``, made once per run by the
 ``build`` session), never the source tree, so a test proves what users get from ``pip install``.
 
@@ -276,8 +276,29 @@ def thorough(session: nox.Session) -> None:
     """
     _install_wheels(session, *PACKAGES)
     _pytest(
-        session, "-m", "not interop", *_every_test_folder(), env={"HYPOTHESIS_PROFILE": "thorough"}
+        session,
+        "-m",
+        "not interop and not crash",
+        *_every_test_folder(),
+        env={"HYPOTHESIS_PROFILE": "thorough"},
     )
+
+
+@nox.session(requires=["build"])
+def crash(session: nox.Session) -> None:
+    """Slow tier, outside the default set: the crash tier at many kill points.
+
+    A host process runs a tree of continuable children on the JSONL store and is killed with
+    SIGKILL at ``DSH_CRASH_POINTS`` (default 200) seeded random points (``DSH_CRASH_SEED``,
+    default 1); a fresh process checks that nothing acknowledged was lost and prints the
+    tally. The default set runs a few kill points of the same test.
+    """
+    _install_wheels(session, *PACKAGES)
+    env = {
+        "DSH_CRASH_POINTS": os.environ.get("DSH_CRASH_POINTS", "200"),
+        "DSH_CRASH_SEED": os.environ.get("DSH_CRASH_SEED", "1"),
+    }
+    _pytest(session, "-m", "crash", "-s", "tests/test_crash.py", env=env)
 
 
 #: The third-party ACP agents `interop` drives: deepagents-acp (on a fake model) and the SDK's

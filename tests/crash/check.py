@@ -24,11 +24,11 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from tree import LOAD, PLUGINS, ROOT_ID, check_model, rest
+
 from dsh_core import text_blocks
 from dsh_core.testing import TestHost
 from dsh_subagent import SUBAGENTS, CoordinatorMessageSource, SubagentError, SubagentFollowupOptions
-
-from tree import LOAD, PLUGINS, ROOT_ID, check_model
 
 _WAIT = 30.0  # seconds a resumed tree may take to answer the checker
 
@@ -94,12 +94,16 @@ async def check_store(store: Path, side: Path) -> dict[str, Any]:
             logs[sid] = _stored_lines(store, sid)
         return logs[sid]
 
-    for f in followups:
-        if not any(f["token"] in json.dumps(m) for m in _inserted(log(f["target"]))):
-            lost.append(f"follow-up {f['token']} to {f['target']} is not in its log")
-    for r in reports:
-        if not any(m.get("id") == r["id"] for m in _inserted(log(r["parent"]))):
-            lost.append(f"report {r['id']} of {r['from']} is not in {r['parent']}'s log")
+    lost.extend(
+        f"follow-up {f['token']} to {f['target']} is not in its log"
+        for f in followups
+        if not any(f["token"] in json.dumps(m) for m in _inserted(log(f["target"])))
+    )
+    lost.extend(
+        f"report {r['id']} of {r['from']} is not in {r['parent']}'s log"
+        for r in reports
+        if not any(m.get("id") == r["id"] for m in _inserted(log(r["parent"])))
+    )
     # 1. the listing.
     host = await TestHost.start(
         *PLUGINS, model=check_model, load=LOAD, store="jsonl", store_root=store
@@ -125,7 +129,9 @@ async def check_store(store: Path, side: Path) -> dict[str, Any]:
     return tally
 
 
-async def _resume_tree(host: TestHost, children: list[dict[str, Any]], tally: dict[str, Any]) -> None:
+async def _resume_tree(
+    host: TestHost, children: list[dict[str, Any]], tally: dict[str, Any]
+) -> None:
     lost: list[str] = tally["lost"]
     below: dict[str, list[str]] = defaultdict(list)
     for c in children:
@@ -161,7 +167,7 @@ async def _resume_tree(host: TestHost, children: list[dict[str, Any]], tally: di
         tally["resumed"] += 1
     try:
         async with asyncio.timeout(_WAIT):
-            for child_id, event in answered.items():
+            for event in answered.values():
                 await event.wait()
     except TimeoutError:
         lost.append(f"resumed children did not answer within {_WAIT:.0f} s")
@@ -171,11 +177,9 @@ async def _resume_tree(host: TestHost, children: list[dict[str, Any]], tally: di
                 tally["reached"] += 1
             else:
                 lost.append(f"child {child_id} could not reach its child: {text}")
-    manager = host.ctx.subagents._state.continuation
     try:
         async with asyncio.timeout(_WAIT):
-            while manager.activations or manager.retiring or root.status != "idle":
-                await asyncio.sleep(0.01)  # the checker only waits for the tree to rest
+            await rest(host.ctx, root)
     except TimeoutError:
         lost.append("the resumed tree did not come to rest")
 

@@ -24,24 +24,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from tree import LOAD, PLUGINS, ROOT_ID, record_line, rest, tree_model
+
 from dsh_core import SessionMeta, user_message
 from dsh_core.testing import TestHost
-
-from tree import LOAD, PLUGINS, ROOT_ID, record_line, tree_model
 
 _ACCEPTED = re.compile(r"^report accepted by the agent that started you as message (\S+)$")
 _QUEUED = re.compile(r"^message queued as the next turn for subagent (\S+)$")
 _STARTED = re.compile(r"^started subagent (\S+)$")
-
-
-async def _quiet(host: TestHost, root: Any) -> None:
-    """Until the root is idle and no continuable child is resident."""
-    manager = host.ctx.subagents._state.continuation
-    while True:
-        await root.when_idle()
-        if not manager.activations and not manager.retiring and root.status == "idle":
-            return
-        await asyncio.sleep(0.005)  # polling the live tree: the host only needs to move on
 
 
 async def main(store: Path, side: Path, rounds: int) -> None:
@@ -98,7 +88,7 @@ async def main(store: Path, side: Path, rounds: int) -> None:
     sys.stdout.flush()
     for r in range(rounds):
         root.followup(user_message(f"ROUND {r}"))
-        await _quiet(host, root)
+        await rest(host.ctx, root)
     await handle.dispose()
     await host.aclose()
     sys.stdout.write("done\n")

@@ -13,6 +13,7 @@ grandchildren, which it does with ``send_message`` (the real path a resumed pare
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from typing import Any
@@ -59,7 +60,7 @@ def _unanswered(request: ScriptedRequest) -> list[str]:
         if m.role == "assistant":
             break
         if m.role == "tool":
-            texts.append("".join(blocks_text(b.content) for b in m.content if hasattr(b, "content")))
+            texts.extend(blocks_text(b.content) for b in m.content if hasattr(b, "content"))
         else:
             texts.append(m.text)
     return texts[::-1]
@@ -139,3 +140,21 @@ def check_model(request: ScriptedRequest) -> ScriptedReply | str:
 def record_line(record: dict[str, Any]) -> str:
     """One side-record line (JSON, newline-terminated)."""
     return json.dumps(record, sort_keys=True) + "\n"
+
+
+async def rest(ctx: Any, root: Any) -> None:
+    """Until ``root`` is idle and no continuable child is resident or retiring."""
+    manager = ctx.subagents._state.continuation
+    moved = asyncio.Event()
+
+    def wake(*args: object) -> None:
+        moved.set()
+
+    removers = [ctx.on(name, wake) for name in ("agent/status", "subagent/end")]
+    try:
+        while manager.activations or manager.retiring or root.status != "idle":
+            moved.clear()
+            await moved.wait()
+    finally:
+        for remove in removers:
+            remove()

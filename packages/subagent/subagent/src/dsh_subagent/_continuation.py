@@ -696,7 +696,8 @@ class ContinuationManager:
         final_check: Callable[[], None],
     ) -> str:
         """Publish-to-acceptance (CONT-4, CONT-5): recheck, own, watch, announce the epoch,
-        submit; anything failing before acceptance rolls the Activation back (CONT-3)."""
+        write the child's log through, submit (the inbox writes the acceptance through too);
+        anything failing before acceptance rolls the Activation back (CONT-3)."""
         started = False
         try:
             _throw_if_aborted(signal)
@@ -707,6 +708,9 @@ class ContinuationManager:
             started = True
             _throw_if_aborted(signal)
             final_check()
+            # DUR-31: the child's header and descriptor (and a resume's repair) reach the OS
+            # before its id can be named anywhere; a failed write (SESSION_IO) rolls it back.
+            act.handle.agent.session.checkpoint()
             return self.submit(act, message)
         except BaseException:
             await self._rollback(act, started=started)

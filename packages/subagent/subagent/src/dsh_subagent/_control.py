@@ -31,6 +31,7 @@ from dsh_core import (
     ContentBlock,
     ContextError,
     ServiceKey,
+    SessionError,
     TextBlock,
     user_message,
 )
@@ -83,8 +84,10 @@ def report_from(
     named by the child's header being live (``PARENT_UNAVAILABLE``). ``quiet`` injects (no
     wake), ``next-step`` steers and ``wakeup`` follows up (a new parent turn); both waking
     sends go through the manager's waking accounting, so a resident continuable parent stays
-    running until it claims the report. A send that raises is ``PARENT_UNAVAILABLE`` with the
-    error as its cause.
+    running until it claims the report. The parent's inbox writes the report through to its
+    log before the send returns, so the id returned is on disk; a write that fails raises its
+    ``SessionError`` (``SESSION_IO``): the report was not accepted. Any other send that raises
+    is ``PARENT_UNAVAILABLE`` with the error as its cause.
     """
     registry = manager.agents()
     if options is None:
@@ -122,6 +125,8 @@ def report_from(
             parent.inject(message)
         else:
             manager.send_waking(parent, message, "turn" if delivery == "wakeup" else "step")
+    except SessionError:
+        raise  # DUR-32: the parent's log could not take it (SESSION_IO): not accepted
     except Exception as exc:
         raise _error(_PARENT_UNAVAILABLE, "PARENT_UNAVAILABLE") from exc
     return message.id

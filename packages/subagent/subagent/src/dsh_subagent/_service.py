@@ -200,7 +200,11 @@ class SubagentService:
         registry's contributions. Resolves with ``{child_id, message_id}`` at inbox
         acceptance (CONT-2); any earlier failure, including ``spec.signal`` aborting (raised
         as its own reason), leaves no session, agent, Activation or ownership edge (CONT-3).
-        After acceptance the signal cancels nothing (CONT-9).
+        After acceptance the signal cancels nothing (CONT-9). On a store that writes through
+        (JSONL), the child's header, descriptor and accepted prompt are written to the
+        operating system before this resolves, so a crash right after loses no child whose id
+        was returned; a failed write is the store's ``SessionError`` (``SESSION_IO``) and
+        rolls the child back like any failure before acceptance.
         """
         return await self._state.continuation.start(spec)
 
@@ -221,7 +225,9 @@ class SubagentService:
         cold-resumed from its durable descriptor without its provider (CONT-10,
         ``NOT_RESUMABLE``). A delivery racing the child's disposal waits for it, then
         resumes. ``options.signal`` owns only the span before acceptance (CONT-9);
-        ``options.source`` is attribution, never authority.
+        ``options.source`` is attribution, never authority. The returned id is in the child's
+        stored log (written to the operating system) on a store that writes through; a
+        failed write raises the store's ``SessionError`` (``SESSION_IO``): nothing was queued.
         """
         return await self._state.continuation.followup(parent, child_id, content, options)
 
@@ -295,13 +301,15 @@ class SubagentService:
         live direct parent (``PARENT_UNAVAILABLE``). The parent receives ``[text "Background
         subagent <id> reported:", *content]`` from a ``subagent-report`` source, delivered by
         ``options.delivery``: ``next-step`` (default; steers, waking an idle parent),
-        ``quiet`` (injects, no wake) or ``wakeup`` (a new parent turn). A send that raises is
-        ``PARENT_UNAVAILABLE`` with the error as its cause; a parent whose disposal has
-        started but which is still registered accepts the report (kept in its log, unwoken,
-        RPT-4). Reporting never ends the child's
-        turn, and a report accepted before the child settles reaches the parent's model before
-        its settlement notice, whatever the delivery (RPT-S3, BUG-2). Without an ``agents``
-        service: ``CONTINUATION_UNAVAILABLE`` (SVC-14).
+        ``quiet`` (injects, no wake) or ``wakeup`` (a new parent turn). The returned id is in
+        the parent's stored log on a store that writes through; a failed write raises the
+        store's ``SessionError`` (``SESSION_IO``): the report was not accepted. Any other
+        send that raises is ``PARENT_UNAVAILABLE`` with the error as its cause; a parent whose
+        disposal has started but which is still registered accepts the report (kept in its
+        log, unwoken, RPT-4). Reporting never ends the child's turn, and a report accepted
+        before the child settles reaches the parent's model before its settlement notice,
+        whatever the delivery (RPT-S3, BUG-2). Without an ``agents`` service:
+        ``CONTINUATION_UNAVAILABLE`` (SVC-14).
         """
         return _control.report_from(self._state.continuation, child, content, options)
 

@@ -14,6 +14,7 @@ from typing import Any
 from dsh_core import (
     ContentBlock,
     Context,
+    SessionError,
     ToolDefinition,
     ToolError,
     ToolOutput,
@@ -44,6 +45,9 @@ SEND_MESSAGE_DESCRIPTION = (
     "returns no answer from the subagent, only confirmation that the message was queued; its "
     "reply reaches you later. A failure means nothing was delivered."
 )
+
+#: What the model reads when the subagent's log could not be written (``SESSION_IO``).
+NOT_WRITTEN = "the message was not delivered: the session store could not write it"
 
 #: What the model reads about ``interrupt_agent`` (CTL-3: only the current turn stops; queued
 #: messages wait for a later ``send_message``).
@@ -157,6 +161,8 @@ def install_control_tools(ctx: Context) -> None:
             )
         except SubagentError as exc:
             raise _hinted(exc, _SEND_HINTS) from exc
+        except SessionError as exc:  # DUR-33: not written, so not queued
+            raise ToolError(f"{exc}; {NOT_WRITTEN}", code=exc.code) from exc
         return {"messageId": message_id}
 
     async def interrupt_agent(args: Any, run: ToolRunContext) -> dict[str, bool]:

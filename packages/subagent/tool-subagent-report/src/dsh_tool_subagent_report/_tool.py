@@ -17,6 +17,7 @@ from dsh_core import (
     ContentBlock,
     Context,
     PromptSection,
+    SessionError,
     TextBlock,
     ToolDefinition,
     ToolError,
@@ -82,6 +83,7 @@ _ADVICE = {
     "ACTIVATION_CLOSING": "You are being stopped; finish without reporting.",
     "UNAUTHORIZED": "Only a running continuable subagent can report; put your answer in your "
     "reply instead.",
+    "SESSION_IO": "The report was not accepted: the session store could not write it.",
 }
 
 
@@ -123,7 +125,7 @@ def _definition(subagents: SubagentService, delivery: ReportDelivery) -> ToolDef
             raise ToolError(
                 "the report was cancelled; it was not delivered", code="ABORTED"
             ) from None
-        except SubagentError as exc:
+        except (SubagentError, SessionError) as exc:  # SESSION_IO: not written (DUR-32)
             raise _refused(str(exc), exc.code) from exc
         return {"messageId": message_id}
 
