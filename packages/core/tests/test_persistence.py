@@ -55,7 +55,7 @@ BACKENDS = ["memory", "jsonl"]
 class Env:
     """A host with the sessions store and one persistence backend; ``owner`` owns sessions."""
 
-    def __init__(self, kind: str, root: Path) -> None:
+    def __init__(self, kind: str, root: Path, sync: Any = "batch") -> None:
         self.kind = kind
         self.root = root
         self.host = Host()
@@ -64,7 +64,7 @@ class Env:
         self.persistence: SessionPersistence = (
             install_memory_persistence(self.ctx)
             if kind == "memory"
-            else install_jsonl_persistence(self.ctx, root)
+            else install_jsonl_persistence(self.ctx, root, sync=sync)
         )
         self.owner = self.ctx.plugin("owner")
 
@@ -91,6 +91,13 @@ def env(request: pytest.FixtureRequest, tmp_path: Path) -> Env:
 def jsonl(tmp_path: Path) -> Env:
     """The JSONL backend under a temporary root."""
     return Env("jsonl", tmp_path / "sessions")
+
+
+@pytest.fixture
+def jsonl_detach(tmp_path: Path) -> Env:
+    """The JSONL backend with ``sync = "detach"``: no checkpoints, every flush writes in a
+    worker thread (with write-through a tracked session's lines are written on the loop)."""
+    return Env("jsonl", tmp_path / "sessions", sync="detach")
 
 
 def balanced() -> tuple[SessionEvent, ...]:
@@ -230,24 +237,24 @@ class GatedWrites:
         persistence._inline_close_limit = -1  # every close writes in a worker thread
 
 
-async def test_cancelled_flush_still_counts_its_write(jsonl: Env) -> None:
+async def test_cancelled_flush_still_counts_its_write(jsonl_detach: Env) -> None:
     """host-core §5: a write outlives its cancelled flush and is never repeated by the next."""
-    session = jsonl.owner.sessions.create("s")
-    persistence = jsonl.persistence
+    session = jsonl_detach.owner.sessions.create("s")
+    persistence = jsonl_detach.persistence
     held = GatedWrites(persistence)
     append_turn(session, 1)
-    flush = asyncio.ensure_future(jsonl.owner.sessions.flush(session))
+    flush = asyncio.ensure_future(jsonl_detach.owner.sessions.flush(session))
     await asyncio.wait_for(held.started.wait(), 30)
     flush.cancel()
     held.gate.set()
     with pytest.raises(asyncio.CancelledError):
         await flush
     session.append("turn/end", _turn_end(1))
-    await jsonl.owner.sessions.flush(session)
+    await jsonl_detach.owner.sessions.flush(session)
     assert held.writes == [3, 1]
     _, stored = await persistence.inspect("s")
     assert stored == session.events
-    await jsonl.close()
+    await jsonl_detach.close()
 
 
 async def test_cancelled_close_releases_the_file_only_after_its_write(jsonl: Env) -> None:
@@ -889,23 +896,23 @@ async def test_group_commit_one_fsync_per_flush(jsonl: Env, fsyncs: list[str]) -
     await jsonl.close()
 
 
-async def test_concurrent_flushes_never_interleave(jsonl: Env) -> None:
+async def test_concurrent_flushes_never_interleave(jsonl_detach: Env) -> None:
     """host-core §5: flushes of one session are serialised, so lines keep their order."""
-    session = jsonl.owner.sessions.create("s")
-    persistence = jsonl.persistence
+    session = jsonl_detach.owner.sessions.create("s")
+    persistence = jsonl_detach.persistence
     held = GatedWrites(persistence)
     session.append("turn/start", TurnStartData(turn=1))
-    first = asyncio.ensure_future(jsonl.owner.sessions.flush(session))
+    first = asyncio.ensure_future(jsonl_detach.owner.sessions.flush(session))
     await asyncio.wait_for(held.started.wait(), 30)
     session.append("step/start", StepData(turn=1, step=1))
     session.append("step/end", StepData(turn=1, step=1))
-    second = asyncio.ensure_future(jsonl.owner.sessions.flush(session))
+    second = asyncio.ensure_future(jsonl_detach.owner.sessions.flush(session))
     held.gate.set()
     await asyncio.wait_for(asyncio.gather(first, second), 30)
     assert held.writes == [1, 2]
     _, stored = await persistence.inspect("s")
     assert stored[:3] == session.events
-    await jsonl.close()
+    await jsonl_detach.close()
 
 
 async def test_failed_write_is_undone_and_retried(

@@ -438,12 +438,14 @@ async def test_a_disposed_sessions_last_write_is_done_when_the_detach_returns(
     """host-core §9, hardening 11.10: a disposed session's last lines (up to the inline limit)
     are written and its lock let go by the time ``session/disposed`` is over, with no worker
     round trip (``released`` has nothing to wait for); a larger rest goes through a worker
-    thread, and ``dispose`` waits for it. Either way every line is stored."""
+    thread, and ``dispose`` waits for it. Either way every line is stored. (With ``sync =
+    "detach"``: otherwise the turn end's checkpoint has written every line already.)"""
 
     root = tmp_path / "sessions"
     reply = "x" * (70 * 1024) if big else "done"
     seen: list[tuple[bool, int]] = []
-    async with scripted_host(model=[reply], store="jsonl", store_root=root) as h:
+    config = {"session-persistence-jsonl": {"root": str(root), "sync": "detach"}}
+    async with scripted_host(model=[reply], store="jsonl", config=config) as h:
         persistence = h.ctx.session_persistence
 
         def after_persistence(session: Any) -> None:  # runs after the backend's own listener

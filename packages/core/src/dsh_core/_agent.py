@@ -59,6 +59,7 @@ from ._events import (
     EpochHeader,
     LlmCallConfig,
     RequestHeaderData,
+    SessionError,
     SessionEvent,
     SessionMeta,
     StepData,
@@ -257,6 +258,18 @@ def require_initiator() -> Agent:
     if agent is None:
         raise AgentError("no agent is initiating this work", code="NO_INITIATOR")
     return agent
+
+
+def _unwritten_calls(session: Session) -> ToolExecutionResult | None:
+    """Checkpoint the logged ``tool/call``s of a group; the error result each call gets
+    instead of running when that fails (``None``: written, or nothing writes through)."""
+    if session._checkpointer is None:
+        return None
+    try:
+        session.checkpoint()
+    except SessionError as exc:
+        return failure(f"the tool call was not run: its log could not be written ({exc})", exc.code)
+    return None
 
 
 class _TurnAborted(Exception):
@@ -618,10 +631,16 @@ class Agent:
         # The loop's own reasons are constants of plain strings; any other (an error's, a
         # cancel cause's) is checked at the append.
         data = _turn_end(turn=turn, reason=reason)
+        session = self.session
         if reason is _COMPLETED or reason is _BLOCKED or reason is _MAX_TOKENS:
-            self.session._append_vouched("turn/end", data)
+            session._append_vouched("turn/end", data)
         else:
-            self.session.append("turn/end", data)
+            session.append("turn/end", data)
+        if session._checkpointer is not None:  # every turn end is written (DUR-4)
+            try:
+                session.checkpoint()
+            except SessionError as exc:  # the turn is over: nobody left to refuse
+                self.ctx.emit("agent/error", self, exc)
 
     def _with_snapshot(
         self, batch: tuple[Message, ...], assembly: PromptAssembly
@@ -657,6 +676,8 @@ class Agent:
                 )
             header = _epoch_header(session, config, assembly.system or None, tools or None)
             self._write_header(header)
+            if session._checkpointer is not None:
+                session.checkpoint()  # the request is on disk before the model sees it (DUR-2)
             options = _generate_options(
                 provider=config.provider,
                 model=config.model,
@@ -860,11 +881,14 @@ class Agent:
                 ).seq
                 for c in group
             ]
+            unwritten = _unwritten_calls(session)  # the calls are on disk before they run (DUR-3)
             if signal.aborted:
                 results = [
                     failure("tool call aborted before dispatch", "ABORTED_BEFORE_DISPATCH")
                     for _ in group
                 ]
+            elif unwritten is not None:
+                results = [unwritten for _ in group]
             elif len(group) == 1:
                 results = [await tools.execute(self._call_input(group[0], signal))]
             else:

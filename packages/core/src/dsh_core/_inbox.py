@@ -116,11 +116,25 @@ class Inbox:
         _apply(self._lists, data)
 
     def insert(self, target: InboxTarget, message: Message) -> None:
-        """Append ``message`` to ``target``; emits ``agent/inbox/inserted``."""
+        """Append ``message`` to ``target``; emits ``agent/inbox/inserted``.
+
+        The acceptance is a checkpoint (DUR-1): with a store that writes through, the splice
+        is handed to the operating system before this returns. Should that write fail
+        (``SessionError`` ``SESSION_IO``), the message is taken out again (a ``canceled``
+        splice) and the error raised: it was not accepted and never runs.
+        """
         if message.id in self._pending:
             raise InboxError(f"message {message.id!r} is already pending", code="DUPLICATE_PENDING")
         lst = self._lists[target]
-        self._splice(_spliced(target=target, start=len(lst), inserted=(message,)), message)
+        at = len(lst)
+        self._splice(_spliced(target=target, start=at, inserted=(message,)), message)
+        session = self._session
+        if session._checkpointer is not None:
+            try:
+                session.checkpoint()
+            except BaseException:
+                self._delete(_spliced(target=target, start=at, removed_count=1, outcome="canceled"))
+                raise
         self._pending.add(message.id)
         heard = self._heard
         if heard is None or "agent/inbox/inserted" in heard:

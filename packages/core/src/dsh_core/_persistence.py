@@ -30,7 +30,7 @@ from collections.abc import Awaitable, Callable, Generator, Hashable, Iterable, 
 from itertools import compress, islice
 from json.encoder import encode_basestring
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 
 import attrs
 
@@ -421,6 +421,9 @@ class SessionPersistence:
     """
 
     _threaded = False
+    #: Whether tracked sessions write through at :meth:`Session.checkpoint` (a backend whose
+    #: log outlives the process sets it; the memory backend is durable for the process's life).
+    _checkpointing = False
     #: The most bytes a disposed session's last write may take on the loop (see _close_inline).
     _inline_close_limit = 64 * 1024
     #: Worker threads of a threaded backend (flushes of different sessions run side by side).
@@ -435,8 +438,11 @@ class SessionPersistence:
         self._busy: set[str] = set()
         self._closing: dict[str, asyncio.Task[None]] = {}
         #: The final syncs of disposed sessions, run after their lock was let go.
-        self._syncs: set[asyncio.Future[None]] = set()
+        self._syncs: set[asyncio.Future[Any]] = set()
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        #: Tracked sessions written by a checkpoint and not synced yet (group commit).
+        self._unsynced: set[_Tracked] = set()
+        self._commit_timer: asyncio.TimerHandle | None = None
 
     # -- wiring ----------------------------------------------------------------------------------
 
@@ -543,6 +549,8 @@ class SessionPersistence:
             handle = self._acquire(sid, session.header)
             rec = _Tracked(session, handle, stored=0, unsynced=True)
         self._tracked[sid] = rec
+        if self._checkpointing:
+            session._checkpointer = self._checkpoint
 
     def _on_flush(self, session: Session) -> Awaitable[None] | None:
         rec = self._tracked.get(session.header.id)
@@ -557,6 +565,7 @@ class SessionPersistence:
             return
         del self._tracked[sid]
         rec.end = session.seq
+        session._checkpointer = None
         ctx = self._ctx
         if ctx is not None and ctx.sessions.get(sid) is session:
             # Disposed while still live: a session/created listener vetoed the creation, so the
@@ -564,7 +573,8 @@ class SessionPersistence:
             self._release(rec.handle, discard=True)
             return
         if rec.writing is None and (
-            not self._threaded or (rec.end == rec.stored and not rec.unsynced)
+            not self._threaded
+            or (rec.end == rec.stored and not rec.unsynced and not self._dirty(rec.handle))
         ):
             # Nothing here blocks (the memory backend, or nothing left to write): close at once
             # instead of in a task, so the hold is gone when the detach returns.
@@ -673,8 +683,17 @@ class SessionPersistence:
         """
         if rec.writing is not None:
             return self._drain_after(rec, sync)
+        if self._checkpointing and rec.end is None:
+            # A tracked session that checkpoints is only ever written here, on the loop, so
+            # a checkpoint never races a write in a worker thread; the sync still runs there.
+            try:
+                self._write_through(rec)
+            except Exception as exc:
+                failed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+                failed.set_exception(exc)
+                return failed
         batch = rec.pending()
-        if not batch and not rec.unsynced:
+        if not batch and not rec.unsynced and not self._dirty(rec.handle):
             return None
         loop = asyncio.get_running_loop()
         writing: asyncio.Future[None] = loop.create_future()
@@ -728,6 +747,10 @@ class SessionPersistence:
 
     async def _shutdown(self) -> None:
         self._closed = True
+        timer, self._commit_timer = self._commit_timer, None
+        if timer is not None:
+            timer.cancel()  # each close below syncs what its session left unsynced
+        self._unsynced.clear()
         tracked = list(self._tracked.values())
         self._tracked.clear()
         for rec in tracked:
@@ -745,6 +768,99 @@ class SessionPersistence:
         pool, self._pool = self._pool, None
         if pool is not None:
             pool.shutdown(wait=False)  # idle by now: every write above has been awaited
+
+    # -- write-through (checkpoints) and group commit ----------------------------------------
+
+    def _checkpoint(self, session: Session) -> None:
+        """``Session.checkpoint`` of a tracked session: write what is not stored yet, now.
+
+        Raises ``SESSION_IO`` when the write fails; nothing is counted as stored then, so
+        the next checkpoint or flush takes the same events again (after cutting off any
+        partial line), and a file found deleted or replaced fails every later one.
+        """
+        rec = self._tracked.get(session.header.id)
+        if rec is not None and rec.session is session:
+            self._write_through(rec)
+
+    def _write_through(self, rec: _Tracked) -> None:
+        """Write ``rec``'s pending events on the loop (no sync unless the backend says so)."""
+        raise NotImplementedError
+
+    def _dirty(self, handle: _Handle) -> bool:
+        """Whether ``handle`` holds written lines no ``fsync`` has covered yet."""
+        return False
+
+    def _commit_later(self, rec: _Tracked) -> None:
+        """Have ``rec``'s written lines synced by the next group commit (within
+        :attr:`_commit_window` seconds, in a worker thread)."""
+        self._unsynced.add(rec)
+        if self._commit_timer is None:
+            loop = asyncio.get_running_loop()
+            self._commit_timer = loop.call_later(self._commit_window, self._group_commit)
+
+    #: How long a group commit collects written lines before one worker job syncs them all.
+    _commit_window = 0.02
+
+    def _group_commit(self) -> None:
+        """Sync every tracked session a checkpoint left unsynced, in one worker job.
+
+        Each such session's ``writing`` is the job meanwhile, so a flush, a close or the
+        shutdown waits for it (the file is never closed under its sync). A session whose own
+        flush is syncing waits for the next round. A failed sync is logged and fails every
+        later checkpoint of that session (its lines may not be on the disk).
+        """
+        self._commit_timer = None
+        if self._closed:
+            self._unsynced.clear()
+            return
+        recs: builtins.list[_Tracked] = []
+        again: builtins.list[_Tracked] = []
+        for rec in self._unsynced:
+            if self._tracked.get(rec.session.header.id) is not rec or not self._dirty(rec.handle):
+                continue
+            (recs if rec.writing is None else again).append(rec)
+        self._unsynced.clear()
+        for rec in again:
+            self._commit_later(rec)
+        if not recs:
+            return
+        loop = asyncio.get_running_loop()
+        writing: asyncio.Future[None] = loop.create_future()
+        for rec in recs:
+            rec.writing = writing
+        job = self._submit(self._sync_handles, [rec.handle for rec in recs])
+        self._syncs.add(job)
+
+        def done(job: asyncio.Future[builtins.list[tuple[_Handle, Exception]]]) -> None:
+            self._syncs.discard(job)
+            for rec in recs:
+                if rec.writing is writing:
+                    rec.writing = None
+            if job.cancelled():
+                failures: builtins.list[tuple[_Handle, Exception]] = []
+            elif job.exception() is not None:
+                exc = cast("Exception", job.exception())
+                failures = [(rec.handle, exc) for rec in recs]
+            else:
+                failures = job.result()
+            for handle, exc in failures:
+                self._sync_failed(handle, exc)
+            writing.set_result(None)
+
+        if job.done():
+            done(job)
+        else:
+            job.add_done_callback(done)
+
+    def _sync_handles(
+        self, handles: builtins.list[_Handle]
+    ) -> builtins.list[tuple[_Handle, Exception]]:
+        """Sync each of ``handles`` (in a worker thread); the failures, by handle."""
+        raise NotImplementedError
+
+    def _sync_failed(self, handle: _Handle, exc: Exception) -> None:
+        """A group commit could not sync ``handle``: log it (and fail later checkpoints)."""
+        _log.error("could not sync session %r: %s", handle.id, exc)
 
     # -- refusing and holding --------------------------------------------------------------------
 
@@ -1268,7 +1384,7 @@ def _open_stat(path: Path | str, flags: int) -> tuple[int, os.stat_result]:
 
 
 class _FileHandle(_Handle):
-    __slots__ = ("dir_synced", "fd", "path", "size", "synced")
+    __slots__ = ("dir_synced", "fd", "lost", "path", "size", "synced", "written")
 
     def __init__(self, id: str, path: Path, fd: int, *, created: bool) -> None:
         super().__init__(id, created=created)
@@ -1276,13 +1392,20 @@ class _FileHandle(_Handle):
         self.fd = fd
         self.size = 0  # bytes of complete, valid lines; a torn tail lies beyond
         self.dir_synced = not created
-        self.synced = True  # no write since the last fsync
+        # Writes so far, and how many of them an fsync has covered (a sync in a worker thread
+        # may run while the loop writes more: it covers what was written when it began).
+        self.written = 0
+        self.synced = 0
+        #: Set when the file was found deleted or replaced under this writer: every later
+        #: write fails with it (never written into a file nobody can read back).
+        self.lost: SessionError | None = None
 
 
-def _sync(handle: _FileHandle) -> None:
+def _sync(handle: _FileHandle, fd: int | None = None) -> None:
     """Make what was written to ``handle`` durable (and a new file's name with it)."""
-    os.fsync(handle.fd)
-    handle.synced = True
+    written = handle.written
+    os.fsync(handle.fd if fd is None else fd)
+    handle.synced = max(handle.synced, written)
     if not handle.dir_synced:
         _fsync_dir(handle.path.parent)  # a new file's name must survive a power cut too
         handle.dir_synced = True
@@ -1519,6 +1642,10 @@ def _first_too_deep(lines: builtins.list[bytes], values: builtins.list[Any]) -> 
     return None
 
 
+#: When the JSONL store syncs what a checkpoint wrote (see ``JsonlSessionPersistence.sync``).
+SyncMode = Literal["always", "batch", "detach"]
+SYNC_MODES: tuple[SyncMode, ...] = ("always", "batch", "detach")
+
 _HEADER_CHUNK = 4096
 #: A stored file as ``stat`` sees it: (inode, ctime, size, mtime), in nanoseconds.
 _Stamp = tuple[int, int, int, int]
@@ -1545,9 +1672,15 @@ class JsonlSessionPersistence(SessionPersistence):
 
     _threaded = True
 
-    def __init__(self, root: Path | None = None) -> None:
+    def __init__(self, root: Path | None = None, *, sync: SyncMode = "batch") -> None:
         super().__init__()
+        if sync not in SYNC_MODES:
+            raise ValueError(f"sync must be one of {list(SYNC_MODES)}, got {sync!r}")
         self.root = Path(root) if root is not None else default_sessions_dir()
+        #: When a checkpoint's lines are synced: ``"always"`` before it returns, ``"batch"``
+        #: by the next group commit, ``"detach"``: checkpoints write nothing (flush, detach).
+        self.sync: SyncMode = sync
+        self._checkpointing = sync != "detach"
         # file name -> (stamp, header or damage): a header never changes once written. The
         # stamp (inode, ctime, size, mtime) changes with any write, so it also stamps the log.
         self._header_cache: dict[str, tuple[_Stamp, SessionHeader | DamagedSession]] = {}
@@ -1684,7 +1817,7 @@ class JsonlSessionPersistence(SessionPersistence):
 
     def _let_go(self, handle: _Handle) -> Callable[[], None] | None:
         assert isinstance(handle, _FileHandle)
-        if handle.fd < 0 or (handle.synced and handle.dir_synced):
+        if handle.fd < 0 or (handle.synced == handle.written and handle.dir_synced):
             self._release(handle, discard=False)
             return None
         fd, handle.fd = handle.fd, -1
@@ -2111,6 +2244,53 @@ class JsonlSessionPersistence(SessionPersistence):
         failed: list[str] = []
         self._put(handle, self._lines(events, failed), failed, sync)
 
+    def _write_through(self, rec: _Tracked) -> None:
+        handle = rec.handle
+        assert isinstance(handle, _FileHandle)
+        always = self.sync == "always"
+        batch = rec.pending()
+        if not batch and not handle.truncate and handle.lost is None:
+            if always and self._dirty(handle):
+                self._put(handle, b"", [], True)  # a new file's header and name
+                rec.unsynced = False
+            return
+        failed: list[str] = []
+        data = self._lines(batch, failed)
+        try:
+            self._put(handle, data, failed, always)
+        except _Unwritten:
+            rec.stored += len(batch)  # stored, some events as stand-ins: never retried
+            raise
+        rec.stored += len(batch)
+        if always:
+            rec.unsynced = False
+        else:
+            self._commit_later(rec)
+
+    def _dirty(self, handle: _Handle) -> bool:
+        assert isinstance(handle, _FileHandle)
+        return handle.fd >= 0 and (handle.synced != handle.written or not handle.dir_synced)
+
+    def _sync_handles(self, handles: list[_Handle]) -> list[tuple[_Handle, Exception]]:
+        failures: list[tuple[_Handle, Exception]] = []
+        for handle in handles:
+            assert isinstance(handle, _FileHandle)
+            try:
+                _sync(handle)
+            except Exception as exc:
+                failures.append((handle, exc))
+        return failures
+
+    def _sync_failed(self, handle: _Handle, exc: Exception) -> None:
+        assert isinstance(handle, _FileHandle)
+        if handle.lost is None:
+            handle.lost = SessionError(
+                f"cannot sync session file {handle.path}: {exc}; its last lines may not be on "
+                "the disk, so nothing more is written to it",
+                code="SESSION_IO",
+            )
+        _log.error("%s", handle.lost)
+
     def _close_inline(self, rec: _Tracked) -> bool:
         assert isinstance(rec.handle, _FileHandle)
         batch = rec.pending()
@@ -2132,16 +2312,25 @@ class JsonlSessionPersistence(SessionPersistence):
         """Append the encoded ``data`` (and sync it, if asked); ``failed`` names the events
         written as stand-ins."""
         fd = handle.fd
+        lost = handle.lost
+        if lost is not None:
+            raise SessionError(str(lost), code=lost.code)
         try:
+            if data and not _same_file(fd, handle.path):
+                handle.lost = SessionError(
+                    f"session file {handle.path} was deleted or replaced while this host was "
+                    "writing it; nothing more is written to it",
+                    code="SESSION_IO",
+                )
+                raise SessionError(str(handle.lost), code="SESSION_IO")
             if handle.truncate:
                 os.ftruncate(fd, handle.size)
                 handle.truncate = False
             if data:
                 _write_all(fd, data)
+                handle.written += 1
             if sync:
                 _sync(handle)
-            else:
-                handle.synced = False
         except OSError as exc:
             handle.truncate = True  # whatever was written goes before the retry
             raise SessionError(
@@ -2163,10 +2352,13 @@ def install_memory_persistence(ctx: Context) -> MemorySessionPersistence:
     return persistence
 
 
-def install_jsonl_persistence(ctx: Context, root: Path | None = None) -> JsonlSessionPersistence:
+def install_jsonl_persistence(
+    ctx: Context, root: Path | None = None, *, sync: SyncMode = "batch"
+) -> JsonlSessionPersistence:
     """Install a JSONL backend (``root`` or :func:`default_sessions_dir`) as
-    ``session_persistence``."""
-    persistence = JsonlSessionPersistence(root)
+    ``session_persistence``; ``sync`` is its checkpoint policy (see
+    :attr:`JsonlSessionPersistence.sync`)."""
+    persistence = JsonlSessionPersistence(root, sync=sync)
     persistence.install(ctx)
     ctx.provide("session_persistence", persistence)
     return persistence

@@ -7,7 +7,9 @@ plugin                     provides                 config
 ========================== ======================== =============================================
 ``sessions``               ``sessions``             —
 ``session-persistence-memory`` ``session_persistence`` —
-``session-persistence-jsonl`` ``session_persistence``  ``root`` (default ``$DSH_HOME/sessions``)
+``session-persistence-jsonl`` ``session_persistence``  ``root`` (default ``$DSH_HOME/sessions``),
+                                                    ``sync`` (``always``/``batch``/``detach``,
+                                                    default ``batch``)
 ``session-query``          ``session_query``        —
 ``llm``                    ``llm``                  —
 ``llm-scripted``           (adapter ``scripted``)   ``provider``, ``script`` (JSON/TOML path)
@@ -22,6 +24,7 @@ plugin                     provides                 config
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 import attrs
 
@@ -37,6 +40,9 @@ from ._scripted import ScriptedAdapter
 from ._sessions import SessionStoreService
 from ._tools import ToolRegistryService
 
+if TYPE_CHECKING:
+    from ._persistence import SyncMode
+
 __all__ = [
     "JobsConfig",
     "JsonlPersistenceConfig",
@@ -47,11 +53,22 @@ __all__ = [
 ]
 
 
+def _sync_mode(instance: object, attribute: attrs.Attribute[str], value: str) -> None:
+    from ._persistence import SYNC_MODES
+
+    if value not in SYNC_MODES:
+        raise ValueError(f"key {attribute.name!r} must be one of {list(SYNC_MODES)}, got {value!r}")
+
+
 @attrs.frozen(kw_only=True)
 class JsonlPersistenceConfig:
-    """``session-persistence-jsonl``: where session files live."""
+    """``session-persistence-jsonl``: where session files live, and when what a checkpoint
+    wrote is synced (``sync``: ``"always"`` before the checkpoint returns, ``"batch"`` by a
+    group commit within about 20 ms, ``"detach"``: checkpoints write nothing, lines reach
+    the file at a flush or the session's disposal)."""
 
     root: str | None = None
+    sync: str = attrs.field(default="batch", validator=_sync_mode)
 
 
 def _non_empty(instance: object, attribute: attrs.Attribute[str], value: str) -> None:
@@ -102,7 +119,11 @@ def _memory(ctx: Context, _: None) -> None:
 def _jsonl(ctx: Context, config: JsonlPersistenceConfig) -> None:
     from ._persistence import install_jsonl_persistence
 
-    install_jsonl_persistence(ctx, Path(config.root) if config.root else None)
+    install_jsonl_persistence(
+        ctx,
+        Path(config.root) if config.root else None,
+        sync=cast("SyncMode", config.sync),
+    )
 
 
 def _query(ctx: Context, _: None) -> None:
