@@ -13,7 +13,7 @@ plugin                     provides                 config
 ``llm-scripted``           (adapter ``scripted``)   ``provider``, ``script`` (JSON/TOML path)
 ``tools``                  ``tools``                —
 ``system-prompt``          ``system_prompt``        ``persona`` (the ``deployment:persona`` text)
-``agents``                 ``agents``               —
+``agents``                 ``agents``               ``max_steps`` (default 100)
 ``jobs``                   ``jobs``                 ``cap`` (default 10)
 ``invariants``             ``invariants``           —
 ========================== ======================== =============================================
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import attrs
 
-from ._agent import AgentRegistryService
+from ._agent import DEFAULT_MAX_STEPS, AgentRegistryService
 from ._context import Context
 from ._events import CORE_EVENT_TYPES, EventTypeSpec
 from ._invariants import install_core_invariants
@@ -38,6 +38,7 @@ from ._sessions import SessionStoreService
 from ._tools import ToolRegistryService
 
 __all__ = [
+    "AgentsConfig",
     "JobsConfig",
     "JsonlPersistenceConfig",
     "ScriptedModelConfig",
@@ -87,6 +88,14 @@ class JobsConfig:
     """``jobs``: unfinished jobs allowed per owner (at least 1)."""
 
     cap: int = attrs.field(default=DEFAULT_CAP, validator=_at_least_one)
+
+
+@attrs.frozen(kw_only=True)
+class AgentsConfig:
+    """``agents``: the step limit of a turn (model requests, at least 1) for every agent whose
+    own ``AgentOptions.max_steps`` is unset."""
+
+    max_steps: int = attrs.field(default=DEFAULT_MAX_STEPS, validator=_at_least_one)
 
 
 def _sessions(ctx: Context, _: None) -> None:
@@ -141,8 +150,8 @@ def _cwd_var(actx: AssembleContext) -> str | None:
     return actx.agent.session.header.cwd if actx.agent is not None else None
 
 
-def _agents(ctx: Context, _: None) -> None:
-    service = AgentRegistryService(ctx)
+def _agents(ctx: Context, config: AgentsConfig) -> None:
+    service = AgentRegistryService(ctx, max_steps=config.max_steps)
     ctx.provide("agents", service)
     ctx.fiber.add(service.dispose)
     ctx.system_prompt.variable("model", _model_var)
@@ -209,6 +218,7 @@ CORE_PLUGINS: tuple[PluginSpec, ...] = (
         requires=("sessions", "llm", "tools", "system_prompt"),
         provides=("agents",),
         after=("session_persistence", "invariants"),
+        config_type=AgentsConfig,
         description="the agent loop and registry",
     ),
     PluginSpec(
