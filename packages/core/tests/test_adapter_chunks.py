@@ -433,10 +433,11 @@ _results = st.builds(
 async def test_whatever_result_a_tool_listener_gives_is_logged_only_if_the_log_can_hold_it(
     store: Literal["memory", "jsonl"], result: ToolExecutionResult
 ) -> None:
-    """hardening 11.1, host-core §7/§9: the loop checks a result's content, error code and meta
-    itself and builds the rest of ``tool/result``; whatever a ``tools/post-execute`` listener
-    returns, the result is logged exactly when the payload's full check takes it, the agent
-    goes on and the log reads back equal."""
+    """hardening 11.1, host-core §7/§9, ROB-3: the loop checks a result's content, error code
+    and meta itself and builds the rest of ``tool/result``; whatever a ``tools/post-execute``
+    listener returns, the result is logged as given exactly when the payload's full check
+    takes it, else the call is answered ``INVALID_TOOL_OUTPUT``; the agent goes on and the log
+    reads back equal."""
     chunks = [
         ToolCallDelta(index=0, id="call-1", name="echo", arguments_delta="{}"),
         Finish(reason="tool-calls"),
@@ -468,8 +469,12 @@ async def test_whatever_result_a_tool_listener_gives_is_logged_only_if_the_log_c
         loggable = True
     except (NotJsonError, SessionError):
         loggable = False
-    event("logged" if logged else "refused")
-    assert bool(logged) == loggable
+    event("logged" if loggable else "refused")
+    assert len(logged) == 1  # the call is answered either way
+    if loggable:
+        assert logged[0] == data
+    else:
+        assert logged[0].error == ToolResultError(name="echo", code="INVALID_TOOL_OUTPUT")
 
 
 class _Name(str):

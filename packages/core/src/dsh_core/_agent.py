@@ -16,6 +16,7 @@ import contextlib
 import contextvars
 import functools
 import inspect
+import logging
 import weakref
 from collections.abc import (
     AsyncIterator,
@@ -73,7 +74,7 @@ from ._events import (
 )
 from ._frozen import builder, speed_up_inits
 from ._inbox import Inbox, InboxTarget
-from ._json import MAX_NESTING, JsonValue, freeze_json
+from ._json import MAX_NESTING, JsonValue, NotJsonError, freeze_json
 from ._llm import BlockAssembler, GenerateOptions, failure_of
 from ._prompt import AssembleContext, PromptAssembly
 from ._tools import ToolExecutionInput, ToolExecutionResult, ToolRegistry, failure
@@ -83,6 +84,7 @@ if TYPE_CHECKING:
     from ._sessions import Session
 
 __all__ = [
+    "DEFAULT_MAX_STEPS",
     "Agent",
     "AgentError",
     "AgentHandle",
@@ -104,6 +106,8 @@ T = TypeVar("T")
 AgentStatus = Literal["idle", "running"]
 SetupCommit = Callable[[], None]
 Setup = Callable[[Context], "SetupCommit | Awaitable[SetupCommit | None] | None"]
+
+_log = logging.getLogger("dsh.agent")
 
 _INITIATOR: contextvars.ContextVar[Agent | None] = contextvars.ContextVar(
     "dsh_initiator", default=None
@@ -159,17 +163,32 @@ class AgentError(DshError):
     code = "AGENT_ERROR"
 
 
+#: The step limit of a turn when neither the agent nor the ``agents`` plugin sets one: far above
+#: what a real task takes, low enough that a model calling tools for ever stops within seconds.
+DEFAULT_MAX_STEPS = 100
+
+
+def _positive(attribute: attrs.Attribute[Any], value: int | None) -> None:
+    if value is not None and (value.__class__ is not int or value < 1):
+        raise ValueError(f"{attribute.name} must be an int of at least 1, got {value!r}")
+
+
 # -- values ---------------------------------------------------------------------------------------
 
 
 @attrs.frozen(kw_only=True)
 class AgentOptions:
     """Model route and limits of one agent; ``extensions`` hold keys owned by other seams
-    (e.g. ``subagent_depth``) that the loop never reads."""
+    (e.g. ``subagent_depth``) that the loop never reads.
+
+    ``max_steps``: the most steps (model requests) one turn may take; ``None`` takes the
+    ``agents`` plugin's ``max_steps`` (default :data:`DEFAULT_MAX_STEPS`). A turn that would
+    need one more ends ``max-steps``."""
 
     provider: str | None = None
     model: str | None = None
     max_tokens: int | None = None
+    max_steps: int | None = attrs.field(default=None, validator=lambda _, a, v: _positive(a, v))
     extensions: Mapping[str, JsonValue] = attrs.field(factory=dict, converter=freeze_json)
 
 
@@ -537,6 +556,7 @@ class Agent:
         step = 0
         open_step = False
         batch: tuple[Message, ...] = tuple(claimed)
+        limit = self.options.max_steps or self._service.max_steps
         try:
             while True:
                 if signal.aborted:
@@ -596,6 +616,9 @@ class Agent:
                         raise _TurnAborted
                     if not inbox.next_step:
                         break
+                if step >= limit:  # another step would pass the turn's step limit
+                    reason = _max_steps(limit)
+                    break
                 if not step % YIELD_EVERY_STEPS:
                     # Let the event loop run: a model and tools that never suspend (the
                     # scripted model, a tool failing at once) would otherwise keep it to this
@@ -856,66 +879,141 @@ class Agent:
         tools: ToolRegistry,
     ) -> bool:
         """Execute one response's calls; concurrency-safe neighbours run together, results are
-        committed in model order. Returns whether a successful call concluded the turn."""
+        committed in model order. Returns whether a successful call concluded the turn.
+
+        Every call gets exactly one ``tool/result``, whatever happens: should anything end
+        the calls early (the turn task cancelled, an exception the registry does not contain),
+        the calls left are answered (``ABORTED`` once logged, ``ABORTED_BEFORE_DISPATCH``
+        before) before it propagates, so no later request carries an unanswered call.
+        """
         session = self.session
         concluded = False
         i = 0
-        while i < len(calls):
-            group = [calls[i]]
-            definition = tools.get(calls[i].name)
-            if definition is not None and definition.concurrency_safe:
-                while i + len(group) < len(calls):
-                    nxt = tools.get(calls[i + len(group)].name)
-                    if nxt is None or not nxt.concurrency_safe:
-                        break
-                    group.append(calls[i + len(group)])
-            i += len(group)
-            # Each call's id, name and arguments are those of a block of the assistant/message
-            # the log just took (checked or vouched for), so its tool/call needs no check.
-            call_seqs = [
-                session._append_vouched(
-                    "tool/call",
-                    _tool_call(
-                        turn=turn, step=step, call_id=c.id, name=c.name, arguments=c.arguments
-                    ),
-                ).seq
-                for c in group
-            ]
-            unwritten = _unwritten_calls(session)  # the calls are on disk before they run (DUR-3)
-            if signal.aborted:
-                results = [
-                    failure("tool call aborted before dispatch", "ABORTED_BEFORE_DISPATCH")
-                    for _ in group
-                ]
-            elif unwritten is not None:
-                results = [unwritten for _ in group]
-            elif len(group) == 1:
-                results = [await tools.execute(self._call_input(group[0], signal))]
-            else:
-                results = list(
-                    await asyncio.gather(
-                        *(tools.execute(self._call_input(c, signal)) for c in group)
+        # calls[:progress[0]] have their tool/result, calls[:progress[1]] their tool/call.
+        progress = [0, 0]
+        try:
+            while i < len(calls):
+                group = [calls[i]]
+                definition = tools.get(calls[i].name)
+                if definition is not None and definition.concurrency_safe:
+                    while i + len(group) < len(calls):
+                        nxt = tools.get(calls[i + len(group)].name)
+                        if nxt is None or not nxt.concurrency_safe:
+                            break
+                        group.append(calls[i + len(group)])
+                i += len(group)
+                # Each call's id, name and arguments are those of a block of the
+                # assistant/message the log just took (checked or vouched for), so its
+                # tool/call needs no check.
+                call_seqs = []
+                for c in group:
+                    call_seqs.append(
+                        session._append_vouched(
+                            "tool/call",
+                            _tool_call(
+                                turn=turn,
+                                step=step,
+                                call_id=c.id,
+                                name=c.name,
+                                arguments=c.arguments,
+                            ),
+                        ).seq
                     )
-                )
-            for c, seq, result in zip(group, call_seqs, results, strict=True):
-                data = _tool_result(
+                    progress[1] += 1
+                # the calls are on disk before they run (DUR-3)
+                unwritten = _unwritten_calls(session)
+                if signal.aborted:
+                    results = [
+                        failure("tool call aborted before dispatch", "ABORTED_BEFORE_DISPATCH")
+                        for _ in group
+                    ]
+                elif unwritten is not None:
+                    results = [unwritten for _ in group]
+                elif len(group) == 1:
+                    results = [await tools.execute(self._call_input(group[0], signal))]
+                else:
+                    results = list(
+                        await asyncio.gather(
+                            *(tools.execute(self._call_input(c, signal)) for c in group)
+                        )
+                    )
+                for c, seq, result in zip(group, call_seqs, results, strict=True):
+                    self._log_result(turn, step, c, seq, result)
+                    progress[0] += 1
+                    for extra in result.additional_contexts:
+                        self.inbox.insert("next-step", extra)
+                    if result.ok and result.concludes_turn:
+                        concluded = True
+        except BaseException:
+            self._answer_rest(calls, progress, turn, step)
+            raise
+        return concluded
+
+    def _log_result(
+        self, turn: int, step: int, call: ToolCallBlock, seq: int, result: ToolExecutionResult
+    ) -> None:
+        """Append ``result`` as the ``tool/result`` of ``call`` (its ``tool/call`` at ``seq``);
+        a result the log refuses (a listener's or renderer's value it cannot hold) is replaced
+        by an ``INVALID_TOOL_OUTPUT`` error result saying so."""
+        session = self.session
+        try:
+            data = _tool_result(
+                turn=turn,
+                step=step,
+                message=result.message(call.id),
+                error=ToolResultError(name=call.name, code=result.error.code)
+                if result.error is not None
+                else None,
+                meta=result.meta,
+            )
+            if result is _tools.plain_result or _result_vouched(result, data):
+                session._append_vouched("tool/result", data, (seq,))
+            else:
+                session.append("tool/result", data, source_event_seqs=(seq,))
+        except (SessionError, NotJsonError, TypeError, ValueError) as exc:
+            refused = failure(
+                f"the tool's result could not be logged: {exc}", "INVALID_TOOL_OUTPUT"
+            )
+            session._append_vouched(
+                "tool/result",
+                _tool_result(
                     turn=turn,
                     step=step,
-                    message=result.message(c.id),
-                    error=ToolResultError(name=c.name, code=result.error.code)
-                    if result.error is not None
-                    else None,
-                    meta=result.meta,
-                )
-                if result is _tools.plain_result or _result_vouched(result, data):
-                    session._append_vouched("tool/result", data, (seq,))
+                    message=refused.message(call.id),
+                    error=ToolResultError(name=call.name, code="INVALID_TOOL_OUTPUT"),
+                    meta=None,
+                ),
+                (seq,),
+            )
+
+    def _answer_rest(
+        self, calls: list[ToolCallBlock], progress: list[int], turn: int, step: int
+    ) -> None:
+        """Answer the calls of a response that have no ``tool/result`` yet (see _run_calls):
+        a logged call ``ABORTED``, one not yet logged its ``tool/call`` then
+        ``ABORTED_BEFORE_DISPATCH``. Best effort: if the log refuses, the original exception
+        propagates (a crash repair answers them on the next load)."""
+        done, logged = progress
+        try:
+            for n, c in enumerate(calls[done:], start=done):
+                if n < logged:
+                    seq = next(
+                        e.seq
+                        for e in reversed(self.session.events)
+                        if e.type == "tool/call" and e.data.call_id == c.id
+                    )
+                    result = failure("tool call aborted", "ABORTED")
                 else:
-                    session.append("tool/result", data, source_event_seqs=(seq,))
-                for extra in result.additional_contexts:
-                    self.inbox.insert("next-step", extra)
-                if result.ok and result.concludes_turn:
-                    concluded = True
-        return concluded
+                    seq = self.session._append_vouched(
+                        "tool/call",
+                        _tool_call(
+                            turn=turn, step=step, call_id=c.id, name=c.name, arguments=c.arguments
+                        ),
+                    ).seq
+                    result = failure("tool call aborted before dispatch", "ABORTED_BEFORE_DISPATCH")
+                self._log_result(turn, step, c, seq, result)
+        except Exception:
+            _log.warning("answering the unanswered tool calls of %s failed", self.id, exc_info=True)
 
     def _call_input(self, call: ToolCallBlock, signal: AbortSignal) -> ToolExecutionInput:
         return _execution_input(
@@ -926,6 +1024,13 @@ class Agent:
 _COMPLETED = TurnEndReason(kind="completed")
 _BLOCKED = TurnEndReason(kind="blocked")
 _MAX_TOKENS = TurnEndReason(kind="max-tokens")
+
+
+@functools.lru_cache(maxsize=16)
+def _max_steps(limit: int) -> TurnEndReason:
+    """The end of a turn that reached its step limit; ``error`` carries the diagnostic."""
+    diagnostic = f"the turn reached its step limit ({limit} steps)"
+    return TurnEndReason(kind="max-steps", error=LlmFailure(message=diagnostic, code="MAX_STEPS"))
 
 
 @functools.lru_cache(maxsize=64)
@@ -1162,8 +1267,10 @@ class _Registered:
 class AgentRegistryService:
     """The live agents of one host (provided as ``agents``; use the bound view)."""
 
-    def __init__(self, host_ctx: Context) -> None:
+    def __init__(self, host_ctx: Context, *, max_steps: int = DEFAULT_MAX_STEPS) -> None:
         self.host_ctx = host_ctx
+        #: The step limit of a turn for agents whose options set none (``agents`` config).
+        self.max_steps = max_steps
         self.agents: dict[str, _Registered] = {}
         self.closing = AbortController()
         self.active_runs = 0

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ._errors import DshError
-from ._log_checker import LogInvariantError, SessionLogChecker
+from ._log_checker import LogInvariantError, SessionLogChecker, unanswered_calls
 
 if TYPE_CHECKING:
     from ._agent import Agent
@@ -83,11 +83,19 @@ def _session_log(ctx: Context, registry: InvariantRegistry) -> None:
                 checker.check(event)
             except LogInvariantError as exc:
                 raise registry.violation("session-log", f"{s.id}: {exc}") from exc
+            if event.type in _REQUESTS:  # a model request follows: no call may lack its result
+                problem = checker.request_problem()
+                if problem is not None:
+                    raise registry.violation("session-log", f"{s.id}: {problem}")
             checker.apply(event)
 
         session.add_validator(validate)
 
     ctx.on("session/created", on_created, global_=True)
+
+
+#: The events a model request follows (the loop opens a step, then logs a changed header).
+_REQUESTS = frozenset({"step/start", "request/header"})
 
 
 def _agent_status(ctx: Context, registry: InvariantRegistry) -> None:
@@ -127,6 +135,9 @@ def _reconstruction_problem(ctx: Context, options: GenerateOptions) -> str | Non
         return f"{sid}: a loop request needs step/start and request/header in the log"
     if options.messages != session.derive_messages():
         return f"{sid}: request messages differ from the log's derived messages"
+    unanswered = unanswered_calls(options.messages)
+    if unanswered:
+        return f"{sid}: the request carries tool calls without a result: {unanswered}"
     header = session.request_header()
     assert header is not None
     c = header.config

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from ._content import ToolResultBlock
+from ._content import Message, ToolCallBlock, ToolResultBlock
 from ._errors import DshError
 from ._events import (
+    AssistantMessageData,
     SessionEvent,
     StepData,
     ToolCallData,
@@ -21,7 +22,7 @@ from ._events import (
     TurnStartData,
 )
 
-__all__ = ["LogInvariantError", "SessionLogChecker", "check_balanced"]
+__all__ = ["LogInvariantError", "SessionLogChecker", "check_balanced", "unanswered_calls"]
 
 _NEEDS_STEP = frozenset({"step/end", "assistant/chunk", "assistant/message", "tool/call"})
 _SYNTHETIC_CODES = frozenset({"TOOL_NOT_STARTED"})
@@ -38,9 +39,25 @@ class LogInvariantError(DshError):
 
 
 class SessionLogChecker:
-    """Follows one log; rejects events that break nesting, numbering or call pairing."""
+    """Follows one log; rejects events that break nesting, numbering or call pairing.
 
-    __slots__ = ("last_seq", "last_step", "last_turn", "open_step", "open_turn", "pending")
+    It also keeps :attr:`unanswered`: the calls a closed step announced (in its
+    ``assistant/message``) or logged (``tool/call``) without a ``tool/result``. A log holding
+    them is read as it is (an older runtime could write one), but every later model request
+    would carry a call without its result, which real endpoints refuse: the invariant
+    companion refuses a request while any is left (:meth:`request_problem`).
+    """
+
+    __slots__ = (
+        "announced",
+        "last_seq",
+        "last_step",
+        "last_turn",
+        "open_step",
+        "open_turn",
+        "pending",
+        "unanswered",
+    )
 
     def __init__(self) -> None:
         self.last_seq = -1
@@ -49,6 +66,16 @@ class SessionLogChecker:
         self.last_step = 0
         self.open_step: int | None = None
         self.pending: set[str] = set()
+        #: The open step's calls without a result, announced or logged.
+        self.announced: set[str] = set()
+        #: Calls of closed steps that never got a result (see the class docstring).
+        self.unanswered: set[str] = set()
+
+    def request_problem(self) -> str | None:
+        """Why a model request may not be made now (calls without results), or ``None``."""
+        if self.unanswered:
+            return f"a request would carry tool calls without a result: {sorted(self.unanswered)}"
+        return None
 
     def replay(self, events: Iterable[SessionEvent]) -> None:
         """Check and apply every event in order."""
@@ -127,10 +154,23 @@ class SessionLogChecker:
         elif t == "step/end":
             self.open_step = None
             self.pending.clear()
+            if self.announced:
+                self.unanswered |= self.announced
+                self.announced = set()
         elif t == "tool/call":
             self.pending.add(d.call_id)
+            self.announced.add(d.call_id)
         elif t == "tool/result":
-            self.pending.discard(_result_call_id(d))
+            call_id = _result_call_id(d)
+            self.pending.discard(call_id)
+            self.announced.discard(call_id)
+            if self.unanswered:
+                self.unanswered.discard(call_id)
+        elif t == "assistant/message":
+            assert isinstance(d, AssistantMessageData)
+            for block in d.message.content:
+                if isinstance(block, ToolCallBlock):
+                    self.announced.add(block.id)
 
 
 def _result_call_id(d: ToolResultData) -> str:
@@ -151,3 +191,16 @@ def check_balanced(events: Iterable[SessionEvent]) -> None:
             else f"calls {sorted(checker.pending)} have no result"
         )
         raise LogInvariantError(f"the prefix is not balanced: {what}", seq=checker.last_seq)
+
+
+def unanswered_calls(messages: Iterable[Message]) -> list[str]:
+    """The ids of the tool calls in ``messages`` (a model request's history) that no tool
+    result answers, in order: a request carrying one is refused by real endpoints."""
+    open_calls: dict[str, None] = {}
+    for m in messages:
+        for block in m.content:
+            if isinstance(block, ToolCallBlock):
+                open_calls[block.id] = None
+            elif isinstance(block, ToolResultBlock):
+                open_calls.pop(block.tool_call_id, None)
+    return list(open_calls)

@@ -42,6 +42,8 @@ __all__ = [
     "ToolRegistryService",
     "ToolRestriction",
     "ToolRunContext",
+    "MAX_ARGUMENT_CHARS",
+    "MAX_ARGUMENT_NESTING",
     "VALIDATOR_CACHE_SIZE",
     "compile_schema",
 ]
@@ -206,6 +208,19 @@ class ToolRunContext:
     def conclude_turn(self) -> None:
         """On success, end the turn after this step (no further model request)."""
         self._concludes = True
+
+
+#: The longest raw argument text a call may have (1 MiB of characters), parsed or not: a longer
+#: one fails ``INVALID_ARGS`` naming the limit, before any parsing (hardening: hostile model).
+MAX_ARGUMENT_CHARS = 1 << 20
+#: How deep parsed arguments may nest: the session log's payload limit (every array or object
+#: one level). Deeper arguments fail ``INVALID_ARGS`` naming the limit, however deep (a parse
+#: that would exhaust the interpreter's stack included), and the turn goes on.
+MAX_ARGUMENT_NESTING = MAX_NESTING
+
+#: The exceptions a tool call never turns into its result: they end the process or the task,
+#: and the agent loop answers the call (and the rest of its response) before they propagate.
+_FATAL = (KeyboardInterrupt, SystemExit, GeneratorExit)
 
 
 #: How many compiled validators :func:`compile_schema` keeps (least recently used dropped).
@@ -474,10 +489,25 @@ class ToolRegistry:
 
     async def execute(self, call: ToolExecutionInput) -> ToolExecutionResult:
         """Run one call through validation, ``tools/pre-execute``, guards, ``tools/execute``,
-        output checks and ``tools/post-execute``; then emit ``tools/result``. Never raises for
-        a tool's own failure."""
+        output checks and ``tools/post-execute``; then emit ``tools/result``.
+
+        Never raises for a failure of the call: not the tool's, not a listener's, guard's or
+        renderer's (``TOOL_ERROR``, or the exception's own ``code``), whatever it raised
+        (``RecursionError``, ``MemoryError``, a ``BaseException`` subclass); only the
+        cancellation of the running task and ``KeyboardInterrupt`` / ``SystemExit``
+        propagate, so every call of a response can be answered."""
         ctx = call.agent.ctx if call.agent is not None else self._ctx
-        result = await self._execute(call, ctx)
+        try:
+            result = await self._execute(call, ctx)
+        except asyncio.CancelledError as exc:
+            task = asyncio.current_task()
+            if task is None or task.cancelling():
+                raise
+            result = failure(str(exc) or "the tool's work was cancelled", "TOOL_ERROR")
+        except _FATAL:
+            raise
+        except BaseException as exc:
+            result = _failed(exc)
         if "tools/result" in self._listeners:
             ctx.emit("tools/result", call, result)
         return result
@@ -491,10 +521,22 @@ class ToolRegistry:
         if entry is None:
             return failure(f"unknown tool {call.name!r}", "UNKNOWN_TOOL")
         raw = call.arguments
+        if isinstance(raw, str) and len(raw) > MAX_ARGUMENT_CHARS:
+            return failure(
+                f"the arguments are {len(raw)} characters long; the limit is "
+                f"{MAX_ARGUMENT_CHARS} characters",
+                "INVALID_ARGS",
+            )
         try:
             parsed = json.loads(raw) if isinstance(raw, str) else raw
             arguments = freeze_json(parsed)
-        except (ValueError, NotJsonError) as exc:
+        except RecursionError:  # the parser ran out of stack: far deeper than the limit
+            return failure(
+                f"arguments are not valid JSON: JSON nested deeper than {MAX_ARGUMENT_NESTING} "
+                "levels",
+                "INVALID_ARGS",
+            )
+        except (ValueError, NotJsonError) as exc:  # nesting: "JSON nested deeper than ..."
             return failure(f"arguments are not valid JSON: {exc}", "INVALID_ARGS")
         try:
             entry.validate(parsed if isinstance(raw, str) else thaw_json(arguments))
@@ -597,12 +639,22 @@ async def _invoke(
         if task is None or task.cancelling():
             raise
         return failure(str(exc) or "the tool's work was cancelled", "TOOL_ERROR")
-    except Exception as exc:
-        code = getattr(exc, "code", None)
-        return failure(
-            str(exc) or type(exc).__name__, code if isinstance(code, str) else "TOOL_ERROR"
-        )
+    except _FATAL:
+        raise
+    except BaseException as exc:  # Exception, and the odd BaseException subclass of a tool
+        return _failed(exc)
     return _execution_result(value=value)
+
+
+def _failed(exc: BaseException) -> ToolExecutionResult:
+    """The error result of a call that raised ``exc``: its message (or its type's name) and
+    its ``code`` if it has a string one, else ``TOOL_ERROR``."""
+    try:
+        code = getattr(exc, "code", None)
+        text = str(exc) or type(exc).__name__
+    except Exception:  # an exception whose __str__ (or code) fails is still a result
+        code, text = None, type(exc).__name__
+    return failure(text, code if isinstance(code, str) else "TOOL_ERROR")
 
 
 async def _allow(call: ToolExecutionInput) -> str:

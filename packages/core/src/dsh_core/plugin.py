@@ -15,7 +15,7 @@ plugin                     provides                 config
 ``llm-scripted``           (adapter ``scripted``)   ``provider``, ``script`` (JSON/TOML path)
 ``tools``                  ``tools``                —
 ``system-prompt``          ``system_prompt``        ``persona`` (the ``deployment:persona`` text)
-``agents``                 ``agents``               —
+``agents``                 ``agents``               ``max_steps`` (default 100)
 ``jobs``                   ``jobs``                 ``cap`` (default 10)
 ``invariants``             ``invariants``           —
 ========================== ======================== =============================================
@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, cast
 
 import attrs
 
-from ._agent import AgentRegistryService
+from ._agent import DEFAULT_MAX_STEPS, AgentRegistryService
 from ._context import Context
 from ._events import CORE_EVENT_TYPES, EventTypeSpec
 from ._invariants import install_core_invariants
@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from ._persistence import SyncMode
 
 __all__ = [
+    "AgentsConfig",
     "JobsConfig",
     "JsonlPersistenceConfig",
     "ScriptedModelConfig",
@@ -106,6 +107,14 @@ class JobsConfig:
     cap: int = attrs.field(default=DEFAULT_CAP, validator=_at_least_one)
 
 
+@attrs.frozen(kw_only=True)
+class AgentsConfig:
+    """``agents``: the step limit of a turn (model requests, at least 1) for every agent whose
+    own ``AgentOptions.max_steps`` is unset."""
+
+    max_steps: int = attrs.field(default=DEFAULT_MAX_STEPS, validator=_at_least_one)
+
+
 def _sessions(ctx: Context, _: None) -> None:
     ctx.provide("sessions", SessionStoreService(ctx.host.event_types))
 
@@ -162,8 +171,8 @@ def _cwd_var(actx: AssembleContext) -> str | None:
     return actx.agent.session.header.cwd if actx.agent is not None else None
 
 
-def _agents(ctx: Context, _: None) -> None:
-    service = AgentRegistryService(ctx)
+def _agents(ctx: Context, config: AgentsConfig) -> None:
+    service = AgentRegistryService(ctx, max_steps=config.max_steps)
     ctx.provide("agents", service)
     ctx.fiber.add(service.dispose)
     ctx.system_prompt.variable("model", _model_var)
@@ -230,6 +239,7 @@ CORE_PLUGINS: tuple[PluginSpec, ...] = (
         requires=("sessions", "llm", "tools", "system_prompt"),
         provides=("agents",),
         after=("session_persistence", "invariants"),
+        config_type=AgentsConfig,
         description="the agent loop and registry",
     ),
     PluginSpec(
