@@ -15,12 +15,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from dsh_acp_agent import AgentServerConfig
 from dsh_acp_agent.cli import serve
 
 #: How long one read from the server may take in a test.
 READ_S = 10.0
+#: Random-frame examples: bounded in the default run, the profile's (2000) when thorough.
+EXAMPLES = (
+    settings.default.max_examples if os.environ.get("HYPOTHESIS_PROFILE") == "thorough" else 40
+)
 
 
 async def _pipe_streams(
@@ -353,3 +359,113 @@ def test_the_console_script_survives_junk_and_names_its_client(tmp_path: Path) -
     errors = done.stderr.splitlines()
     assert len(errors) == 3, done.stderr
     assert all(f"client (pid {os.getpid()})" in line for line in errors)
+
+
+# -- ROB-29: random frames --------------------------------------------------------------------
+
+#: Every error code a frame from the client may be answered with (docs/acp.md).
+DOCUMENTED = {-32700, -32600, -32601, -32602, -32002}
+METHODS = (
+    "initialize", "session/new", "session/prompt", "session/cancel", "session/load",
+    "session/set_mode", "authenticate", "session/update", "$/cancel_request", "_ext/thing",
+    "no/such", "",
+)  # fmt: skip
+LONE = st.sampled_from(["\ud800", "a\udfffb", "\udc00\ud800", "\ud83d\ude00", "\x00"])
+texts = st.text(max_size=12) | LONE
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | texts,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(texts, inner, max_size=3),
+    max_leaves=10,
+)
+ids = (
+    st.none() | st.integers(-2, 3) | st.sampled_from(["a", "b", "final"]) | st.booleans()
+    | st.floats() | st.lists(st.integers(), max_size=2) | st.dictionaries(texts, texts, max_size=1)
+)  # fmt: skip
+blocks = st.fixed_dictionaries(
+    {"type": st.sampled_from(["text", "image", "resource_link", "x"]) | json_values},
+    optional={"text": texts | json_values, "uri": texts, "name": texts},
+)
+params = (
+    json_values
+    | st.fixed_dictionaries(
+        {"sessionId": texts | json_values, "prompt": st.lists(blocks, max_size=3) | json_values}
+    )
+    | st.fixed_dictionaries(
+        {"cwd": st.sampled_from(["/", "/tmp", "relative", ""]) | json_values},
+        optional={"mcpServers": st.just([]) | json_values, "protocolVersion": json_values},
+    )
+)
+
+
+def _encode(message: Any) -> bytes:
+    return json.dumps(message).encode()  # NaN, Infinity as Python writes them: not JSON
+
+
+@st.composite
+def frames(draw: st.DrawFn) -> bytes:
+    """One line a client might write: a request, a notification, a response, JSON that is no
+    object, a line that is not JSON, a deep or a huge one."""
+    kind = draw(st.sampled_from(
+        ["request", "request", "notification", "response", "value", "bytes", "deep", "huge"]
+    ))  # fmt: skip
+    if kind in ("request", "notification"):
+        message: dict[str, Any] = {"jsonrpc": draw(st.sampled_from(["2.0", "1.0", 2]))}
+        if kind == "request":
+            message["id"] = draw(ids)
+        message["method"] = draw(st.sampled_from(METHODS) | texts | json_values)
+        if draw(st.booleans()):
+            message["params"] = draw(params)
+        return _encode(message)
+    if kind == "response":
+        body = draw(st.sampled_from(["result", "error"]))
+        return _encode({"jsonrpc": "2.0", "id": draw(ids), body: draw(json_values)})
+    if kind == "value":
+        return _encode(draw(json_values.filter(lambda v: not isinstance(v, dict))))
+    if kind == "bytes":
+        return draw(st.binary(max_size=30)).replace(b"\n", b" ")
+    if kind == "deep":
+        depth = draw(st.integers(100, 5000))
+        opener, closer = draw(st.sampled_from([("[", "]"), ('{"a":', "}")]))
+        inner = opener * depth + "1" + closer * depth
+        return f'{{"jsonrpc":"2.0","id":1,"method":"session/new","params":{inner}}}'.encode()
+    size = draw(st.sampled_from([70_000, 1 << 20]))
+    return _encode({"jsonrpc": "2.0", "id": 2, "method": "session/prompt",
+                    "params": {"sessionId": "x" * size, "prompt": []}})  # fmt: skip
+
+
+@settings(max_examples=EXAMPLES, suppress_health_check=[HealthCheck.too_slow])
+@given(junk=st.lists(frames(), min_size=1, max_size=8))
+async def test_random_frames_get_documented_answers_and_lose_no_session(junk: list[bytes]) -> None:
+    """ROB-29: random lines from a client (requests with wrong types, unknown methods,
+    notifications, responses, duplicate ids, JSON that is no object, lines that are not
+    JSON, deep and huge values, lone surrogates) get nothing but documented errors, every
+    line the server writes is valid UTF-8 JSON, nothing logs a traceback, and the session made
+    before them still answers a prompt."""
+    handler = Logs()
+    logging.getLogger().addHandler(handler)
+    try:
+        async with piped() as peer:
+            sid = await peer.new_session("/")
+            for line in junk:
+                await peer.line(line)
+            params = {"sessionId": sid, "prompt": [{"type": "text", "text": "after junk"}]}
+            final = {"jsonrpc": "2.0", "id": "final!", "method": "session/prompt", "params": params}
+            await peer.send(final)
+            while True:
+                message = await peer.read()
+                assert isinstance(message, dict)
+                if "method" in message:
+                    assert message["method"] == "session/update"
+                    peer.notifications.append(message)
+                    continue
+                if "error" in message:
+                    assert message["error"]["code"] in DOCUMENTED, message["error"]
+                if message.get("id") == "final!":
+                    break
+            assert message["result"] == {"stopReason": "end_turn"}
+            mine = [n for n in peer.notifications if n["params"]["sessionId"] == sid]
+            assert mine[-1]["params"]["update"]["content"]["text"] == "after junk"
+    finally:
+        logging.getLogger().removeHandler(handler)
+    handler.assert_no_traceback()
+    assert [r for r in handler.records if r.levelno >= logging.ERROR] == []

@@ -81,7 +81,8 @@ def _fix(text: str) -> str:
 
 def _scrub(value: Any, depth: int = 0) -> Any:
     """A copy of ``value`` that JSON and UTF-8 can carry: lone surrogates as U+FFFD, non-finite
-    numbers and what nests deeper than ``_MAX_DEPTH`` as ``None``."""
+    numbers and what nests deeper than ``_MAX_DEPTH`` as ``None``, any other object as its
+    ``str``."""
     cls = value.__class__
     if cls is str:
         return _fix(value) if _LONE.search(value) else value
@@ -96,7 +97,9 @@ def _scrub(value: Any, depth: int = 0) -> Any:
         }
     if isinstance(value, list | tuple):
         return [_scrub(v, depth + 1) for v in value]
-    return value
+    if value is None or isinstance(value, int):  # bool is an int
+        return value
+    return str(value)  # what JSON has no form for (an error's context object, say)
 
 
 def _kind(value: Any) -> str:
@@ -147,7 +150,7 @@ class GuardedTransport:
         stream is closed or broken; a response to a peer that has gone is dropped."""
         try:
             data = (_ENCODE(message) + "\n").encode()
-        except (UnicodeEncodeError, ValueError, RecursionError):
+        except (UnicodeEncodeError, ValueError, TypeError, RecursionError):
             data = self._encodable(message)
         if not self._write(data):
             if "method" in message:
@@ -164,7 +167,7 @@ class GuardedTransport:
         if not self._warned_out:
             self._warned_out = True
             self._log.warning(
-                "%s: text that UTF-8 or JSON cannot carry (a lone surrogate, a non-finite "
+                "%s: a value that UTF-8 or JSON cannot carry (a lone surrogate, a non-finite "
                 "number) was sent as U+FFFD or null (once per connection)",
                 self.peer,
             )
