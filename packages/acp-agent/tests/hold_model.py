@@ -1,7 +1,9 @@
 """A test plugin (loaded through ``modules``): provider ``hold``'s model streams "working" and
 waits until its request is aborted when the prompt is "hold"; when it is "gate", it streams
 "first" and waits until ``GATE`` is set; when it is "split", it streams its answer and its
-reasoning in several deltas each; it echoes anything else."""
+reasoning in several deltas each; when it is "surrogate", it answers text holding a lone
+surrogate and calls an unknown tool with one in its arguments, then (after the tool result)
+answers "after"; it echoes anything else."""
 
 import asyncio
 
@@ -11,6 +13,7 @@ from dsh_core import (
     ReasoningDelta,
     ScriptedAdapter,
     ScriptedReply,
+    ScriptedToolCall,
     TextDelta,
     hookimpl,
 )
@@ -30,7 +33,16 @@ SPLIT = (
 GATE = asyncio.Event()
 
 
+#: The lone surrogate a "surrogate" prompt's answer holds (what a model may stream).
+LONE = "\ud800"
+
+
 def _model(request):
+    if request.last is not None and request.last.role == "tool":
+        return "after"
+    if request.last_user_text == "surrogate":
+        call = ScriptedToolCall(name="nope", arguments={"agent_id": "x" + LONE}, id="c1")
+        return ScriptedReply(text="bad " + LONE + " text", tool_calls=(call,))
     if request.last_user_text == "hold":
         return ScriptedReply(text="working", wait=asyncio.Event().wait)
     if request.last_user_text == "gate":

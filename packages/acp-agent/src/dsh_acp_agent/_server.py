@@ -17,10 +17,11 @@ import logging
 import os
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import Any, cast
 
 import acp
 from acp import helpers
+from acp.agent.connection import AgentSideConnection
 from acp.schema import (
     AgentCapabilities,
     AgentMessageChunk,
@@ -63,8 +64,9 @@ from dsh_core import plugin as core_plugin
 
 from .__about__ import __version__
 from ._config import AgentServerConfig
+from ._wire import GuardedTransport, quiet_notifications
 
-__all__ = ["DshAcpAgent", "open_agent"]
+__all__ = ["DshAcpAgent", "open_agent", "serve_connection"]
 
 _log = logging.getLogger("dsh.acp_agent")
 
@@ -401,6 +403,28 @@ class DshAcpAgent:
         for live in sessions.values():
             with contextlib.suppress(Exception):
                 await live.handle.dispose()
+
+
+async def serve_connection(
+    agent: DshAcpAgent, input_stream: Any, output_stream: Any = None, *, peer: str = "client"
+) -> None:
+    """Serve ``agent`` until the client closes the connection.
+
+    On a pair of byte streams (``input_stream`` the writer, ``output_stream`` the reader), the
+    lines are guarded (``_wire``): a frame the SDK cannot route is answered and logged as
+    coming from ``peer``, never handed on. One SDK ``Transport`` as ``input_stream`` alone
+    carries messages, not lines, and is used as it is. Either way a notification the SDK
+    cannot route costs a log line at most.
+    """
+    transport: Any = input_stream
+    if output_stream is not None:
+        transport = GuardedTransport(output_stream, input_stream, peer=peer, log=_log)
+    conn = AgentSideConnection(cast("acp.Agent", agent), transport, listening=False)
+    quiet_notifications(conn, peer=peer, log=_log)
+    try:
+        await conn.listen()
+    finally:
+        await asyncio.shield(conn.close())
 
 
 _ROW = re.compile(r"plugins\[(\d+)\]")

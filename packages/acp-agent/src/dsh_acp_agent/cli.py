@@ -18,7 +18,7 @@ import signal
 import stat
 import sys
 from collections.abc import Sequence
-from typing import BinaryIO, cast
+from typing import BinaryIO
 
 from .__about__ import __version__
 from ._config import AgentServerConfig, ConfigError, load_config
@@ -65,14 +65,15 @@ async def serve(
     config: AgentServerConfig,
     reader: asyncio.StreamReader,
     writer: asyncio.StreamWriter,
+    *,
+    peer: str = "client",
 ) -> None:
-    """Boot the host ``config`` describes and serve it on ``reader``/``writer`` until EOF."""
-    import acp
-
-    from ._server import open_agent
+    """Boot the host ``config`` describes and serve it on ``reader``/``writer`` until EOF;
+    log lines about what the client sent name it ``peer``."""
+    from ._server import open_agent, serve_connection
 
     async with open_agent(config) as agent:
-        await acp.run_agent(cast("acp.Agent", agent), writer, reader)
+        await serve_connection(agent, writer, reader, peer=peer)
 
 
 async def _main(config: AgentServerConfig, out: BinaryIO) -> None:
@@ -83,7 +84,7 @@ async def _main(config: AgentServerConfig, out: BinaryIO) -> None:
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, task.cancel)  # type: ignore[union-attr]
     with contextlib.suppress(asyncio.CancelledError):
-        await serve(config, reader, writer)
+        await serve(config, reader, writer, peer=f"client (pid {os.getppid()})")
 
 
 def _stdin_problem() -> str | None:

@@ -67,14 +67,16 @@ class AcpAgentService:
         """Serve until the client closes the connection; then dispose the sessions served.
 
         ``input_stream`` is what we write to (an ``asyncio.StreamWriter``) and
-        ``output_stream`` what we read from (its ``StreamReader``); or one SDK ``Transport``
-        as ``input_stream`` alone.
+        ``output_stream`` what we read from (its ``StreamReader``): each line is checked before
+        the SDK sees it, and a frame that is no JSON-RPC object is answered with an error and
+        logged, never ending the connection (docs/acp.md); or one SDK ``Transport`` as
+        ``input_stream`` alone.
         """
-        import acp
+        from ._server import serve_connection
 
         agent = self.agent()
         try:
-            await acp.run_agent(agent, input_stream, output_stream)  # type: ignore[arg-type]
+            await serve_connection(agent, input_stream, output_stream)
         finally:
             await agent.close()
 

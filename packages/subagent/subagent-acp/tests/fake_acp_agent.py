@@ -17,8 +17,23 @@ import time
 PROMPT_MODES = (
     "echo", "slow", "ignore-cancel", "crash", "env", "permission", "refuse", "answer-exit",
     "exit0", "close-stdout", "foreign-ids", "big", "other-session", "no-options", "non-utf8",
-    "long-stop", "malformed",
+    "long-stop", "malformed", "junk", "raw-prompt", "surrogate-in", "bad-error", "lines",
 )  # fmt: skip
+
+#: What ``--prompt junk`` writes before its answer, and the code each one is answered with.
+JUNK = (
+    ("42", -32600),
+    ('"x"', -32600),
+    ("[]", -32600),
+    ("null", -32600),
+    ('[{"jsonrpc": "2.0", "id": 9, "method": "session/update", "params": {}}]', -32600),
+    ("this is not json {", -32700),
+    ("{}", -32600),
+    ('{"jsonrpc": "2.0", "id": [1], "result": {}}', -32600),
+    ('{"jsonrpc": "2.0", "method": "$/cancel_request", "params": {"id": 0}}', None),
+    ('{"jsonrpc": "2.0", "method": "session/update", "params": {"sessionId": 5}}', None),
+    ('{"jsonrpc": "2.0", "method": "no/such", "params": {}}', None),
+)
 
 
 def send(message: object) -> None:
@@ -119,7 +134,7 @@ def main() -> None:
             continue
         method = message.get("method")
         request_id = message.get("id")
-        if args.garbage:
+        if args.garbage and method is not None:  # not on an answer (to our garbage, say)
             sys.stdout.write("this is not json {\n")
             sys.stdout.flush()
         if method in ("initialize", "session/new"):
@@ -203,6 +218,31 @@ def main() -> None:
                 send({"jsonrpc": "2.0", "id": [request_id], "result": {}})
                 chunk(session_id, "after malformed")
                 answer(request_id, {"stopReason": "end_turn"})
+            elif mode == "junk":  # each line, then the answers to those that get one
+                for line, _ in JUNK:
+                    sys.stdout.write(line + "\n")
+                sys.stdout.flush()
+                codes = []
+                for _ in [code for _, code in JUNK if code is not None]:
+                    got = json.loads(sys.stdin.readline())
+                    codes.append(f"{got['id']}:{got['error']['code']}")
+                chunk(session_id, " ".join(codes))
+                answer(request_id, {"stopReason": "end_turn"})
+            elif mode == "lines":  # the lines of the file FAKE_ACP_LINES, then an echo
+                with open(os.environ["FAKE_ACP_LINES"], "rb") as f:
+                    sys.stdout.flush()
+                    sys.stdout.buffer.write(f.read())
+                    sys.stdout.buffer.flush()
+                chunk(session_id, text)
+                answer(request_id, {"stopReason": "end_turn"})
+            elif mode == "raw-prompt":  # the prompt's line as it came, as the answer
+                chunk(session_id, raw)
+                answer(request_id, {"stopReason": "end_turn"})
+            elif mode == "surrogate-in":
+                chunk(session_id, "in \ud800 put")  # json.dumps escapes it: "\ud800"
+                answer(request_id, {"stopReason": "end_turn"})
+            elif mode == "bad-error":
+                send({"jsonrpc": "2.0", "id": request_id, "error": "boom"})
             elif mode == "big":
                 chunk(session_id, "y" * (3 << 20))
                 answer(request_id, {"stopReason": "end_turn"})

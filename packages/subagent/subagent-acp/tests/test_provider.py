@@ -6,10 +6,11 @@ import asyncio
 import contextlib
 import io
 import json
+import logging
 import os
 import signal
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -657,12 +658,15 @@ async def test_garbage_on_stdout_is_skipped() -> None:
         ("other-session", "for you"),
         ("non-utf8", "caf\u00e9"),
         ("big", "y" * (3 << 20)),
+        ("malformed", "after malformed"),
     ],
 )
 async def test_a_hostile_peer_still_completes(mode: str, text: str) -> None:
-    """ACP-3, acp 16.3: answers to ids never requested are dropped, updates for another
-    session are not output, a line that is not UTF-8 is skipped, and a message larger than
-    the stream limit (1 MiB) is read whole; the run completes with exactly its own text."""
+    """ACP-3, acp 16.3, ROB-30: answers to ids never requested are dropped, updates for
+    another session are not output, a line that is not UTF-8 is skipped, a message larger
+    than the stream limit (1 MiB) is read whole, and JSON that is no JSON-RPC message (an
+    array, an id that is an array) is refused without closing the connection (it settled
+    error); the run completes with exactly its own text."""
     async with acp_host("--prompt", mode) as b:
         run = await b.start()
         try:
@@ -679,15 +683,15 @@ async def test_a_hostile_peer_still_completes(mode: str, text: str) -> None:
     [
         ("exit0", "the ACP child exited with status 0"),
         ("close-stdout", "the connection to the ACP child closed"),
-        ("malformed", "the connection to the ACP child closed"),
         ("long-stop", "the ACP child's answer does not fit the protocol"),
+        ("bad-error", "the ACP child answered with error -32603: Malformed error response"),
     ],
 )
 async def test_a_broken_peer_settles_error(mode: str, diagnostic: str) -> None:
-    """ACP-5: a child that exits 0 without answering, closes its stdout but keeps running,
-    writes JSON that is no JSON-RPC message, or answers a stop reason off the protocol settles
-    error with a diagnostic of at most 4096 bytes; dispose reaps it, even the one still
-    running with its stdin unread."""
+    """ACP-5, ROB-34: a child that exits 0 without answering, closes its stdout but keeps
+    running, answers a stop reason off the protocol, or answers with an error that is no
+    error object (which ended the SDK's message loop) settles error with a diagnostic of at
+    most 4096 bytes; dispose reaps it, even the one still running with its stdin unread."""
     async with acp_host("--prompt", mode, dispose_eof_grace_ms=100, dispose_grace_ms=3000) as b:
         run = await b.start()
         try:
@@ -699,6 +703,96 @@ async def test_a_broken_peer_settles_error(mode: str, diagnostic: str) -> None:
         assert (result.stop_reason, result.diagnostic) == ("error", diagnostic)
         assert len(diagnostic.encode()) <= 4096
         assert_reaped(run.pid)  # type: ignore[attr-defined]
+
+
+class _Logs(logging.Handler):
+    """Every record logged anywhere while it is installed on the root logger."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+    def warnings(self) -> list[str]:
+        return [r.getMessage() for r in self.records if r.levelno >= logging.WARNING]
+
+    def assert_no_traceback(self) -> None:
+        """No record carries a traceback, and nothing reached the root logger itself."""
+        assert [r for r in self.records if r.exc_info] == []
+        assert [r for r in self.records if r.name == "root"] == []
+
+
+@pytest.fixture
+def logs() -> Iterator[_Logs]:
+    handler = _Logs()
+    root = logging.getLogger()
+    old = root.level
+    root.addHandler(handler)
+    root.setLevel(logging.DEBUG)
+    try:
+        yield handler
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(old)
+
+
+async def _completed(b: Booted, prompt: str = "hi") -> tuple[SubagentRun, str]:
+    run = await b.start(prompt)
+    try:
+        async with asyncio.timeout(10):
+            result = await run.result
+    finally:
+        await run.dispose()
+    assert result.stop_reason == "completed", result.diagnostic
+    return run, blocks_text(result.output)
+
+
+async def test_junk_from_the_child_is_answered_and_the_run_completes(
+    logs: _Logs, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ROB-30: each line of JSON that is no JSON-RPC object the child writes (a number, a
+    string, an array, null, a batch array, an object with neither method nor id, an id that
+    is an array) is answered -32600 with id null, a line that is not JSON -32700, each logged
+    once in one line naming the child's pid; `$/cancel_request` and notifications the SDK
+    cannot route are quiet; the run completes (the child settled error a second later)."""
+    monkeypatch.syspath_prepend(str(Path(FAKE_AGENT).parent))
+    from fake_acp_agent import JUNK
+
+    async with acp_host("--prompt", "junk") as b:
+        run, text = await _completed(b)
+    expected = [f"None:{code}" for _, code in JUNK if code is not None]
+    assert text.split() == expected
+    logs.assert_no_traceback()
+    bad = [w for w in logs.warnings() if "answered" in w]
+    assert len(bad) == len(expected)
+    assert all(f"child (pid {run.pid})" in w for w in bad)  # type: ignore[attr-defined]
+    assert all("\n" not in w for w in logs.warnings())
+    assert not [w for w in logs.warnings() if "cancel_request" in w]
+
+
+async def test_a_prompt_the_wire_cannot_carry_reaches_the_child_repaired(logs: _Logs) -> None:
+    """ROB-32: a prompt holding a lone surrogate reaches the child as valid UTF-8 with U+FFFD
+    in its place, never a `\\ud800` escape; one warning for the connection."""
+    async with acp_host("--prompt", "raw-prompt") as b:
+        _, line = await _completed(b, "one \ud800 two")
+    assert "\\ud800" not in line.lower() and "one \ufffd two" in line
+    logs.assert_no_traceback()
+    assert len([w for w in logs.warnings() if "U+FFFD" in w]) == 1
+
+
+async def test_lone_surrogates_from_the_child_are_read_as_replacement_characters(
+    logs: _Logs,
+) -> None:
+    """ROB-33: a chunk whose text escapes a lone surrogate (`"\\ud800"`) is read with U+FFFD
+    in its place: the output can go anywhere (a model request, the terminal); one warning."""
+    async with acp_host("--prompt", "surrogate-in") as b:
+        _, text = await _completed(b)
+    assert text == "in \ufffd put"
+    text.encode("utf-8")
+    logs.assert_no_traceback()
+    assert len([w for w in logs.warnings() if "U+FFFD" in w]) == 1
 
 
 # -- ACP-6: permission ----------------------------------------------------------------------------

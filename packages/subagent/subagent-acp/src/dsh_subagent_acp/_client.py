@@ -33,6 +33,7 @@ from .__about__ import __version__
 from ._config import AcpConfig
 from ._errors import ABORTED_BEFORE_START, AcpError
 from ._process import ChildProcess
+from ._wire import GuardedTransport, quiet_notifications
 
 __all__ = ["AcpSubagentRun", "start_acp_run"]
 
@@ -178,9 +179,11 @@ async def start_acp_run(
             code="ACP_SPAWN_FAILED",
         ) from exc
     assert child.process.stdin is not None and child.process.stdout is not None
-    conn = acp.connect_to_agent(
-        cast("acp.Client", client), child.process.stdin, child.process.stdout
-    )
+    # The child's lines are checked before the SDK sees them, and ours made encodable (ROB-30).
+    peer = f'subagent-acp "{name}": child (pid {child.pid})'
+    transport = GuardedTransport(child.process.stdout, child.process.stdin, peer=peer, log=_log)
+    conn = acp.connect_to_agent(cast("acp.Client", client), transport)
+    quiet_notifications(conn, peer=peer, log=_log)
     step = "initialize"
     try:
         async with asyncio.timeout(config.start_timeout_ms / 1000):
