@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -21,7 +21,7 @@ import attrs
 from ._agent import AgentOptions, CreateAgentOptions, ResumeAgentOptions
 from ._content import TextDelta, blocks_text, user_message
 from ._errors import DshError
-from ._events import SessionMeta
+from ._events import AgentCancelCause, SessionMeta
 from ._host import PluginRow, boot_host, load_composition, structure_config
 from ._llm import LlmSeamError
 from ._plugins import DshPluginManager, PluginError, PluginSpec
@@ -36,6 +36,8 @@ _PERSISTENCE = ("session-persistence-memory", "session-persistence-jsonl")
 _NOT_BY_DEFAULT = frozenset({"invariants", *_PERSISTENCE})
 #: A tool argument or result longer than this is cut when shown.
 _SHOWN = 200
+#: ``dsh run``'s exit status when its output closed: 128 + SIGPIPE, as a shell reports it.
+EXIT_OUTPUT_CLOSED = 141
 
 
 @attrs.frozen(kw_only=True)
@@ -188,19 +190,36 @@ def _scripted(rows: list[PluginRow], script: str | None) -> Composition:
 class _Printer:
     """Writes what the agent does as it happens: the root agent's text as it streams, every
     tool call and result (a child's prefixed with its session id), each child run's start
-    and end."""
+    and end.
+
+    The first write that finds the output closed (``dsh run | head -1``) calls ``on_closed``
+    and makes every later write a no-op (ROB-44): the listener never raises, so the event
+    that carried the write is not logged as a failed listener, once per event.
+    """
 
     def __init__(self, out: TextIO, root: str) -> None:
         self.out = out
         self.root = root
         self.mid_line = False
+        self.closed = False
+        self.on_closed: Callable[[], None] | None = None
+
+    def _write(self, text: str) -> None:
+        if self.closed:
+            return
+        try:
+            self.out.write(text)
+            self.out.flush()
+        except BrokenPipeError:
+            self.closed = True
+            if self.on_closed is not None:
+                self.on_closed()
 
     def _line(self, text: str) -> None:
         if self.mid_line:
-            self.out.write("\n")
             self.mid_line = False
-        self.out.write(text + "\n")
-        self.out.flush()
+            text = "\n" + text
+        self._write(text + "\n")
 
     def _who(self, session_id: str) -> str:
         return "" if session_id == self.root else f"[{session_id}] "
@@ -211,8 +230,7 @@ class _Printer:
         if kind == "assistant/chunk":
             chunk = event.data.chunk
             if sid == self.root and chunk.__class__ is TextDelta and chunk.text:
-                self.out.write(chunk.text)
-                self.out.flush()
+                self._write(chunk.text)
                 self.mid_line = not chunk.text.endswith("\n")
         elif kind == "tool/call":
             self._line(f"{self._who(sid)}→ {event.data.name} {_cut(event.data.arguments)}")
@@ -231,9 +249,10 @@ class _Printer:
 
     def finish(self) -> None:
         if self.mid_line:
-            self.out.write("\n")
             self.mid_line = False
-        self.out.flush()
+            self._write("\n")
+        elif not self.closed:
+            self._write("")
 
 
 def _cut(text: str) -> str:
@@ -245,7 +264,9 @@ async def run_agent(
     options: RunOptions, pm: DshPluginManager, out: TextIO, err: TextIO | None = None
 ) -> int:
     """Boot the composition, run one turn of one agent on ``options.prompt``, stream it to
-    ``out``; 0 when the turn completed, 1 otherwise (the reason goes to ``err``)."""
+    ``out``; 0 when the turn completed, 1 otherwise (the reason goes to ``err``), 141
+    (:data:`EXIT_OUTPUT_CLOSED`) when ``out`` closed: the turn was cancelled and the tree
+    disposed, and nothing more is printed."""
     err = err or sys.stderr
     specs = pm.collect_plugin_specs()
     composition = compose_run(options, specs)
@@ -273,6 +294,11 @@ async def run_agent(
             )
         agent = handle.agent
         printer = _Printer(out, agent.id)
+        # The output closed: the turn is cancelled from inside the write that found it (the
+        # agent's own task, so no model request follows); disposal below ends the tree.
+        printer.on_closed = lambda: agent.cancel(
+            AgentCancelCause(kind="user", reason="the output closed")
+        )
         ctx.on("session/event", printer.on_session_event)
         ctx.on("subagent/start", printer.on_child_start)
         ctx.on("subagent/end", printer.on_child_end)
@@ -282,6 +308,8 @@ async def run_agent(
         finally:
             printer.finish()
             await handle.dispose()
+        if printer.closed:
+            return EXIT_OUTPUT_CLOSED  # quietly: the reader is gone, like a shell's SIGPIPE
         ends = [e for e in agent.session.events if e.type == "turn/end"]
         reason = ends[-1].data.reason if ends else None
         where = f" (--store {options.store} --resume {agent.id})" if options.store else ""

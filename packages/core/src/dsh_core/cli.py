@@ -6,12 +6,19 @@ subagent seam on the embedded script or, with ``--model scripted:FILE``, on a sc
 (docs/scripted-model.md); its sessions go to ``--store DIR`` (default ``$DSH_HOME/demo``).
 ``dsh run "prompt"`` runs one agent on the composed plugins and streams its answer
 (docs/configuration.md).
+
+At the process boundary (ROB-40..ROB-44): command-line arguments that are not UTF-8 are a
+usage error (exit 2) before anything runs; standard output and error replace what the
+terminal's encoding cannot carry instead of raising; an output that closes (``dsh run | head``)
+ends the command quietly with status 141, as a shell reports a process that SIGPIPE ended.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import codecs
+import os
 import sys
 from collections.abc import Sequence
 from typing import TextIO
@@ -23,6 +30,59 @@ from ._plugins import DshPluginManager, PluginError, make_plugin_manager
 __all__ = ["main"]
 
 _PROMPT = "hello from the demo"
+#: The exit status when the output closed under us: 128 + SIGPIPE, what a shell reports.
+EXIT_OUTPUT_CLOSED = 141
+#: The error handler the terminal streams use: U+FFFD on a UTF-8 stream (a lone surrogate),
+#: ``?`` elsewhere (an ASCII terminal, say).
+_REPLACE = "dsh-replace"
+_FFFD = "\ufffd".encode()
+
+
+def _replace(exc: UnicodeError) -> tuple[str | bytes, int]:
+    if not isinstance(exc, UnicodeEncodeError):
+        raise exc
+    n = exc.end - exc.start
+    # The UTF-8 encoder takes a replacement as bytes (as text it must be ASCII).
+    return (_FFFD * n if codecs.lookup(exc.encoding).name == "utf-8" else "?" * n), exc.end
+
+
+codecs.register_error(_REPLACE, _replace)
+
+
+def _terminal_safe() -> None:
+    """Standard output and error replace what their encoding cannot carry (their reader is
+    a terminal or a pipe: text only goes out, so a replacement loses nothing the log keeps).
+    A stream that already has a lenient handler (stderr's ``backslashreplace``) keeps it."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None and getattr(stream, "errors", None) == "strict":
+            try:
+                reconfigure(errors=_REPLACE)
+            except (ValueError, OSError):  # a closed or exotic stream: leave it
+                pass
+
+
+def _utf8_args(argv: Sequence[str], from_os: bool) -> tuple[list[str], str | None]:
+    """The arguments as text, or why one is not UTF-8. Arguments from the OS are checked as
+    the bytes they were (``os.fsencode`` undoes the interpreter's decoding, whatever the
+    locale); arguments given in-process must encode as UTF-8 (no lone surrogate)."""
+    args: list[str] = []
+    for i, arg in enumerate(argv, 1):
+        try:
+            raw = os.fsencode(arg) if from_os else arg.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            return args, (
+                f"argument {i} is not text that can be encoded as UTF-8 (character "
+                f"{arg[exc.start]!a} at offset {exc.start} of {arg!a})"
+            )
+        try:
+            args.append(raw.decode("utf-8") if from_os else arg)
+        except UnicodeDecodeError as exc:
+            return args, (
+                f"argument {i} is not UTF-8 (byte 0x{raw[exc.start]:02x} at offset "
+                f"{exc.start} of {raw!a})"
+            )
+    return args, None
 
 
 def _discover() -> tuple[DshPluginManager, str | None]:
@@ -130,7 +190,8 @@ def _model(value: str) -> str | None:
 def cmd_run(args: argparse.Namespace, out: TextIO) -> int:
     """One agent on the composed plugins: its answer streamed to ``out``, its tool calls and
     child runs shown as they happen. Exit status 0 when the turn completed, 1 when it did
-    not, 2 when the run could not start (a bad file, flag or route), 130 on Ctrl-C."""
+    not, 2 when the run could not start (a bad file, flag or route), 130 on Ctrl-C, 141 when
+    ``out`` closed (the run was cancelled on the first write that found it closed)."""
     from ._run import RunOptions, run_agent
 
     options = RunOptions(
@@ -201,14 +262,40 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
-    """Entry point of the ``dsh`` console script; returns the exit status."""
-    args = _parser().parse_args(argv)
+    """Entry point of the ``dsh`` console script; returns the exit status.
+
+    Arguments that are not UTF-8 exit 2 (argparse's usage error) before anything runs.
+    With ``out`` unset the process's own streams are used, made safe for the terminal.
+    """
+    if out is None:
+        _terminal_safe()
+    parser = _parser()
+    checked, bad = _utf8_args(sys.argv[1:] if argv is None else argv, from_os=argv is None)
+    if bad is not None:
+        parser.error(bad)
+    args = parser.parse_args(checked)
+    stream = out or sys.stdout
     try:
-        status: int = args.run(args, out or sys.stdout)
+        status: int = args.run(args, stream)
     except KeyboardInterrupt:  # Ctrl-C: whatever ran was cancelled and closed on the way out
         print(f"\ndsh {args.command}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader went away (`dsh plugins | head -1`): quietly
+        status = EXIT_OUTPUT_CLOSED
+    if status == EXIT_OUTPUT_CLOSED and out is None:
+        _drop_stdout()
     return status
+
+
+def _drop_stdout() -> None:
+    """Point file descriptor 1 at the null device, so the interpreter's last flush of what
+    is still buffered for the closed pipe cannot print an ignored ``BrokenPipeError``."""
+    try:
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, sys.stdout.fileno())
+        os.close(null)
+    except (OSError, ValueError, AttributeError):
+        pass
 
 
 if __name__ == "__main__":  # pragma: no cover

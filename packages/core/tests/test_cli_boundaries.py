@@ -1,0 +1,235 @@
+"""`dsh` at its process boundaries: input that is not UTF-8, output the terminal cannot carry,
+an output that closes early (ROB-40..ROB-49).
+
+Subprocess tests run the real console entry (``python -m dsh_core.cli``) with real bytes in
+argv, a real terminal encoding and a real pipe; every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import select
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dsh_core.cli import main
+
+#: A model that never stops on its own: every answer is a line of text and a tool call.
+LOOP = """
+[default]
+text = "step\\n"
+tool_calls = [{ name = "job_output", arguments = { job_id = "job-x" } }]
+"""
+
+
+def dsh(
+    *args: str | bytes, tmp_path: Path, env: dict[str, str] | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(
+        [sys.executable, "-m", "dsh_core.cli", *args],
+        capture_output=True,
+        env=_env(tmp_path, env),
+        timeout=timeout,
+        check=False,
+    )
+
+
+def _env(tmp_path: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("DSH_PLUGINS", "PYTHONIOENCODING")}
+    env["DSH_HOME"] = str(tmp_path / "home")
+    env.update(extra or {})
+    return env
+
+
+def events(store: Path) -> list[dict[str, Any]]:
+    (log,) = store.glob("*.jsonl")
+    text = log.read_bytes().decode("utf-8", "surrogatepass")  # the log keeps lone surrogates
+    return [json.loads(line) for line in text.splitlines()]
+
+
+# -- input that is not UTF-8 -------------------------------------------------------------------
+
+
+def test_an_argument_that_is_not_utf8_is_a_usage_error_and_nothing_runs(tmp_path: Path) -> None:
+    """ROB-40: a command-line argument whose bytes are not UTF-8 is exit 2 naming the
+    argument and the byte; nothing runs and nothing is logged."""
+    store = tmp_path / "sessions"
+    done = dsh("run", "--store", str(store), b"caf\xe9", tmp_path=tmp_path)
+    err = done.stderr.decode("utf-8", "backslashreplace")
+    assert done.returncode == 2, err
+    assert done.stdout == b""
+    assert "argument 4" in err and "0xe9" in err and "offset 3" in err, err
+    assert "Traceback" not in err
+    assert not store.exists() or not any(store.iterdir())
+
+
+def test_an_argument_with_a_lone_surrogate_is_a_usage_error(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """ROB-40: in-process, an argument holding a lone surrogate (no text the outside can
+    carry) is the same usage error, exit 2, before anything runs."""
+    out = io.StringIO()
+    with pytest.raises(SystemExit) as exc:
+        main(["run", "x\ud800y"], out=out)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "argument 2" in err and "\\ud800" in err, err
+    assert out.getvalue() == ""
+
+
+def test_a_config_file_that_is_not_utf8_is_a_usage_error_naming_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """ROB-41: a --config file that is not UTF-8 is exit 2 naming the file and the byte."""
+    config = tmp_path / "dsh.toml"
+    config.write_bytes(b'# caf\xe9\n[[plugins]]\nplugin = "sessions"\n')
+    status = main(["run", "--config", str(config), "hi"], out=io.StringIO())
+    err = capsys.readouterr().err
+    assert status == 2
+    assert str(config) in err and "0xe9" in err and "position 5" in err, err
+
+
+def test_a_script_file_that_is_not_utf8_is_a_usage_error_naming_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """ROB-41: a scripted-model file that is not UTF-8 is exit 2 naming the file and the
+    byte; the model never answers."""
+    script = tmp_path / "model.toml"
+    script.write_bytes(b'default = "caf\xe9"\n')
+    out = io.StringIO()
+    status = main(["run", "--model", f"scripted:{script}", "hi"], out=out)
+    err = capsys.readouterr().err
+    assert status == 2
+    assert str(script) in err and "0xe9" in err, err
+    assert out.getvalue() == ""
+
+
+# -- output the terminal cannot carry ----------------------------------------------------------
+
+
+def test_an_ascii_terminal_gets_replacement_characters_not_an_error(tmp_path: Path) -> None:
+    """ROB-42: on a terminal whose encoding is ASCII, what `dsh run` prints is replaced where
+    it cannot be encoded; the run completes (exit 0), no UnicodeEncodeError."""
+    done = dsh("run", "café → ok", tmp_path=tmp_path, env={"PYTHONIOENCODING": "ascii"})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == b"caf? ? ok\n"
+    assert b"Traceback" not in done.stderr
+
+
+def test_dsh_plugins_and_demo_print_on_an_ascii_terminal(tmp_path: Path) -> None:
+    """ROB-42: `dsh plugins` and `dsh demo` print their trees and arrows on an ASCII
+    terminal (LC_ALL=C with an ASCII stdout) as replacement characters, never a traceback."""
+    env = {"PYTHONIOENCODING": "ascii", "LC_ALL": "C"}
+    listed = dsh("plugins", tmp_path=tmp_path, env=env)
+    assert listed.returncode == 0, listed.stderr
+    assert b"Traceback" not in listed.stderr
+    demo = dsh("demo", "--prompt", "café", tmp_path=tmp_path, env=env)
+    assert demo.returncode == 0, demo.stderr
+    assert b"Traceback" not in demo.stderr and b"caf?" in demo.stdout
+    assert demo.stdout.isascii()
+
+
+def test_a_lone_surrogate_from_the_model_is_shown_replaced(tmp_path: Path) -> None:
+    """ROB-43: a model's text holding a lone surrogate is printed as U+FFFD on a UTF-8
+    terminal; the log keeps what the model said; exit 0."""
+    script = tmp_path / "model.json"
+    script.write_text('{"default": "bad \\ud800 text"}', encoding="ascii")
+    store = tmp_path / "sessions"
+    done = dsh(
+        "run", "--model", f"scripted:{script}", "--store", str(store), "hi", tmp_path=tmp_path,
+        env={"PYTHONIOENCODING": "utf-8"},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.decode("utf-8") == "bad \ufffd text\n"
+    said = [e for e in events(store) if e.get("type") == "assistant/message"]
+    assert "bad \ud800 text" in json.dumps(said, ensure_ascii=False)
+
+
+# -- an output that closes early ---------------------------------------------------------------
+
+
+def test_a_closed_pipe_cancels_the_run_quietly_with_status_141(tmp_path: Path) -> None:
+    """ROB-44: `dsh run ... | head -1` on a model that would loop for ever: once its stdout
+    closes, the run is cancelled (no further model request), it exits 141 with no traceback,
+    and the stored turn ended aborted."""
+    script = tmp_path / "loop.toml"
+    script.write_text(LOOP, encoding="utf-8")
+    store = tmp_path / "sessions"
+    child = subprocess.Popen(
+        [sys.executable, "-m", "dsh_core.cli", "run", "--model", f"scripted:{script}",
+         "--store", str(store), "go"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=_env(tmp_path),
+    )  # fmt: skip
+    try:
+        assert child.stdout is not None and child.stderr is not None
+        shown = b""
+        deadline = time.monotonic() + 60
+        while b"\n" not in shown:  # `head -1`: one line, then the pipe closes
+            ready, _, _ = select.select([child.stdout], [], [], deadline - time.monotonic())
+            assert ready, "dsh run showed nothing within 60 s"
+            more = os.read(child.stdout.fileno(), 1)
+            assert more, "dsh run ended early"
+            shown += more
+        child.stdout.close()
+        status = child.wait(timeout=60)
+        err = child.stderr.read()
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait(timeout=30)
+        for pipe in (child.stdout, child.stderr):
+            if pipe is not None:
+                pipe.close()
+    assert shown == b"step\n"
+    assert status == 141, err
+    assert err == b"", err
+    logged = events(store)
+    ends = [e for e in logged if e.get("type") == "turn/end"]
+    assert len(ends) == 1 and ends[0]["data"]["reason"]["kind"] == "aborted", ends
+
+
+class _ClosesAfter(io.StringIO):
+    """A stdout whose reader goes away after ``lines`` newlines were written."""
+
+    def __init__(self, lines: int) -> None:
+        super().__init__()
+        self.left = lines
+
+    def write(self, text: str) -> int:
+        if self.left <= 0:
+            raise BrokenPipeError(32, "Broken pipe")
+        self.left -= text.count("\n")
+        return super().write(text)
+
+
+def test_no_model_request_follows_the_write_that_failed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """ROB-44: the first write that finds the output closed cancels the turn at once: no
+    model request after it (one step only), status 141, nothing on stderr."""
+    script = tmp_path / "loop.toml"
+    script.write_text(
+        '[[rules]]\nwhen = { conversation = "(?s)(step.*){6}" }\nreply = "enough"\n' + LOOP,
+        encoding="utf-8",
+    )
+    store = tmp_path / "sessions"
+    out = _ClosesAfter(1)
+    status = main(["run", "--model", f"scripted:{script}", "--store", str(store), "go"], out=out)
+    assert status == 141
+    assert capsys.readouterr().err == ""
+    assert out.getvalue() == "step\n"
+    logged = events(store)
+    steps = [e for e in logged if e.get("type") == "assistant/message"]
+    assert len(steps) == 1, [e["type"] for e in logged]
+    assert [e["data"]["reason"]["kind"] for e in logged if e.get("type") == "turn/end"] == [
+        "aborted"
+    ]
