@@ -48,9 +48,9 @@ BOUND = 10  # seconds: the bound on every wait
 
 def limit_text(limit: int, refused: str = "no subagent was started") -> str:
     return (
-        f"subagent limit reached: {limit} subagents are already running in this run tree "
-        f"(max_running_children_per_tree = {limit}); {refused}. Wait for one of them to "
-        "finish, then try again."
+        "subagent limit reached: this run tree already has the maximum number of running "
+        f"subagents (max_running_children_per_tree = {limit}); {refused}. Wait for one of "
+        "them to finish, then try again."
     )
 
 

@@ -54,9 +54,9 @@ class SubagentLimitError(SubagentError):
 
     def __init__(self, limit: int, refused: str = NOT_STARTED) -> None:
         super().__init__(
-            f"subagent limit reached: {limit} subagents are already running in this run tree "
-            f"(max_running_children_per_tree = {limit}); {refused}. Wait for one of them to "
-            "finish, then try again."
+            "subagent limit reached: this run tree already has the maximum number of running "
+            f"subagents (max_running_children_per_tree = {limit}); {refused}. Wait for one of "
+            "them to finish, then try again."
         )
         self.limit = limit
 
