@@ -203,10 +203,11 @@ async def boot(
     model: Model | None = None,
     store_root: Path | None = None,
     query: bool = True,
+    config: dict[str, dict[str, Any]] | None = None,
 ) -> AsyncIterator[Booted]:
     """A host with ``subagent``, ``plugins``, the local provider and a root parent; sessions
     in memory, or as JSONL files under ``store_root``; ``query=False`` leaves out the
-    ``session-query`` row."""
+    ``session-query`` row; ``config`` is per-plugin config by plugin name."""
     model = model or Model()
     async with scripted_host(
         "subagent",
@@ -216,6 +217,7 @@ async def boot(
         store="jsonl" if store_root is not None else "memory",
         store_root=store_root,
         query=query,
+        config=config,
     ) as host:
         host.ctx.plugin("local-provider")[SUBAGENTS].register_provider(LocalProvider())
         handle = await host.create_agent()

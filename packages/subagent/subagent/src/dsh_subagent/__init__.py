@@ -37,6 +37,7 @@ from ._errors import (
     SubagentError,
     UnsupportedSchemaError,
 )
+from ._limits import DEFAULT_MAX_RUNNING_CHILDREN_PER_TREE, SubagentConfig, SubagentLimitError
 from ._output import (
     DIAGNOSTIC_LIMIT,
     continuable_stop_reason,
@@ -84,6 +85,7 @@ from ._types import (
 )
 
 __all__ = [
+    "DEFAULT_MAX_RUNNING_CHILDREN_PER_TREE",
     "DESCRIPTOR_EVENT",
     "DESCRIPTOR_EVENT_TYPE",
     "DIAGNOSTIC_LIMIT",
@@ -117,12 +119,14 @@ __all__ = [
     "StructuredCapture",
     "SubagentCapabilities",
     "SubagentChildEntry",
+    "SubagentConfig",
     "SubagentDepthError",
     "SubagentDescendantListEntry",
     "SubagentDescriptorData",
     "SubagentDiagnosticEntry",
     "SubagentError",
     "SubagentFollowupOptions",
+    "SubagentLimitError",
     "SubagentInterruptAuthority",
     "SubagentListEntry",
     "SubagentProvider",

@@ -75,6 +75,7 @@ from ._descriptor import (
     snapshot_continuable_descriptor,
 )
 from ._errors import SubagentError, no_provider
+from ._limits import NO_SLOT, TreeSlot
 from ._output import continuable_stop_reason, select_output
 from ._types import (
     ContinuableCreateRequest,
@@ -168,6 +169,7 @@ class Activation:
         "parent_session",
         "provider",
         "run_id",
+        "slot",
         "start_seq",
     )
 
@@ -196,6 +198,8 @@ class Activation:
         self.closing = False
         self.owner: Activation | None = None
         self.run_id: str | None = None
+        #: The run tree's slot this epoch holds (ROB-62), given back when it stops being resident.
+        self.slot: TreeSlot = NO_SLOT
         self._disposal = SharedDisposal()
         self._ended: asyncio.Future[None] | None = None
         self._noticed = False
@@ -241,6 +245,7 @@ class Activation:
         try:
             await self.manager._teardown(self)
         finally:
+            self.slot.release()
             if self._ended is None:
                 self._ended = asyncio.get_running_loop().create_future()
             if not self._ended.done():
@@ -262,12 +267,14 @@ def residency(activation: Activation) -> Residency:
 
 class Materialization:
     """An admitted creation or cold resume still in flight; ``lineage`` is the live lineage
-    it was admitted under (nearest first), ``done`` settles when it published or rolled back."""
+    it was admitted under (nearest first), ``done`` settles when it published or rolled back,
+    ``slot`` is the run tree's slot it holds until its Activation takes it over (ROB-62)."""
 
-    __slots__ = ("done", "lineage")
+    __slots__ = ("done", "lineage", "slot")
 
-    def __init__(self, lineage: tuple[Agent, ...]) -> None:
+    def __init__(self, lineage: tuple[Agent, ...], slot: TreeSlot) -> None:
         self.lineage = lineage
+        self.slot = slot
         self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
 
@@ -369,15 +376,23 @@ class ContinuationManager:
                 del self._locks[child_id]
 
     @contextlib.contextmanager
-    def _admitted(self, lineage: tuple[Agent, ...]) -> Iterator[Materialization]:
-        """Track an admitted materialization until it published or rolled back (DRN-1)."""
-        record = Materialization(lineage)
+    def _admitted(
+        self, lineage: tuple[Agent, ...], refused: str = "no subagent was started"
+    ) -> Iterator[Materialization]:
+        """Track an admitted materialization until it published or rolled back (DRN-1).
+
+        It first takes a slot of the run tree (the end of ``lineage``): ``SUBAGENT_LIMIT``
+        when the tree is full (ROB-62), before anything is tracked or made. The slot is given
+        back on the way out unless the published Activation took it over.
+        """
+        record = Materialization(lineage, self.state.limits.acquire(lineage[-1].id, refused))
         self.materializations.add(record)
         try:
             yield record
         finally:
             self.materializations.discard(record)
             record.done.set_result(None)
+            record.slot.release()
 
     # -- message admission (CONT-5, CONT-13) ----------------------------------------------------
 
@@ -529,6 +544,7 @@ class ContinuationManager:
         if self.activations.get(act.child_id) is act:
             del self.activations[act.child_id]
             self.retiring[act.child_id] = act
+        act.slot.release()
         if failures:
             stop, output = "error", None
         # 9. the settlement notice, while the parent still owns the child.
@@ -626,6 +642,7 @@ class ContinuationManager:
         no ownership edge, no agent; ``subagent/end`` only for an epoch that was announced
         by ``subagent/start``."""
         act.closing = True
+        act.slot.release()
         if self.activations.get(act.child_id) is act:
             del self.activations[act.child_id]
         owner = act.owner
@@ -754,7 +771,7 @@ class ContinuationManager:
         # 8. the provider's detached creation input.
         created = await self._prepare(spec.provider, child_id, parent, signal)
         lineage = self.lineage_of(parent)
-        with self._admitted(lineage):
+        with self._admitted(lineage) as admitted:
             # 9. signal and admission again.
             _throw_if_aborted(signal)
             self.check_admission(lineage)
@@ -795,6 +812,7 @@ class ContinuationManager:
                     provider=spec.provider,
                     start_seq=handle.agent.session.first_live_seq,
                 )
+                act.slot = admitted.slot.transfer()
 
                 def final_check() -> None:
                     self.check_admission(self.lineage_of(parent))
@@ -898,7 +916,7 @@ class ContinuationManager:
             )
         lineage = self.lineage_of(parent)
         self.check_admission((*lineage,))
-        with self._admitted(lineage):
+        with self._admitted(lineage, f"subagent {child_id} was not resumed") as admitted:
             async with self._child_lock(child_id):
                 if child_id in self.activations or child_id in self.retiring:
                     return None
@@ -975,6 +993,7 @@ class ContinuationManager:
                     provider=descriptor.provider,
                     start_seq=handle.agent.session.seq,
                 )
+                act.slot = admitted.slot.transfer()
 
                 def final_check() -> None:
                     # CONT-8/CONT-11: authority again at the final synchronous step.

@@ -30,6 +30,7 @@ from ._continuation import ContinuationManager
 from ._depth import assert_subagent_max_depth
 from ._descriptor import OneShotDescriptor, snapshot_one_shot_descriptor
 from ._errors import InvalidStartRequestError, SubagentError, no_provider
+from ._limits import SubagentConfig, TreeLimits
 from ._listing import ListingMemo, list_children, list_descendants
 from ._schema import assert_object_json_schema
 from ._setup import ActivationSetupRegistry, ContinuableSetup
@@ -59,8 +60,10 @@ __all__ = ["SUBAGENTS", "SubagentService", "SubagentState"]
 class SubagentState:
     """What every view of ``ctx.subagents`` shares (the provided service object)."""
 
-    def __init__(self, ctx: Context) -> None:
+    def __init__(self, ctx: Context, config: SubagentConfig | None = None) -> None:
         self.ctx = ctx
+        #: The running subagents of every run tree, against the row's cap (ROB-60).
+        self.limits = TreeLimits((config or SubagentConfig()).max_running_children_per_tree)
         self.providers: dict[str, SubagentProvider] = {}
         #: Label-less one-shot descriptors by registry name (immutable values, built once).
         self.descriptors: dict[str, OneShotDescriptor] = {}
@@ -74,6 +77,10 @@ class SubagentState:
 
     def __dsh_bind__(self, ctx: Context) -> SubagentService:
         return SubagentService(self, ctx)
+
+    def tree_root(self, agent: Agent) -> str:
+        """The id of the root of ``agent``'s run tree (the end of its live lineage)."""
+        return self.continuation.lineage_of(agent)[-1].id
 
 
 #: Typed access to the service: ``ctx[SUBAGENTS]`` (``ctx.subagents`` is untyped).
@@ -154,8 +161,11 @@ class SubagentService:
         max_depth, tool_filter, persona (``UNSUPPORTED_CAPABILITY``); then ``max_depth`` is a
         non-negative safe integer (``TypeError``), ``output_schema`` is in the supported
         subset, and the other fields have their declared types (``InvalidStartRequestError``).
+        Then the run takes a slot of its run tree (``SUBAGENT_LIMIT`` when the tree already
+        runs ``max_running_children_per_tree`` subagents), held until ``run.result`` settles.
         Only then is the provider called, with a fresh resolved request carrying the one-shot
-        descriptor. A provider failure passes through unchanged and emits nothing.
+        descriptor. A provider failure passes through unchanged, gives the slot back and emits
+        nothing.
         """
         provider = self._state.providers.get(name)
         if provider is None:
@@ -176,13 +186,42 @@ class SubagentService:
             **{field: getattr(request, field) for field in _REQUEST_FIELDS},
             descriptor=self._descriptor(name, request.label),
         )
-        run = await provider.start(resolved)
+        state = self._state
+        # ROB-60/61: the run holds a slot of its tree until its result settles.
+        slot = state.limits.acquire(state.tree_root(request.parent))
+        try:
+            run = await provider.start(resolved)
+        except BaseException:
+            slot.release()
+            raise
+        run.result.add_done_callback(slot.release)
         emitter = request.parent.ctx
         lifecycle = _RunLifecycle(emitter, name, run.id, run.local_agent is not None)
         run.result.add_done_callback(lifecycle.observe_end)
         if emitter.has_listeners("subagent/start"):
             emitter.emit("subagent/start", lifecycle.info())
         return run
+
+    # -- the run tree's cap (ROB-60..69; in _limits) ---------------------------------------------
+
+    @property
+    def max_running_children_per_tree(self) -> int:
+        """The cap on subagents running at once in one run tree (the row's config)."""
+        return self._state.limits.limit
+
+    def running_in_tree(self, agent: Agent) -> int:
+        """How many subagents hold a slot of ``agent``'s run tree now."""
+        state = self._state
+        return state.limits.running.get(state.tree_root(agent), 0)
+
+    def check_tree_capacity(self, agent: Agent) -> None:
+        """``SUBAGENT_LIMIT`` if ``agent``'s run tree has no free slot now (holds nothing).
+
+        For a caller that hands the start to later work (a background job) and wants the
+        refusal now; the start itself still takes the slot, or is refused then.
+        """
+        state = self._state
+        state.limits.check(state.tree_root(agent))
 
     # -- continuable children (CONT-1..17, SET-1..4; the manager is in _continuation) --------
 
