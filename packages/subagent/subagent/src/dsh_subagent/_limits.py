@@ -1,4 +1,4 @@
-"""The cap on subagents running at once in one run tree (ROB-60..69).
+"""The cap on subagents running at once in one run tree (ROB-60..68).
 
 A *run tree* is a root agent (one no other live agent owns) and every agent created under it,
 at any depth. A subagent holds one of its tree's slots while it runs:

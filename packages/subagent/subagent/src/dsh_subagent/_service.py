@@ -202,7 +202,7 @@ class SubagentService:
             emitter.emit("subagent/start", lifecycle.info())
         return run
 
-    # -- the run tree's cap (ROB-60..69; in _limits) ---------------------------------------------
+    # -- the run tree's cap (ROB-60..68; in _limits) ---------------------------------------------
 
     @property
     def max_running_children_per_tree(self) -> int:

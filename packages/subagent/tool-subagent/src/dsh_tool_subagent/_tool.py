@@ -389,7 +389,7 @@ class SubagentTool:
         if jobs is None:
             raise ToolError(NO_JOBS, code="JOBS_UNAVAILABLE")
         subagents = run.ctx[SUBAGENTS]
-        # ROB-64: a full run tree refuses the call now, not later in the job's output (a job
+        # ROB-67: a full run tree refuses the call now, not later in the job's output (a job
         # admitted meanwhile past the cap still fails there, with the same text).
         subagents.check_tree_capacity(parent)
         provider = self.provider
