@@ -78,6 +78,7 @@ async def check_store(store: Path, side: Path) -> dict[str, Any]:
         "children": len(children),
         "followups": len(followups),
         "reports": len(reports),
+        "mid_turn": 0,
         "resumed": 0,
         "reached": 0,
         "lost": lost,
@@ -94,6 +95,10 @@ async def check_store(store: Path, side: Path) -> dict[str, Any]:
             logs[sid] = _stored_lines(store, sid)
         return logs[sid]
 
+    for c in children:  # a child that died with its turn open: the resume repairs it
+        turns = [line.get("type") for line in log(c["id"])]
+        starts, ends = turns.count("turn/start"), turns.count("turn/end")
+        tally["mid_turn"] += starts > ends
     lost.extend(
         f"follow-up {f['token']} to {f['target']} is not in its log"
         for f in followups

@@ -119,6 +119,7 @@ def run(points: int, seed: int, workdir: Path) -> dict[str, Any]:
         "children": sum(r.get("children", 0) for r in results),
         "followups": sum(r.get("followups", 0) for r in results),
         "reports": sum(r.get("reports", 0) for r in results),
+        "mid_turn": sum(r.get("mid_turn", 0) for r in results),
         "resumed": sum(r.get("resumed", 0) for r in results),
         "reached": sum(r.get("reached", 0) for r in results),
         "lost": lost,
@@ -130,7 +131,8 @@ def summary(tally: dict[str, Any]) -> str:
     head = (
         f"crash tier (seed {tally['seed']}): {tally['kill_points']} kill points, "
         f"{tally['children']} children handed out, {tally['followups']} follow-ups and "
-        f"{tally['reports']} reports acknowledged, {tally['resumed']} children cold-resumed, "
+        f"{tally['reports']} reports acknowledged, {tally['mid_turn']} children killed mid-turn, "
+        f"{tally['resumed']} children cold-resumed, "
         f"{tally['reached']} grandchildren reached again; lost: {len(tally['lost'])}"
     )
     return "\n".join([head, *(f"  lost: {item}" for item in tally["lost"][:50])])
