@@ -61,15 +61,19 @@ class _Model:
 
     def __init__(self) -> None:
         self.gate = asyncio.Event()
+        self.asked: dict[str, asyncio.Event] = {}
 
     def __call__(self, request: ScriptedRequest) -> ScriptedReply | str:
+        self.asked.setdefault(request.session_id or "", asyncio.Event()).set()
         if request.session_id != PARENT:
             return ScriptedReply(text="working", wait=self.gate.wait)
         return "ok"
 
 
 @contextlib.asynccontextmanager
-async def _host(tmp_path: Path, model: _Model) -> AsyncIterator[tuple[TestHost, Agent]]:
+async def _host(
+    tmp_path: Path, model: _Model, *, resume: bool = False
+) -> AsyncIterator[tuple[TestHost, Agent]]:
     async with scripted_host(
         "subagent",
         model=model,
@@ -78,7 +82,10 @@ async def _host(tmp_path: Path, model: _Model) -> AsyncIterator[tuple[TestHost, 
         store_root=tmp_path,
     ) as host:
         host.ctx.plugin("local-provider")[SUBAGENTS].register_provider(_Provider())
-        parent = (await host.create_agent(session_id=PARENT)).agent
+        if resume:
+            parent = (await host.resume_agent(PARENT)).agent
+        else:
+            parent = (await host.create_agent(session_id=PARENT)).agent
         try:
             yield host, parent
         finally:
@@ -225,3 +232,39 @@ async def test_a_report_the_parents_store_cannot_write_is_refused_as_such(
         assert caught.value.code == "SESSION_IO"
         assert not isinstance(caught.value, SubagentError)
         assert not parent.inbox.next_step and not parent.inbox.next_turn
+
+
+async def test_a_tree_copied_mid_turn_is_listed_and_resumed_top_down(tmp_path: Path) -> None:
+    """DUR-36: the store's files as a kill -9 would leave them (copied while a child and its
+    own child are both in a model request) give a fresh host the whole tree: the child is
+    listed with its parent and depth, cold-resumes with its open turn closed `interrupted`,
+    and, resumed, reaches its own child again."""
+    import shutil
+
+    live, copy = tmp_path / "live", tmp_path / "copy"
+    model = _Model()
+    async with _host(live, model) as (host, parent):
+        svc = host.ctx[SUBAGENTS]
+        child = (await svc.start_continuable(_spec(parent))).child_id
+        child_agent = svc._state.continuation.activations[child].agent
+        grandchild = (await svc.start_continuable(_spec(child_agent))).child_id
+        async with asyncio.timeout(10):  # both in their model request (written before it)
+            for agent_id in (child, grandchild):
+                await model.asked.setdefault(agent_id, asyncio.Event()).wait()
+        shutil.copytree(live, copy)  # what the disk holds right now: the process "dies"
+
+    model = _Model()  # the fresh host's children hold their turns too (they stay resident)
+    async with _host(copy, model, resume=True) as (host, parent):
+        svc = host.ctx[SUBAGENTS]
+        rows = {r.entry.id: r for r in await svc.list_descendants(PARENT)}
+        assert (rows[child].parent_id, rows[child].depth) == (PARENT, 1)
+        assert (rows[grandchild].parent_id, rows[grandchild].depth) == (child, 2)
+        assert rows[child].entry.kind == rows[grandchild].entry.kind == "child"
+        options = SubagentFollowupOptions(source=CoordinatorMessageSource(sender_session_id=PARENT))
+        await svc.followup(parent, child, text_blocks("go on"), options)
+        resumed = svc._state.continuation.activations[child].agent
+        ends = [e.data.reason.kind for e in resumed.session.events if e.type == "turn/end"]
+        assert ends == ["interrupted"]
+        mine = SubagentFollowupOptions(source=CoordinatorMessageSource(sender_session_id=child))
+        queued = await svc.followup(resumed, grandchild, text_blocks("you too"), mine)
+        assert queued in _inserted_ids(_stored(copy, grandchild))
