@@ -41,7 +41,7 @@ def test_a_killed_tree_loses_nothing_acknowledged_quick(tmp_path: Path) -> None:
     """DUR-35..DUR-38: at a few seeded kill points, every child id handed out is listed with
     its parent and depth and cold-resumes (its own children reachable again), and every
     acknowledged follow-up and accepted report is in the acknowledging agent's log."""
-    _run(int(os.environ.get("DSH_CRASH_QUICK_POINTS", "6")), 20261201, tmp_path)
+    _run(int(os.environ.get("DSH_CRASH_QUICK_POINTS", "10")), 20261201, tmp_path)
 
 
 @pytest.mark.crash

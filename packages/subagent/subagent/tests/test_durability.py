@@ -235,7 +235,7 @@ async def test_a_report_the_parents_store_cannot_write_is_refused_as_such(
 
 
 async def test_a_tree_copied_mid_turn_is_listed_and_resumed_top_down(tmp_path: Path) -> None:
-    """DUR-36: the store's files as a kill -9 would leave them (copied while a child and its
+    """DUR-35, DUR-36: the store's files as a kill -9 would leave them (copied while a child and its
     own child are both in a model request) give a fresh host the whole tree: the child is
     listed with its parent and depth, cold-resumes with its open turn closed `interrupted`,
     and, resumed, reaches its own child again."""
