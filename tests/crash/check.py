@@ -67,6 +67,11 @@ def _inserted(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return found
 
 
+def _says(message: dict[str, Any], text: str) -> bool:
+    """Whether a stored message's text blocks are exactly ``text``."""
+    return "".join(b.get("text", "") for b in message.get("content", ())) == text
+
+
 async def check_store(store: Path, side: Path) -> dict[str, Any]:
     """Verify one kill point; the tally and every loss found."""
     record = read_record(side)
@@ -78,6 +83,7 @@ async def check_store(store: Path, side: Path) -> dict[str, Any]:
         "children": len(children),
         "followups": len(followups),
         "reports": len(reports),
+        "mid_turn": 0,
         "resumed": 0,
         "reached": 0,
         "lost": lost,
@@ -94,10 +100,14 @@ async def check_store(store: Path, side: Path) -> dict[str, Any]:
             logs[sid] = _stored_lines(store, sid)
         return logs[sid]
 
+    for c in children:  # a child that died with its turn open: the resume repairs it
+        turns = [line.get("type") for line in log(c["id"])]
+        starts, ends = turns.count("turn/start"), turns.count("turn/end")
+        tally["mid_turn"] += starts > ends
     lost.extend(
         f"follow-up {f['token']} to {f['target']} is not in its log"
         for f in followups
-        if not any(f["token"] in json.dumps(m) for m in _inserted(log(f["target"])))
+        if not any(_says(m, f"FOLLOWUP {f['token']}") for m in _inserted(log(f["target"])))
     )
     lost.extend(
         f"report {r['id']} of {r['from']} is not in {r['parent']}'s log"

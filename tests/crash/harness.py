@@ -2,9 +2,11 @@
 
 ``run(points, seed, workdir)`` starts ``points`` host processes (``host.py``) one after the
 other, each on its own JSONL store, and kills each with SIGKILL at a moment drawn from a
-seeded RNG: after a random number of acknowledgements (the host prints ``ack`` after each
-side record) plus a random delay, or after a random delay alone once the root exists. Every
-wait is bounded. One fresh checker process (``check.py``) then verifies every kill point.
+seeded RNG: after a random number of acknowledgements (the host says ``ack`` after each side
+record) plus a random delay, or after a random delay alone once the root exists. Each host
+is forked from a fork server that imported the runtime once (a process of its own, so the
+kill is as real as any). Every wait is bounded. One fresh checker process (``check.py``)
+then verifies every kill point.
 
 Run it directly: ``python tests/crash/harness.py POINTS [SEED]`` prints the tally.
 """
@@ -12,14 +14,13 @@ Run it directly: ``python tests/crash/harness.py POINTS [SEED]`` prints the tall
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
-import queue
 import random
 import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -30,10 +31,24 @@ _HOST_DEADLINE = 60.0  # seconds one host may take to reach its kill point
 _CHECK_DEADLINE = 60.0  # seconds the checker may take per kill point
 
 
-def _lines(stream: Any, out: queue.Queue[str | None]) -> None:
-    for raw in iter(stream.readline, b""):
-        out.put(raw.decode("utf-8", "replace").strip())
-    out.put(None)
+#: What the fork server imports once, so a host starts in milliseconds (a fork of it).
+PRELOAD = [
+    "host",
+    "dsh_subagent.plugin",
+    "dsh_subagent_spawn.plugin",
+    "dsh_tool_subagent.plugin",
+    "dsh_tool_subagent_control.plugin",
+    "dsh_tool_subagent_report.plugin",
+]
+
+
+def _context() -> Any:
+    """The fork server every host is forked from (started on first use)."""
+    if str(HERE) not in sys.path:
+        sys.path.insert(0, str(HERE))
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(PRELOAD)
+    return ctx
 
 
 def kill_point(rng: random.Random, store: Path, side: Path) -> dict[str, Any]:
@@ -42,14 +57,13 @@ def kill_point(rng: random.Random, store: Path, side: Path) -> dict[str, Any]:
     by_acks = rng.random() < 0.7
     acks_wanted = rng.randint(1, 120) if by_acks else 0
     delay = rng.uniform(0.0, 0.02) if by_acks else rng.uniform(0.0, 0.6)
-    proc = subprocess.Popen(
-        [sys.executable, str(HERE / "host.py"), str(store), str(side), str(ROUNDS)],
-        stdout=subprocess.PIPE,
-        cwd=HERE,
-    )
-    lines: queue.Queue[str | None] = queue.Queue()
-    reader = threading.Thread(target=_lines, args=(proc.stdout, lines), daemon=True)
-    reader.start()
+    ctx = _context()
+    import host  # the target is pickled by reference: the fork server imports it too
+
+    receive, send = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=host.serve, args=(str(store), str(side), ROUNDS, send), daemon=True)
+    proc.start()
+    send.close()  # the host holds the only writing end: its death ends the pipe
     deadline = time.monotonic() + _HOST_DEADLINE
     acks = 0
     ready = False
@@ -60,31 +74,31 @@ def kill_point(rng: random.Random, store: Path, side: Path) -> dict[str, Any]:
             if left <= 0:
                 ended = "deadline"
                 break
-            try:
-                line = lines.get(timeout=left)
-            except queue.Empty:
+            if not receive.poll(left):
                 continue
-            if line is None:
+            try:
+                word = receive.recv_bytes()
+            except EOFError:
                 ended = "exited"
-            elif line == "ready":
+                break
+            if word == b"ready":
                 ready = True
                 if not by_acks:
                     break
-            elif line == "ack":
+            elif word == b"ack":
                 acks += 1
                 if acks >= acks_wanted:
                     break
         if ended is None:
             time.sleep(delay)  # the kill moment itself (random), not a synchronisation
-        proc.send_signal(signal.SIGKILL)
+            os.kill(proc.pid, signal.SIGKILL)
     finally:
-        proc.kill()
-        proc.wait(timeout=_HOST_DEADLINE)
-        if proc.stdout is not None:
-            proc.stdout.close()
-        reader.join(timeout=5)
+        if proc.is_alive():
+            proc.kill()
+        proc.join(timeout=_HOST_DEADLINE)
+        receive.close()
     return {
-        "killed": proc.returncode == -signal.SIGKILL,
+        "killed": proc.exitcode == -signal.SIGKILL,
         "ready": ready,
         "acks_seen": acks,
         "ended": ended,
@@ -119,6 +133,7 @@ def run(points: int, seed: int, workdir: Path) -> dict[str, Any]:
         "children": sum(r.get("children", 0) for r in results),
         "followups": sum(r.get("followups", 0) for r in results),
         "reports": sum(r.get("reports", 0) for r in results),
+        "mid_turn": sum(r.get("mid_turn", 0) for r in results),
         "resumed": sum(r.get("resumed", 0) for r in results),
         "reached": sum(r.get("reached", 0) for r in results),
         "lost": lost,
@@ -130,7 +145,8 @@ def summary(tally: dict[str, Any]) -> str:
     head = (
         f"crash tier (seed {tally['seed']}): {tally['kill_points']} kill points, "
         f"{tally['children']} children handed out, {tally['followups']} follow-ups and "
-        f"{tally['reports']} reports acknowledged, {tally['resumed']} children cold-resumed, "
+        f"{tally['reports']} reports acknowledged, {tally['mid_turn']} children killed mid-turn, "
+        f"{tally['resumed']} children cold-resumed, "
         f"{tally['reached']} grandchildren reached again; lost: {len(tally['lost'])}"
     )
     return "\n".join([head, *(f"  lost: {item}" for item in tally["lost"][:50])])

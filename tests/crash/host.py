@@ -21,6 +21,8 @@ import json
 import os
 import re
 import sys
+from collections.abc import Callable
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
@@ -34,15 +36,28 @@ _QUEUED = re.compile(r"^message queued as the next turn for subagent (\S+)$")
 _STARTED = re.compile(r"^started subagent (\S+)$")
 
 
-async def main(store: Path, side: Path, rounds: int) -> None:
+def _stdout(word: str) -> None:
+    sys.stdout.write(word + "\n")
+    sys.stdout.flush()
+
+
+def serve(store: str, side: str, rounds: int, conn: Connection) -> None:
+    """The host in a process forked by the driver's fork server (the modules are imported
+    already): as the script, but ``ready``, ``ack`` and ``done`` go over ``conn``."""
+    asyncio.run(main(Path(store), Path(side), rounds, say=conn.send_bytes))
+
+
+async def main(
+    store: Path, side: Path, rounds: int, say: Callable[[bytes], None] | None = None
+) -> None:
     out = side.open("a", encoding="utf-8")
     calls: dict[str, tuple[str, dict[str, Any]]] = {}
+    tell: Callable[[bytes], None] = say or (lambda word: _stdout(word.decode()))
 
     def record(entry: dict[str, Any]) -> None:
         out.write(record_line(entry))
         out.flush()  # to the operating system: the process may die right after
-        sys.stdout.write("ack\n")
-        sys.stdout.flush()
+        tell(b"ack")
 
     def on_event(session: Any, event: Any) -> None:
         kind = event.type
@@ -84,15 +99,13 @@ async def main(store: Path, side: Path, rounds: int) -> None:
     host.ctx.on("session/event", on_event)
     handle = await host.create_agent(session_id=ROOT_ID, meta=SessionMeta(cwd=os.getcwd()))
     root = handle.agent
-    sys.stdout.write("ready\n")
-    sys.stdout.flush()
+    tell(b"ready")
     for r in range(rounds):
         root.followup(user_message(f"ROUND {r}"))
         await rest(host.ctx, root)
     await handle.dispose()
     await host.aclose()
-    sys.stdout.write("done\n")
-    sys.stdout.flush()
+    tell(b"done")
 
 
 if __name__ == "__main__":

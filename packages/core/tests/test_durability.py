@@ -456,3 +456,99 @@ async def test_what_was_acknowledged_survives_kill_9(
     async with jsonl_host(tmp_path, model=["again"]) as h:
         agent = (await h.resume_agent("victim")).agent
         assert agent.inbox.contains(line.split()[1])
+
+
+# -- listing a folder while sessions are created; bounded scans -------------------------------
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="the lock test is POSIX-only")
+async def test_a_file_being_created_is_not_reported_as_never_created(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """DUR-17: a listing that meets a session file mid-creation (empty, or its header line
+    unfinished while its creator holds the lock) leaves it out without a warning; an
+    unlocked file cut inside its header (a crash's remnant) is still reported."""
+    import fcntl
+
+    from dsh_core import Context, EventTypeRegistry, Host, SessionStoreService
+    from dsh_core._persistence import install_jsonl_persistence
+
+    host = Host()
+    ctx = Context(host, host.root)
+    ctx.provide("sessions", SessionStoreService(EventTypeRegistry()))
+    root = tmp_path / "sessions"
+    root.mkdir(mode=0o700)
+    persistence = install_jsonl_persistence(ctx, root)
+    (root / "empty.jsonl").write_bytes(b"")
+    creating = root / "creating.jsonl"
+    creating.write_bytes(b'{"id":"creating","created_at":1,')
+    fd = os.open(creating, os.O_RDWR)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # the creator's hold
+    try:
+        caplog.set_level("WARNING", logger="dsh.sessions")
+        found = await asyncio.wait_for(persistence.listing(), 30)
+        assert found.headers == () and found.damaged == ()
+        assert not [r for r in caplog.records if "never created" in r.getMessage()]
+    finally:
+        os.close(fd)
+    found = await asyncio.wait_for(persistence.listing(), 30)  # now a remnant: reported
+    assert found.headers == () and found.damaged == ()
+    assert [r for r in caplog.records if "creating.jsonl" in r.getMessage()]
+    await ctx.dispose()
+
+
+class ReadBytes:
+    """Counts the bytes ``os.pread`` returns for files under ``root``'s sessions."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.total = 0
+        real = os.pread
+
+        def pread(fd: int, size: int, offset: int) -> bytes:
+            data = real(fd, size, offset)
+            self.total += len(data)
+            return data
+
+        monkeypatch.setattr(os, "pread", pread)
+
+
+async def test_a_bounded_scan_stops_at_the_first_stop_event_of_the_own_part(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """DUR-18: scan(..., until=...) reads a log only up to its first stop event at or after
+    its seed_length: a long tail after it is neither read nor returned."""
+    from dsh_core import (
+        Context,
+        EndSeedData,
+        EventTypeRegistry,
+        Host,
+        SessionHeader,
+        SessionStoreService,
+    )
+    from dsh_core._persistence import install_jsonl_persistence
+    from dsh_core.testing.strategies import LogBuilder
+
+    host = Host()
+    ctx = Context(host, host.root)
+    ctx.provide("sessions", SessionStoreService(EventTypeRegistry()))
+    persistence = install_jsonl_persistence(ctx, tmp_path / "sessions")
+    log = LogBuilder()
+    log.turn_start()
+    log.turn_end()  # in the seed: does not stop the read
+    log.add("session/end-seed", EndSeedData())
+    log.add("x/mark", {"n": 1}, ignorable=True)
+    log.turn_start()
+    log.turn_end()
+    for n in range(2, 400):
+        log.add("x/mark", {"n": n, "pad": "x" * 20_000}, ignorable=True)
+    await persistence.create(SessionHeader(id="long", created_at=1, seed_length=2))
+    await persistence.append("long", log.events)
+    size = (tmp_path / "sessions" / "long.jsonl").stat().st_size
+    assert size > 7_000_000
+    reads = ReadBytes(monkeypatch)
+    [found] = await persistence.scan(["long"], {"x/mark"}, until={"turn/end"})
+    assert [e.data["n"] for e in found.events] == [1]
+    assert reads.total < 200_000
+    [whole] = await persistence.scan(["long"], {"x/mark"})
+    assert len(whole.events) == 399
+    await ctx.dispose()

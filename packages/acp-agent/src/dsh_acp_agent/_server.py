@@ -5,7 +5,9 @@ follow-up: the turn's text is streamed as ``agent_message_chunk`` (reasoning as
 ``agent_thought_chunk``), its tool calls as ``tool_call`` / ``tool_call_update``, and the
 turn's end answers the prompt with an ACP stop reason. ``session/cancel`` cancels the turn;
 the prompt then answers ``cancelled``. With a durable store, ``session/load`` resumes a
-session from it and replays its history as updates.
+session from it and replays its history as updates; a prompt is answered only once its turn
+is written to the store (a turn that cannot be written fails the prompt), so a process killed
+after an answer keeps every answered turn.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from dsh_core import (
     ReasoningBlock,
     ReasoningDelta,
     ResumeAgentOptions,
+    SessionError,
     SessionEvent,
     SessionMeta,
     TextBlock,
@@ -369,6 +372,16 @@ class DshAcpAgent:
                 await self._send(session_id, update)
         finally:
             live.finish()
+        try:
+            # The turn's lines reach the OS before the answer (the turn's end wrote them on a
+            # store that writes through; this retries a write that failed there): a prompt is
+            # answered only once a crash can no longer lose it.
+            live.agent.session.checkpoint()
+        except SessionError as exc:
+            _log.warning("session %s: the turn could not be written: %s", session_id, exc)
+            raise acp.RequestError.internal_error(
+                {"message": f"the turn could not be written to the session store: {exc}"}
+            ) from exc
         end = live.end  # None only if no turn ran (an agent being disposed)
         if live.cancelled:
             return _CANCELLED

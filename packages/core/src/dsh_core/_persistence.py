@@ -23,6 +23,7 @@ import gc
 import json
 import logging
 import os
+import re
 import stat
 import sys
 import threading
@@ -1099,7 +1100,12 @@ class SessionPersistence:
         return SessionListing(headers=tuple(headers), damaged=tuple(damaged), stamps=self._stamps())
 
     async def scan(
-        self, ids: Sequence[str], types: Iterable[str], signal: AbortSignal | None = None
+        self,
+        ids: Sequence[str],
+        types: Iterable[str],
+        signal: AbortSignal | None = None,
+        *,
+        until: Iterable[str] | None = None,
     ) -> builtins.list[StoredScan | SessionError]:
         """Read the stored logs of ``ids`` one after another, each once, in one worker job,
         keeping only the events of ``types`` (so a caller bounds its reads in flight by the
@@ -1107,25 +1113,38 @@ class SessionPersistence:
         nothing is written or held. The JSONL store decodes only the kept events: every
         line must still be a JSON event of the next seq and a known or ignorable type,
         otherwise the log is parsed as ``load`` parses it and fails with the same error.
-        Nesting rules are not checked (``load`` does)."""
+        Nesting rules are not checked (``load`` does).
+
+        ``until`` bounds the read: each log is read only up to its first event of one of
+        those types in its own part (from the header's ``seed_length`` on), that event
+        included; nothing after it is read or checked. A log without one is read whole.
+        """
         self._installed()
         _check(signal)
         for id in ids:
             if id in self._closing:
                 await self._quiesce(id)
-        found = await self._run(self._scan_all, builtins.list(ids), frozenset(types), signal)
+        stop = frozenset(until) if until is not None else None
+        found = await self._run(self._scan_all, builtins.list(ids), frozenset(types), signal, stop)
         _check(signal)
         return found
 
     def _scan_all(
-        self, ids: builtins.list[str], types: frozenset[str], signal: AbortSignal | None
+        self,
+        ids: builtins.list[str],
+        types: frozenset[str],
+        signal: AbortSignal | None,
+        until: frozenset[str] | None = None,
     ) -> builtins.list[StoredScan | SessionError]:
         out: builtins.list[StoredScan | SessionError] = []
         for id in ids:
             if signal is not None and signal.aborted:
                 raise AbortedError(signal.reason)
             try:
-                out.append(self._scan(id, types))
+                if until is None:
+                    out.append(self._scan(id, types))
+                else:
+                    out.append(self._scan_until(id, types, until))
             except SessionError as exc:
                 out.append(exc)
             except Exception as exc:  # one crafted log must not fail the others' reads
@@ -1209,6 +1228,28 @@ class SessionPersistence:
         """One read of a stored log for :meth:`scan` (default: all of ``_read``)."""
         header, events, _ = self._read(id, None)
         return StoredScan(header=header, events=tuple(e for e in events if e.type in types))
+
+    def _scan_until(self, id: str, types: frozenset[str], until: frozenset[str]) -> StoredScan:
+        """:meth:`_scan` bounded by ``until`` (see :meth:`scan`; default: the whole log read,
+        the kept events cut after the stop)."""
+        found = self._scan(id, types | until)
+        events = kept_until(found.events, types, until, found.header.seed_length or 0)
+        return StoredScan(header=found.header, events=events, stamp=found.stamp)
+
+
+def kept_until(
+    events: Iterable[SessionEvent], types: frozenset[str], until: frozenset[str], start: int
+) -> tuple[SessionEvent, ...]:
+    """The events of ``types`` up to the first event of ``until`` at seq ``start`` or later
+    (that one included if it is of ``types``)."""
+    out: builtins.list[SessionEvent] = []
+    for event in events:
+        t = event.type
+        if t in types:
+            out.append(event)
+        if t in until and event.seq >= start:
+            break
+    return tuple(out)
 
 
 class _NothingPending:
@@ -1463,6 +1504,24 @@ def _lock(fd: int, path: Path) -> None:
         ) from None
 
 
+def _being_created(fd: int) -> bool:
+    """Whether a file without a complete header line is one a live writer is creating right
+    now, not the remnant of a crash: it is empty (created, its header not written yet), or
+    another holder has it locked (POSIX; the creator locks it before writing the header)."""
+    if os.fstat(fd).st_size == 0:
+        return True
+    if sys.platform == "win32":
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    fcntl.flock(fd, fcntl.LOCK_UN)
+    return False
+
+
 def _same_file(fd: int, path: Path) -> bool:
     """Whether ``path`` still names the open file (it may have been replaced before the lock,
     by a symlink too: the name is not followed)."""
@@ -1640,6 +1699,87 @@ def _first_too_deep(lines: builtins.list[bytes], values: builtins.list[Any]) -> 
         if line.count(b"{") + line.count(b"[") > limit and _nests_deeper(values[i], limit):
             return i
     return None
+
+
+#: The first read of a bounded scan (see ``_read_until``); each later one is twice the last.
+_SCAN_CHUNK = 1 << 16
+
+
+def _stop_pattern(until: frozenset[str]) -> re.Pattern[bytes]:
+    """Matches the start of an event line of one of ``until``'s types as the store writes it
+    (type first, then seq); group 1 is the seq."""
+    names = b"|".join(
+        re.escape(encode_basestring(t).encode("utf-8", "surrogatepass")) for t in sorted(until)
+    )
+    return re.compile(b'\n\\{"type":(?:' + names + b'),"seq":([0-9]+)[,}]')
+
+
+def _header_seed(line: bytes) -> int | None:
+    """The ``seed_length`` of a header line (0 without one); ``None``: not a header."""
+    try:
+        value = json.loads(line)
+    except (ValueError, RecursionError):
+        return None
+    if type(value) is not dict:
+        return None
+    seed = value.get("seed_length", 0)
+    return seed if type(seed) is int else 0
+
+
+def _read_until(fd: int, stop: re.Pattern[bytes]) -> bytes:
+    """The file up to the end of its first event line that ``stop`` matches at a seq of at
+    least the header's ``seed_length`` (the whole file when there is none), read a growing
+    chunk at a time, so a long tail after the stop costs nothing.
+
+    The match is a fast path over the lines the store writes; whatever it misses only makes
+    the read longer, and what was read is parsed as usual.
+    """
+    data = bytearray()
+    offset = 0
+    step = _SCAN_CHUNK
+    seed: int | None = None
+    searched = 0
+    while True:
+        chunk = _pread(fd, step, offset)
+        if not chunk:
+            return bytes(data)
+        data += chunk
+        offset += len(chunk)
+        step = min(step * 2, 1 << 22)
+        if seed is None:
+            nl = data.find(b"\n")
+            if nl < 0:
+                if len(data) > HEADER_LINE_LIMIT:
+                    data += _read_all_from(fd, offset)
+                    return bytes(data)
+                continue
+            seed = _header_seed(bytes(data[:nl]))
+            if seed is None:  # not a header: the usual parse says what is wrong
+                data += _read_all_from(fd, offset)
+                return bytes(data)
+            searched = nl
+        while True:
+            found = stop.search(data, searched)
+            if found is None:
+                searched = max(searched, data.rfind(b"\n"))  # a match may begin there
+                break
+            end = data.find(b"\n", found.end())
+            if end < 0:
+                searched = found.start()  # its line is not complete yet
+                break
+            if int(found.group(1)) >= seed:
+                return bytes(data[: end + 1])
+            searched = end
+
+
+def _read_all_from(fd: int, offset: int) -> bytes:
+    parts: list[bytes] = []
+    while True:
+        chunk = _pread(fd, 1 << 20, offset)
+        if not chunk:
+            return b"".join(parts)
+        parts.append(chunk)
+        offset += len(chunk)
 
 
 #: When the JSONL store syncs what a checkpoint wrote (see ``JsonlSessionPersistence.sync``).
@@ -2113,9 +2253,10 @@ class JsonlSessionPersistence(SessionPersistence):
             return None
         try:
             header = self._header_of(fd, path)
+            quiet = header is None and _being_created(fd)
         finally:
             os.close(fd)
-        if header is None:
+        if header is None and not quiet:
             _log.warning("session file %s was cut inside its header: never created", path)
         return header
 
@@ -2141,6 +2282,15 @@ class JsonlSessionPersistence(SessionPersistence):
 
     def _scan(self, id: str, types: frozenset[str]) -> StoredScan:
         """One read of the file; only the kept events are decoded (see :meth:`scan`)."""
+        return self._scan_file(id, types, None)
+
+    def _scan_until(self, id: str, types: frozenset[str], until: frozenset[str]) -> StoredScan:
+        """Reads the file only up to the stop (see :meth:`scan`), a growing chunk at a time."""
+        return self._scan_file(id, types, _stop_pattern(until))
+
+    def _scan_file(
+        self, id: str, types: frozenset[str], stop: re.Pattern[bytes] | None
+    ) -> StoredScan:
         check_session_id(id)
         name = f"{id}.jsonl"
         path = os.path.join(self.root, name)  # what path_of names, without a Path per file
@@ -2151,7 +2301,7 @@ class JsonlSessionPersistence(SessionPersistence):
             except FileNotFoundError:
                 raise _not_found(id) from None
             try:
-                data = _read_all(fd, st.st_size)
+                data = _read_all(fd, st.st_size) if stop is None else _read_until(fd, stop)
             finally:
                 os.close(fd)
         except OSError as exc:

@@ -21,7 +21,7 @@ from ._abort import AbortedError, AbortSignal
 from ._errors import DshError
 from ._events import SessionError, SessionEvent, SessionHeader
 from ._log_checker import LogInvariantError, SessionLogChecker
-from ._persistence import DamagedSession, StoredScan
+from ._persistence import DamagedSession, StoredScan, kept_until
 
 if TYPE_CHECKING:
     from ._context import Context
@@ -228,7 +228,9 @@ class SessionQuery:
     def __init__(self) -> None:
         self._ctx: Context | None = None
         # By the kept types, then id: (stamp, scan) of stored logs read before.
-        self._scans: dict[frozenset[str], dict[str, tuple[Hashable, SessionScan]]] = {}
+        self._scans: dict[
+            tuple[frozenset[str], frozenset[str] | None], dict[str, tuple[Hashable, SessionScan]]
+        ] = {}
         self._last: _Corpus | None = None  # the latest corpus, reused while unchanged
 
     def install(self, ctx: Context) -> None:
@@ -392,9 +394,15 @@ class SessionQuery:
         records: Sequence[SessionRecord],
         types: Iterable[str],
         signal: AbortSignal | None = None,
+        *,
+        until: Iterable[str] | None = None,
     ) -> list[SessionScan | SessionQueryError]:
         """For each record (as a trace or listing gave it), in order: its header and its
         events of ``types``, or the ``SessionQueryError`` of that session alone.
+
+        ``until`` bounds each read: a session is read only up to its first event of one of
+        those types in its own part (from its header's ``seed_length`` on), and only the
+        events of ``types`` up to there are returned (see ``SessionPersistence.scan``).
 
         A live session is read from memory. A stored one is read from the store at most
         once, with at most :data:`SCAN_READS_IN_FLIGHT` reads at a time; a log read before
@@ -406,7 +414,8 @@ class SessionQuery:
         ctx = self._installed()
         _aborted(signal)
         kept = frozenset(types)
-        cache = self._scans.setdefault(kept, {})
+        stop = frozenset(until) if until is not None else None
+        cache = self._scans.setdefault((kept, stop), {})
         out: list[SessionScan | SessionQueryError | None] = [None] * len(records)
         cold: list[int] = []
         sessions = ctx.sessions
@@ -415,7 +424,11 @@ class SessionQuery:
             if record.live:
                 session = sessions.get(record.header.id)
                 if session is not None:
-                    events = tuple(e for e in session.events if e.type in kept)
+                    if stop is None:
+                        events = tuple(e for e in session.events if e.type in kept)
+                    else:
+                        seed = session.header.seed_length or 0
+                        events = kept_until(session.events, kept, stop, seed)
                     out[i] = SessionScan(header=session.header, events=events)
                     continue
             stamp = record.stamp
@@ -435,7 +448,7 @@ class SessionQuery:
                     )
             else:
                 ids = [records[i].id for i in cold]
-                found = await self._read_scans(persistence, ids, kept, signal)
+                found = await self._read_scans(persistence, ids, kept, signal, stop)
                 if len(cache) > _SCAN_CACHE_LIMIT:
                     cache.clear()
                 for i, id, result in zip(cold, ids, found, strict=True):
@@ -450,7 +463,12 @@ class SessionQuery:
         return out  # type: ignore[return-value]  # every slot is filled
 
     async def _read_scans(
-        self, persistence: Any, ids: list[str], kept: frozenset[str], signal: AbortSignal | None
+        self,
+        persistence: Any,
+        ids: list[str],
+        kept: frozenset[str],
+        signal: AbortSignal | None,
+        stop: frozenset[str] | None = None,
     ) -> list[StoredScan | BaseException]:
         """``ids`` read in at most :data:`SCAN_READS_IN_FLIGHT` runs of consecutive ids side
         by side (one read at a time each), results in order."""
@@ -466,7 +484,9 @@ class SessionQuery:
 
         async def run(chunk: list[str]) -> Sequence[StoredScan | BaseException]:
             if scan is not None:
-                return await scan(chunk, kept, signal)  # type: ignore[no-any-return]
+                if stop is None:
+                    return await scan(chunk, kept, signal)  # type: ignore[no-any-return]
+                return await scan(chunk, kept, signal, until=stop)  # type: ignore[no-any-return]
             found: list[StoredScan | BaseException] = []
             for id in chunk:  # a backend without scan: its inspect, one at a time
                 try:
@@ -476,7 +496,11 @@ class SessionQuery:
                 except Exception as exc:
                     found.append(exc)
                 else:
-                    kept_events = tuple(e for e in events if e.type in kept)
+                    kept_events = (
+                        tuple(e for e in events if e.type in kept)
+                        if stop is None
+                        else kept_until(events, kept, stop, header.seed_length or 0)
+                    )
                     found.append(StoredScan(header=header, events=kept_events))
             return found
 

@@ -14,7 +14,7 @@ import contextlib
 import json
 import sys
 import threading
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -603,13 +603,19 @@ class Gated(JsonlSessionPersistence):
         self.barrier = threading.Barrier(4, timeout=10)
 
     def _scan(self, id: str, types: frozenset[str]) -> StoredScan:
+        return self._gated(id, lambda: super(Gated, self)._scan(id, types))
+
+    def _scan_until(self, id: str, types: frozenset[str], until: frozenset[str]) -> StoredScan:
+        return self._gated(id, lambda: super(Gated, self)._scan_until(id, types, until))
+
+    def _gated(self, id: str, read: Callable[[], StoredScan]) -> StoredScan:
         with self.lock:
             self.running += 1
             self.most = max(self.most, self.running)
             self.reads.append(id)
         try:
             self.barrier.wait()
-            return super()._scan(id, types)
+            return read()
         finally:
             with self.lock:
                 self.running -= 1
@@ -791,3 +797,38 @@ async def test_fork_child_whose_seed_carries_an_ancestors_descriptor(tmp_path: P
             (grandchild, middle.id, 2, "inactive"),
         ]
         await run.dispose()
+
+
+async def test_listing_reads_a_child_only_up_to_its_first_turn_end(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """DUR-19: list_children reads a cold child's log only up to the first turn/end of its
+    own part (its descriptor comes before): a long tail after it is never read."""
+    import os
+
+    store = JsonlSessionPersistence(tmp_path)
+    ctx = bare(store)
+    await stored(store, "p", 1)
+    log = LogBuilder()
+    log.turn_start()
+    log.add(DESCRIPTOR_EVENT, ONE_SHOT, ignorable=True)
+    log.turn_end()
+    for n in range(400):
+        log.add("x/pad", {"pad": "x" * 20_000, "n": n}, ignorable=True)
+    header = SessionHeader(id="long", created_at=2, parent_session="p", origin="subagent")
+    await store.create(header)
+    await store.append("long", log.events)
+    assert (tmp_path / "long.jsonl").stat().st_size > 7_000_000
+    read = [0]
+    real = os.pread
+
+    def pread(fd: int, size: int, offset: int) -> bytes:
+        data = real(fd, size, offset)
+        read[0] += len(data)
+        return data
+
+    monkeypatch.setattr(os, "pread", pread)
+    async with asyncio.timeout(30):
+        assert await svc(ctx).list_children("p") == [child("long")]
+    assert read[0] < 200_000
+    await ctx.dispose()

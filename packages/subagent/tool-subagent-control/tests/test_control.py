@@ -6,6 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
+
 from dsh_core import blocks_text, thaw_json
 from dsh_core.testing import tool_call_reply
 from dsh_subagent import CoordinatorMessageSource
@@ -292,3 +294,35 @@ async def test_odd_and_huge_ids_on_a_file_store(kit: SimpleNamespace, tmp_path: 
 
 def _files(root: Path) -> list[str]:
     return sorted(p.name for p in root.rglob("*"))
+
+
+async def test_send_message_the_store_cannot_write_delivers_nothing(
+    kit: SimpleNamespace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """DUR-33: on the JSONL store, a follow-up the child's log cannot take is an errored
+    result (SESSION_IO) saying nothing was delivered, and nothing waits in the child's inbox;
+    once the store writes again, the result's id is in the child's file."""
+    from dsh_core import SessionError
+    from dsh_core._sessions import Session
+
+    original = Session.checkpoint
+
+    async with kit.boot(store_root=tmp_path) as b:
+        child = await b.start("hold one")
+        agent = await b.asked(child, "hold one")
+
+        def full(self: Session) -> None:
+            if self.header.id == child:
+                raise SessionError("cannot write session file: no space left", code="SESSION_IO")
+            original(self)
+
+        monkeypatch.setattr(Session, "checkpoint", full)
+        result = await b.call("send_message", {"subagent_id": child, "message": "two"})
+        assert not result.ok and result.error is not None
+        assert result.error.code == "SESSION_IO"
+        assert "the message was not delivered" in kit.text(result)
+        assert not agent.inbox.next_turn
+        monkeypatch.setattr(Session, "checkpoint", original)
+        result = await b.call("send_message", {"subagent_id": child, "message": "three"})
+        assert result.ok, result.error
+        assert result.value["messageId"] in (tmp_path / f"{child}.jsonl").read_text()

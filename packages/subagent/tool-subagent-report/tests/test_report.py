@@ -15,6 +15,7 @@ import json
 import re
 from collections import defaultdict, deque
 from collections.abc import AsyncIterator, Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -202,15 +203,27 @@ class World:
 
 @contextlib.asynccontextmanager
 async def world(
-    delivery: str | None = None, *, report: bool = True, config: Mapping[str, Any] | None = None
+    delivery: str | None = None,
+    *,
+    report: bool = True,
+    config: Mapping[str, Any] | None = None,
+    store_root: Path | None = None,
 ) -> AsyncIterator[World]:
     """A host with ``subagent``, the ``report`` plugin (unless ``report=False``; its
-    ``report_delivery`` when given), the fake provider and a root agent; ends recorded."""
+    ``report_delivery`` when given), the fake provider and a root agent; ends recorded.
+    Sessions are kept in memory, or as JSONL files under ``store_root``."""
     models = Models()
     rows = ["subagent", PLUGIN] if report else ["subagent"]
     if config is None and delivery is not None:
         config = {PLUGIN: {"report_delivery": delivery}}
-    async with scripted_host(*rows, model=models, modules=MODULES, config=config) as host:
+    async with scripted_host(
+        *rows,
+        model=models,
+        modules=MODULES,
+        config=config,
+        store="jsonl" if store_root is not None else "memory",
+        store_root=store_root,
+    ) as host:
         host.ctx[SUBAGENTS].register_provider(Provider())
         root = (await host.create_agent(session_id="root")).agent
         w = World(host=host, models=models, root=root, ends=[])
@@ -778,6 +791,39 @@ async def test_an_inject_that_raises_is_parent_unavailable(
         monkeypatch.undo()
         assert result.error is not None and result.error.code == "PARENT_UNAVAILABLE"
         assert len(w.root.inbox) == 0
+        assert gate is not None
+        gate.set()
+
+
+@pytest.mark.parametrize("delivery", ["quiet", "next-step", "wakeup"])
+async def test_a_report_the_parents_store_cannot_write_is_not_accepted(
+    delivery: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """DUR-32: on the JSONL store, a report the parent's log cannot take is an errored
+    SESSION_IO saying it was not accepted, and nothing is left in the parent's inbox; once
+    the store writes again, the accepted message id is in the parent's file."""
+    from dsh_core import SessionError
+    from dsh_core._sessions import Session
+
+    original = Session.checkpoint
+
+    def full(self: Session) -> None:
+        if self.header.id == "root":
+            raise SessionError("cannot write session file: no space left", code="SESSION_IO")
+        original(self)
+
+    async with world(delivery, store_root=tmp_path) as w:
+        kid, gate = await w.start(w.root, "kid", hold=True)
+        monkeypatch.setattr(Session, "checkpoint", full)
+        result = await call_report(kid, {"output": "x"})
+        monkeypatch.setattr(Session, "checkpoint", original)
+        assert result.error is not None and result.error.code == "SESSION_IO"
+        assert "The report was not accepted" in result_text(result)
+        assert len(w.root.inbox) == 0
+        result = await call_report(kid, {"output": "y"})
+        assert result.ok, result.error
+        accepted = result_text(result).removeprefix(ACCEPTED)
+        assert accepted in (tmp_path / "root.jsonl").read_text()
         assert gate is not None
         gate.set()
 

@@ -2,7 +2,8 @@
 
 Both read ONE ``ctx.session_query.trace_session()`` observation (headers only), then scan each
 candidate once for its ``subagent/descriptor`` events (``scan_sessions``: a live child from
-memory, a cold one from the store, at most 4 reads at a time, an unchanged log not read again).
+memory, a cold one from the store, at most 4 reads at a time, an unchanged log not read again),
+each read stopping at the first ``turn/end`` of the child's own part.
 A candidate is a subagent only if its OWN suffix (events from ``seed_length`` on, so a fork
 seed's ancestor descriptor never counts) holds exactly one supported descriptor. Nothing here
 loads or resumes an agent, or asks the agents service, a manager or a provider.
@@ -87,6 +88,11 @@ class ListingMemo:
 
 
 _KEPT = frozenset({DESCRIPTOR_EVENT})
+#: Where a child's read stops: its descriptor comes before its first turn ends (a continuable
+#: child's before its first turn, a one-shot child's before its first model request), so
+#: nothing after the first ``turn/end`` of its own part is read (a long log costs its first
+#: turn, not its length).
+_UNTIL = frozenset({"turn/end"})
 _Reason = Literal["corrupt", "unsupported", "unavailable"]
 #: A stored log's failed read, by the backend's ``SessionError`` code (hardening 11.3).
 _READ_FAILURES: dict[str, _Reason] = {
@@ -133,7 +139,7 @@ async def _scan(
     if not records:
         return []
     try:
-        found = await query.scan_sessions(records, _KEPT, signal)
+        found = await query.scan_sessions(records, _KEPT, signal, until=_UNTIL)
     except BaseException:
         _cancelled(signal)
         raise
