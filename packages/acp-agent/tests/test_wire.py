@@ -252,6 +252,9 @@ async def test_cancel_request_and_stray_notifications_are_quiet(tmp_path: Path, 
     logs.assert_no_traceback()
     assert logs.at_least(logging.ERROR) == []
     assert not [r for r in logs.at_least(logging.WARNING) if "cancel_request" in r.getMessage()]
+    assert [r.levelno for r in logs.records if "$/cancel_request accepted" in r.getMessage()] == [
+        logging.DEBUG
+    ]
     assert len(logs.at_least(logging.WARNING)) <= 2
 
 
@@ -283,10 +286,11 @@ async def test_text_the_wire_cannot_carry_is_replaced_and_the_log_keeps_it(
 async def test_lone_surrogates_from_the_client_are_read_as_replacement_characters(
     tmp_path: Path, logs: Logs
 ) -> None:
-    """ROB-24: a frame with a lone surrogate escaped in its JSON (`"\\ud800"`) crashes
-    nothing: the prompt's text reaches the session as U+FFFD (one warning per connection),
-    the answer and its updates are valid UTF-8, and an escaped surrogate pair stays the
-    character it encodes."""
+    """ROB-24: a frame with a lone surrogate escaped in its JSON (`"\\ud800"`), or with a byte
+    that is not UTF-8 in a string (the SDK dropped the whole line with a traceback), crashes
+    nothing: the prompt's text reaches the session as U+FFFD (one warning per connection and
+    kind), the answer and its updates are valid UTF-8, and an escaped surrogate pair stays
+    the character it encodes."""
     config = AgentServerConfig(store="jsonl", store_root=str(tmp_path / "sessions"))
     async with piped(config) as peer:
         sid = await peer.new_session(str(tmp_path))
@@ -298,17 +302,26 @@ async def test_lone_surrogates_from_the_client_are_read_as_replacement_character
             peer.next_id += 1
             await peer.line(request)
             assert (await peer.answer(peer.next_id))["result"]["stopReason"] == "end_turn"
+        await peer.line(
+            b'{"jsonrpc":"2.0","id":2,"method":"session/prompt","params":{"sessionId":"'
+            + sid.encode()
+            + b'","prompt":[{"type":"text","text":" caf\xe9"}]}}'
+        )
+        assert (await peer.answer(2))["result"]["stopReason"] == "end_turn"
         await peer.line('{"jsonrpc":"2.0","id":1,"method":"session/prompt","params":'
                         '{"sessionId":"\\udc00","prompt":[]}}')  # fmt: skip
         assert (await peer.answer(1))["error"]["code"] == -32002
         echoed = "".join(n["params"]["update"]["content"]["text"] for n in peer.notifications)
-        assert echoed == "one \ufffd two\ufffdpair \U0001f600"
+        assert echoed == "one \ufffd two\ufffdpair \U0001f600 caf\ufffd"
         b"".join(peer.raw).decode("utf-8")
     log = (tmp_path / "sessions").rglob("*.jsonl")
     stored = "".join(p.read_text("utf-8") for p in log)
     assert "one \\ufffd two" in stored or "one \ufffd two" in stored
     logs.assert_no_traceback()
-    assert len([r for r in logs.at_least(logging.WARNING) if "U+FFFD" in r.getMessage()]) == 1
+    replaced = [
+        r.getMessage() for r in logs.at_least(logging.WARNING) if "U+FFFD" in r.getMessage()
+    ]
+    assert len(replaced) == 2
 
 
 async def test_a_frame_larger_than_the_limit_is_refused_and_skipped(
