@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -267,7 +268,8 @@ async def test_text_the_wire_cannot_carry_is_replaced_and_the_log_keeps_it(
     was said."""
     import hold_model
 
-    async with piped(hold) as peer:
+    config = attrs.evolve(hold, store="jsonl", store_root=str(tmp_path / "sessions"))
+    async with piped(config) as peer:
         sid = await peer.new_session(str(tmp_path))
         for _ in range(2):
             answer = await peer.prompt(sid, "surrogate")
@@ -280,7 +282,14 @@ async def test_text_the_wire_cannot_carry_is_replaced_and_the_log_keeps_it(
     logs.assert_no_traceback()
     (warning,) = [r for r in logs.at_least(logging.WARNING) if "U+FFFD" in r.getMessage()]
     assert "client" in warning.getMessage()
-    assert hold_model.LONE == "\ud800"
+    stored = [
+        json.dumps(json.loads(line), ensure_ascii=False)
+        for path in (tmp_path / "sessions").rglob("*.jsonl")
+        for line in path.read_bytes().decode("utf-8", "surrogatepass").splitlines()
+    ]
+    said = "bad " + hold_model.LONE + " text"
+    assert any(said in entry for entry in stored)
+    assert any('agent_id\\":\\"x' + hold_model.LONE in entry for entry in stored)
 
 
 async def test_lone_surrogates_from_the_client_are_read_as_replacement_characters(
@@ -342,6 +351,25 @@ async def test_a_frame_larger_than_the_limit_is_refused_and_skipped(
     logs.assert_no_traceback()
     (warning,) = logs.at_least(logging.WARNING)
     assert "4096" in warning.getMessage()
+
+
+async def test_a_flood_of_bad_frames_is_answered_but_logged_only_so_far(
+    tmp_path: Path, logs: Logs
+) -> None:
+    """ROB-27: every bad frame is answered, but only the first LOG_LIMIT of a connection are
+    logged (the last of them says so): a client writing junk in a loop cannot fill the log."""
+    from dsh_acp_agent._wire import LOG_LIMIT
+
+    async with piped() as peer:
+        sid = await peer.new_session(str(tmp_path))
+        for _ in range(LOG_LIMIT + 15):
+            await peer.line("42")
+        for _ in range(LOG_LIMIT + 15):
+            assert (await peer.read())["error"]["code"] == -32600
+        assert (await peer.prompt(sid, "on"))["result"]["stopReason"] == "end_turn"
+    warnings = [r.getMessage() for r in logs.at_least(logging.WARNING)]
+    assert len(warnings) == LOG_LIMIT
+    assert "the last logged" in warnings[-1]
 
 
 @pytest.mark.slow
