@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -252,6 +253,9 @@ async def test_cancel_request_and_stray_notifications_are_quiet(tmp_path: Path, 
     logs.assert_no_traceback()
     assert logs.at_least(logging.ERROR) == []
     assert not [r for r in logs.at_least(logging.WARNING) if "cancel_request" in r.getMessage()]
+    assert [r.levelno for r in logs.records if "$/cancel_request accepted" in r.getMessage()] == [
+        logging.DEBUG
+    ]
     assert len(logs.at_least(logging.WARNING)) <= 2
 
 
@@ -264,7 +268,8 @@ async def test_text_the_wire_cannot_carry_is_replaced_and_the_log_keeps_it(
     was said."""
     import hold_model
 
-    async with piped(hold) as peer:
+    config = attrs.evolve(hold, store="jsonl", store_root=str(tmp_path / "sessions"))
+    async with piped(config) as peer:
         sid = await peer.new_session(str(tmp_path))
         for _ in range(2):
             answer = await peer.prompt(sid, "surrogate")
@@ -277,16 +282,24 @@ async def test_text_the_wire_cannot_carry_is_replaced_and_the_log_keeps_it(
     logs.assert_no_traceback()
     (warning,) = [r for r in logs.at_least(logging.WARNING) if "U+FFFD" in r.getMessage()]
     assert "client" in warning.getMessage()
-    assert hold_model.LONE == "\ud800"
+    stored = [
+        json.dumps(json.loads(line), ensure_ascii=False)
+        for path in (tmp_path / "sessions").rglob("*.jsonl")
+        for line in path.read_bytes().decode("utf-8", "surrogatepass").splitlines()
+    ]
+    said = "bad " + hold_model.LONE + " text"
+    assert any(said in entry for entry in stored)
+    assert any('agent_id\\":\\"x' + hold_model.LONE in entry for entry in stored)
 
 
 async def test_lone_surrogates_from_the_client_are_read_as_replacement_characters(
     tmp_path: Path, logs: Logs
 ) -> None:
-    """ROB-24: a frame with a lone surrogate escaped in its JSON (`"\\ud800"`) crashes
-    nothing: the prompt's text reaches the session as U+FFFD (one warning per connection),
-    the answer and its updates are valid UTF-8, and an escaped surrogate pair stays the
-    character it encodes."""
+    """ROB-24: a frame with a lone surrogate escaped in its JSON (`"\\ud800"`), or with a byte
+    that is not UTF-8 in a string (the SDK dropped the whole line with a traceback), crashes
+    nothing: the prompt's text reaches the session as U+FFFD (one warning per connection and
+    kind), the answer and its updates are valid UTF-8, and an escaped surrogate pair stays
+    the character it encodes."""
     config = AgentServerConfig(store="jsonl", store_root=str(tmp_path / "sessions"))
     async with piped(config) as peer:
         sid = await peer.new_session(str(tmp_path))
@@ -298,17 +311,26 @@ async def test_lone_surrogates_from_the_client_are_read_as_replacement_character
             peer.next_id += 1
             await peer.line(request)
             assert (await peer.answer(peer.next_id))["result"]["stopReason"] == "end_turn"
+        await peer.line(
+            b'{"jsonrpc":"2.0","id":2,"method":"session/prompt","params":{"sessionId":"'
+            + sid.encode()
+            + b'","prompt":[{"type":"text","text":" caf\xe9"}]}}'
+        )
+        assert (await peer.answer(2))["result"]["stopReason"] == "end_turn"
         await peer.line('{"jsonrpc":"2.0","id":1,"method":"session/prompt","params":'
                         '{"sessionId":"\\udc00","prompt":[]}}')  # fmt: skip
         assert (await peer.answer(1))["error"]["code"] == -32002
         echoed = "".join(n["params"]["update"]["content"]["text"] for n in peer.notifications)
-        assert echoed == "one \ufffd two\ufffdpair \U0001f600"
+        assert echoed == "one \ufffd two\ufffdpair \U0001f600 caf\ufffd"
         b"".join(peer.raw).decode("utf-8")
     log = (tmp_path / "sessions").rglob("*.jsonl")
     stored = "".join(p.read_text("utf-8") for p in log)
     assert "one \\ufffd two" in stored or "one \ufffd two" in stored
     logs.assert_no_traceback()
-    assert len([r for r in logs.at_least(logging.WARNING) if "U+FFFD" in r.getMessage()]) == 1
+    replaced = [
+        r.getMessage() for r in logs.at_least(logging.WARNING) if "U+FFFD" in r.getMessage()
+    ]
+    assert len(replaced) == 2
 
 
 async def test_a_frame_larger_than_the_limit_is_refused_and_skipped(
@@ -329,6 +351,25 @@ async def test_a_frame_larger_than_the_limit_is_refused_and_skipped(
     logs.assert_no_traceback()
     (warning,) = logs.at_least(logging.WARNING)
     assert "4096" in warning.getMessage()
+
+
+async def test_a_flood_of_bad_frames_is_answered_but_logged_only_so_far(
+    tmp_path: Path, logs: Logs
+) -> None:
+    """ROB-27: every bad frame is answered, but only the first LOG_LIMIT of a connection are
+    logged (the last of them says so): a client writing junk in a loop cannot fill the log."""
+    from dsh_acp_agent._wire import LOG_LIMIT
+
+    async with piped() as peer:
+        sid = await peer.new_session(str(tmp_path))
+        for _ in range(LOG_LIMIT + 15):
+            await peer.line("42")
+        for _ in range(LOG_LIMIT + 15):
+            assert (await peer.read())["error"]["code"] == -32600
+        assert (await peer.prompt(sid, "on"))["result"]["stopReason"] == "end_turn"
+    warnings = [r.getMessage() for r in logs.at_least(logging.WARNING)]
+    assert len(warnings) == LOG_LIMIT
+    assert "the last logged" in warnings[-1]
 
 
 @pytest.mark.slow

@@ -22,7 +22,7 @@ request waiting for it fails rather than the connection. Bytes that are not UTF-
 with U+FFFD in their place, and so is every lone surrogate a frame escapes (``"\\ud800"``):
 nothing inside ever holds text the outside cannot carry. What we send leaves as UTF-8 with
 each lone surrogate replaced by U+FFFD and each non-finite number as ``null`` (one warning per
-connection for each direction); the caller's values are not changed.
+connection for each kind); the caller's values are not changed.
 
 :func:`quiet_notifications` keeps notifications the SDK cannot route from logging
 tracebacks: ``$/cancel_request`` is accepted quietly, an unknown one is a debug line, one whose
@@ -140,7 +140,7 @@ class GuardedTransport:
         self._closed = False
         self._broken = False
         self.bad_frames = 0
-        self._warned_in = False
+        self._warned_in: set[str] = set()  # what the peer sent that was repaired, once each
         self._warned_out = False
 
     # -- sending ----------------------------------------------------------------------------
@@ -249,8 +249,8 @@ class GuardedTransport:
         return fixed
 
     def _warn_in(self, what: str) -> None:
-        if not self._warned_in:
-            self._warned_in = True
+        if what not in self._warned_in:
+            self._warned_in.add(what)
             self._log.warning("%s: sent %s; read as U+FFFD (once per connection)", self.peer, what)
 
     async def _bad(self, what: str, answer: bytes | None, code: int | None) -> None:
