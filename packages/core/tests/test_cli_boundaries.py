@@ -233,3 +233,49 @@ def test_no_model_request_follows_the_write_that_failed(
     assert [e["data"]["reason"]["kind"] for e in logged if e.get("type") == "turn/end"] == [
         "aborted"
     ]
+
+
+@pytest.mark.parametrize("args", [("plugins",), ("demo",), ("run", "hi")])
+def test_every_command_stops_quietly_when_its_output_is_closed(
+    tmp_path: Path, args: tuple[str, ...]
+) -> None:
+    """ROB-44: `dsh plugins`, `dsh demo` and `dsh run` with a stdout whose reader is gone
+    before they start exit 141 with nothing on stderr (no traceback, no ignored error)."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "dsh_core.cli", *args],
+            stdout=write,
+            stderr=subprocess.PIPE,
+            env=_env(tmp_path),
+            timeout=120,
+            check=False,
+        )
+    finally:
+        os.close(write)
+    assert done.returncode == 141, done.stderr
+    assert done.stderr == b""
+
+
+def test_a_working_directory_that_is_not_utf8_stops_the_run_before_it_logs(
+    tmp_path: Path,
+) -> None:
+    """ROB-45: `dsh run` from a directory whose path is not UTF-8 (the session header would
+    record it) is exit 2 with RUN_CWD naming the byte; nothing is stored."""
+    where = os.fsencode(tmp_path) + b"/caf\xe9"
+    os.mkdir(where)
+    store = tmp_path / "sessions"
+    done = subprocess.run(
+        [sys.executable, "-m", "dsh_core.cli", "run", "--store", str(store), "hi"],
+        capture_output=True,
+        cwd=where,
+        env=_env(tmp_path),
+        timeout=120,
+        check=False,
+    )
+    err = done.stderr.decode("utf-8", "backslashreplace")
+    assert done.returncode == 2, err
+    assert "[RUN_CWD]" in err and "0xe9" in err, err
+    assert done.stdout == b""
+    assert not store.exists() or not any(store.iterdir())
