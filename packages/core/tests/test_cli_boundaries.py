@@ -136,18 +136,27 @@ def test_dsh_plugins_and_demo_print_on_an_ascii_terminal(tmp_path: Path) -> None
     assert demo.stdout.isascii()
 
 
-def test_a_lone_surrogate_from_the_model_is_shown_replaced(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "terminal",
+    [{"PYTHONIOENCODING": "utf-8"}, {"PYTHONUTF8": "1", "LC_ALL": "C"}],
+    ids=["strict", "utf8-mode"],
+)
+def test_a_lone_surrogate_from_the_model_is_shown_replaced(
+    tmp_path: Path, terminal: dict[str, str]
+) -> None:
     """ROB-43: a model's text holding a lone surrogate is printed as U+FFFD on a UTF-8
-    terminal; the log keeps what the model said; exit 0."""
+    terminal (strict, or UTF-8 mode's surrogateescape); the log keeps what the model said;
+    exit 0."""
     script = tmp_path / "model.json"
     script.write_text('{"default": "bad \\ud800 text"}', encoding="ascii")
     store = tmp_path / "sessions"
     done = dsh(
         "run", "--model", f"scripted:{script}", "--store", str(store), "hi", tmp_path=tmp_path,
-        env={"PYTHONIOENCODING": "utf-8"},
+        env=terminal,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert done.stdout.decode("utf-8") == "bad \ufffd text\n"
+    assert b"Traceback" not in done.stderr
     said = [e for e in events(store) if e.get("type") == "assistant/message"]
     assert "bad \ud800 text" in json.dumps(said, ensure_ascii=False)
 
@@ -233,3 +242,81 @@ def test_no_model_request_follows_the_write_that_failed(
     assert [e["data"]["reason"]["kind"] for e in logged if e.get("type") == "turn/end"] == [
         "aborted"
     ]
+
+
+@pytest.mark.parametrize("args", [("plugins",), ("demo",), ("run", "hi")])
+def test_every_command_stops_quietly_when_its_output_is_closed(
+    tmp_path: Path, args: tuple[str, ...]
+) -> None:
+    """ROB-44: `dsh plugins`, `dsh demo` and `dsh run` with a stdout whose reader is gone
+    before they start exit 141 with nothing on stderr (no traceback, no ignored error)."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "dsh_core.cli", *args],
+            stdout=write,
+            stderr=subprocess.PIPE,
+            env=_env(tmp_path),
+            timeout=120,
+            check=False,
+        )
+    finally:
+        os.close(write)
+    assert done.returncode == 141, done.stderr
+    assert done.stderr == b""
+
+
+def test_a_working_directory_that_is_not_utf8_stops_the_run_before_it_logs(
+    tmp_path: Path,
+) -> None:
+    """ROB-45: `dsh run` from a directory whose path is not UTF-8 (the session header would
+    record it) is exit 2 with RUN_CWD naming the byte; nothing is stored."""
+    where = os.fsencode(tmp_path) + b"/caf\xe9"
+    os.mkdir(where)
+    store = tmp_path / "sessions"
+    done = subprocess.run(
+        [sys.executable, "-m", "dsh_core.cli", "run", "--store", str(store), "hi"],
+        capture_output=True,
+        cwd=where,
+        env=_env(tmp_path),
+        timeout=120,
+        check=False,
+    )
+    err = done.stderr.decode("utf-8", "backslashreplace")
+    assert done.returncode == 2, err
+    assert "[RUN_CWD]" in err and "0xe9" in err, err
+    assert done.stdout == b""
+    assert not store.exists() or not any(store.iterdir())
+
+
+def test_the_demo_stops_quietly_when_its_output_closes_mid_tour(tmp_path: Path) -> None:
+    """ROB-44: `dsh demo` whose reader goes away once the tour has begun: the transcript's
+    listeners log no failure per event; exit 141, nothing on stderr."""
+    child = subprocess.Popen(
+        [sys.executable, "-m", "dsh_core.cli", "demo"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=_env(tmp_path),
+    )
+    try:
+        assert child.stdout is not None and child.stderr is not None
+        shown = b""
+        deadline = time.monotonic() + 60
+        while b"coordinator = session" not in shown:  # the tour began: its transcript follows
+            ready, _, _ = select.select([child.stdout], [], [], deadline - time.monotonic())
+            assert ready, f"dsh demo showed no tour within 60 s: {shown!r}"
+            more = os.read(child.stdout.fileno(), 1)
+            assert more, f"dsh demo ended early: {shown!r}"
+            shown += more
+        child.stdout.close()
+        status = child.wait(timeout=120)
+        err = child.stderr.read()
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait(timeout=30)
+        for pipe in (child.stdout, child.stderr):
+            if pipe is not None:
+                pipe.close()
+    assert (status, err) == (141, b"")

@@ -260,6 +260,24 @@ def _cut(text: str) -> str:
     return flat if len(flat) <= _SHOWN else flat[: _SHOWN - 1] + "…"
 
 
+def _working_directory() -> str:
+    """The working directory, which the session's header records: a path that is not UTF-8
+    would put bytes no reader can decode into the log, so it stops the run (``RUN_CWD``,
+    exit 2) before anything boots (ROB-45)."""
+    cwd = os.getcwd()
+    raw = os.fsencode(cwd)
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise DshError(
+            f"the working directory's path is not UTF-8 (byte 0x{raw[exc.start]:02x} at "
+            f"offset {exc.start} of {raw!a}): the session would record it; run from another "
+            "directory",
+            code="RUN_CWD",
+        ) from None
+    return cwd
+
+
 async def run_agent(
     options: RunOptions, pm: DshPluginManager, out: TextIO, err: TextIO | None = None
 ) -> int:
@@ -268,6 +286,7 @@ async def run_agent(
     (:data:`EXIT_OUTPUT_CLOSED`) when ``out`` closed: the turn was cancelled and the tree
     disposed, and nothing more is printed."""
     err = err or sys.stderr
+    cwd = _working_directory()
     specs = pm.collect_plugin_specs()
     composition = compose_run(options, specs)
     with _naming_file(options):
@@ -290,7 +309,7 @@ async def run_agent(
             )
         else:
             handle = await ctx.agents.create(
-                CreateAgentOptions(meta=SessionMeta(cwd=os.getcwd()), agent_options=agent_options)
+                CreateAgentOptions(meta=SessionMeta(cwd=cwd), agent_options=agent_options)
             )
         agent = handle.agent
         printer = _Printer(out, agent.id)

@@ -21,7 +21,7 @@ import codecs
 import os
 import sys
 from collections.abc import Sequence
-from typing import TextIO
+from typing import Any, TextIO, cast
 
 from .__about__ import __version__
 from ._errors import DshError
@@ -47,15 +47,21 @@ def _replace(exc: UnicodeError) -> tuple[str | bytes, int]:
 
 
 codecs.register_error(_REPLACE, _replace)
+#: Error handlers that never fail to encode.
+_LENIENT = frozenset(
+    {_REPLACE, "replace", "backslashreplace", "xmlcharrefreplace", "namereplace", "ignore"}
+)
 
 
 def _terminal_safe() -> None:
     """Standard output and error replace what their encoding cannot carry (their reader is
     a terminal or a pipe: text only goes out, so a replacement loses nothing the log keeps).
-    A stream that already has a lenient handler (stderr's ``backslashreplace``) keeps it."""
+    A stream whose handler never fails (stderr's ``backslashreplace``) keeps it; ``strict``
+    and UTF-8 mode's ``surrogateescape`` (which fails on a surrogate it did not make) are
+    replaced."""
     for stream in (sys.stdout, sys.stderr):
         reconfigure = getattr(stream, "reconfigure", None)
-        if reconfigure is not None and getattr(stream, "errors", None) == "strict":
+        if reconfigure is not None and getattr(stream, "errors", None) not in _LENIENT:
             try:
                 reconfigure(errors=_REPLACE)
             except (ValueError, OSError):  # a closed or exotic stream: leave it
@@ -127,11 +133,46 @@ def cmd_plugins(args: argparse.Namespace, out: TextIO) -> int:
     return 1 if pm.failures or fatal else 0
 
 
+class _Output:
+    """A command's output that a closed reader cannot break: the first write that finds it
+    closed marks it (:attr:`gone`) and every later write is a no-op, so the listeners that
+    print the demo's transcript never raise into the host (ROB-44)."""
+
+    def __init__(self, out: TextIO) -> None:
+        self._out = out
+        self.gone = False
+
+    def write(self, text: str) -> int:
+        if not self.gone:
+            try:
+                return self._out.write(text)
+            except BrokenPipeError:
+                self.gone = True
+        return len(text)
+
+    def flush(self) -> None:
+        if not self.gone:
+            try:
+                self._out.flush()
+            except BrokenPipeError:
+                self.gone = True
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._out, name)
+
+
 def cmd_demo(args: argparse.Namespace, out: TextIO) -> int:
     """The offline demo: the tree of discovered plugins; then the tour of the subagent seam (a
     coordinator on the scripted model through the real tools, ``dsh_core._demo``), or, when
     its distributions are not all installed, a note naming them and one plain offline turn;
-    then the ACP child when it can run. No network, no keys."""
+    then the ACP child when it can run. No network, no keys. When the output closes, the
+    tour (a bounded script) finishes unseen, the ACP child is skipped, and the status is 141."""
+    guarded = _Output(out)
+    status = _demo_on(args, cast("TextIO", guarded))
+    return EXIT_OUTPUT_CLOSED if guarded.gone else status
+
+
+def _demo_on(args: argparse.Namespace, out: TextIO) -> int:
     from . import _demo
 
     pm, fatal = _discover()
@@ -170,7 +211,7 @@ def cmd_demo(args: argparse.Namespace, out: TextIO) -> int:
     except DshError as exc:  # a script that cannot be read or is malformed, say
         print(f"dsh demo: error: {exc} [{exc.code}]", file=sys.stderr)
         return 2
-    if not status and _demo.acp_child_available(pm):
+    if not status and not getattr(out, "gone", False) and _demo.acp_child_available(pm):
         acp_prompt = args.prompt or _PROMPT
         status = asyncio.run(_demo.run_acp_child(out, pm, prompt=acp_prompt))
     return 1 if pm.failures or status else 0

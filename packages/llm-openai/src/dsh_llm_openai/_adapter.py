@@ -10,11 +10,20 @@ costs more than everything else the adapter does per chunk together.
 Every failure ends the stream with an ``error`` finish carrying an :class:`LlmFailure` (never a
 raise), so a retry policy on ``agent/request-error`` sees it; the API key is never part of a
 failure's text.
+
+Text the wire cannot carry (ROB-50): the session log keeps what was said, lone surrogates
+included; the request body is made well-formed UTF-8 here, at the boundary. The body is
+serialised once, as the SDK would; only when encoding it fails are the lone surrogates
+replaced with U+FFFD (a surrogate pair that spells a character becomes that character), with
+one warning per adapter on the ``dsh.llm_openai`` logger. An API key that cannot go in a
+header fails the request before anything is sent (``BAD_API_KEY``), never shown.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
 import math
 import os
 import re
@@ -47,6 +56,8 @@ __all__ = ["OpenAIAdapter", "OpenAIConfig", "request_body"]
 
 #: Where the key is read from when the row names no other variable.
 DEFAULT_KEY_ENV = "OPENAI_API_KEY"
+
+_log = logging.getLogger("dsh.llm_openai")
 
 
 def _positive(instance: object, attribute: attrs.Attribute[Any], value: float | None) -> None:
@@ -231,6 +242,12 @@ def request_body(options: GenerateOptions, config: OpenAIConfig) -> dict[str, An
     return body
 
 
+def _well_formed(text: str) -> str:
+    """``text`` with every lone surrogate replaced by U+FFFD; a surrogate pair becomes the
+    character it spells (UTF-16 is the encoding whose pairs they are)."""
+    return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+
+
 # -- failures -------------------------------------------------------------------------------------
 
 #: HTTP statuses with a code of their own (anything else is ``HTTP_ERROR``; 5xx ``SERVER_ERROR``).
@@ -325,6 +342,10 @@ _CUT = Finish(
 )
 _ABORTED = Finish(reason="aborted", failure=LlmFailure(message="request aborted", code="ABORTED"))
 _NO_KEY = "no API key: set {env} (or the row's `api_key_env` / `api_key`)"
+_BAD_KEY = (
+    "the API key ({where}) is not printable ASCII (a character outside it, an undecodable "
+    "byte or a line break), so it cannot go in a header"
+)
 
 
 def _finish(reason: str) -> Finish:
@@ -373,6 +394,29 @@ class OpenAIAdapter:
         self._key = self.config.resolved_key()
         self._redact = _Redactor(self._key)
         self._client: Any = None
+        self._bad_key: LlmFailure | None = None
+        if self._key is not None and not _FIELD_VALUE.fullmatch(self._key):
+            where = "`api_key`" if self.config.api_key else f"from {self.config.api_key_env}"
+            self._bad_key = LlmFailure(message=_BAD_KEY.format(where=where), code="BAD_API_KEY")
+        self._replaced = False  # whether a request has had text replaced (warned once)
+
+    def _encode(self, body: dict[str, Any]) -> bytes:
+        """The body as UTF-8 JSON, serialised as the SDK does (``openapi_dumps``); lone
+        surrogates are replaced only when the fast encode fails (warned once per adapter)."""
+        text = json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+        try:
+            return text.encode()
+        except UnicodeEncodeError:
+            pass
+        if not self._replaced:
+            self._replaced = True
+            _log.warning(
+                "a request to %s carried text that is not valid Unicode (a lone surrogate); "
+                "it was sent with U+FFFD in its place (the session log keeps the original; "
+                "said once per adapter)",
+                self.config.provider,
+            )
+        return _well_formed(text).encode()
 
     def _make_client(self) -> Any:
         import openai
@@ -405,6 +449,9 @@ class OpenAIAdapter:
                 ),
             )
             return
+        if self._bad_key is not None:
+            yield Finish(reason="error", failure=self._bad_key)
+            return
         signal = options.signal
         if signal is not None and signal.aborted:
             yield _ABORTED
@@ -412,18 +459,18 @@ class OpenAIAdapter:
         client = self._client
         if client is None:
             client = self._client = self._make_client()
-        body = request_body(options, self.config)
         watch = _Watch(signal)
         stream: Any = None
         try:
             try:
+                content = self._encode(request_body(options, self.config))
                 watch.task = asyncio.current_task()
                 watch.waiting = True
                 try:
                     stream = await client.post(
                         "/chat/completions",
                         cast_to=object,
-                        body=body,
+                        content=content,
                         options={"security": {"bearer_auth": True}},
                         stream=True,
                         stream_cls=_stream_cls(),
