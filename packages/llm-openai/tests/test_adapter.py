@@ -120,6 +120,35 @@ async def test_a_normal_stream_becomes_text_reasoning_usage_and_a_stop(
     )
 
 
+@pytest.mark.parametrize(
+    ("usage", "cached"),
+    [
+        ({"prompt_cache_hit_tokens": 7}, 7),
+        ({"prompt_tokens_details": {"cached_tokens": 3}, "prompt_cache_hit_tokens": 7}, 3),
+        ({"prompt_tokens_details": {}, "prompt_cache_hit_tokens": 7}, 7),
+        ({"prompt_tokens_details": None}, None),
+        ({"prompt_cache_hit_tokens": "7"}, None),
+    ],
+)
+async def test_cached_tokens_fall_back_to_deepseeks_field(
+    server: ChatCompletionsServer, usage: dict[str, Any], cached: int | None
+) -> None:
+    """host-core §2, llm-openai 17.1: without OpenAI's prompt_tokens_details.cached_tokens the
+    cache-read count is DeepSeek's prompt_cache_hit_tokens (OpenAI's name wins when both
+    come; a value that is not an integer counts as unknown)."""
+    server.add(
+        Reply(
+            chunks=(
+                chunk(content="ok"),
+                chunk(finish_reason="stop"),
+                chunk(usage={"prompt_tokens": 11, "completion_tokens": 5, **usage}),
+            )
+        )
+    )
+    asm = assemble(await collect(adapter(server), request()))
+    assert (asm.usage.input_tokens, asm.usage.cache_read_tokens) == (11, cached)
+
+
 async def test_the_request_carries_the_conversation_tools_and_limits(
     server: ChatCompletionsServer,
 ) -> None:

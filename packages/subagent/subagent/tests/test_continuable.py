@@ -65,9 +65,12 @@ from dsh_subagent import (
     SubagentDepthError,
     SubagentError,
     SubagentFollowupOptions,
+    SubagentReportOptions,
     SubagentRun,
     SubagentService,
     SubagentStartRequest,
+    UserInterruptAuthority,
+    delegation_depth_of,
     descriptor_payload,
     fold_descriptor,
     snapshot_continuable_descriptor,
@@ -860,12 +863,22 @@ async def test_final_flush_failure_is_logged_not_fatal(caplog: pytest.LogCapture
 async def test_teardown_failure_forces_error_and_aggregates(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """CONT-14, CONT-15: a failing handle disposal still releases the child, forces the stop
-    reason error with no closing message, and the drain rejects ACTIVATION_TEARDOWN_FAILED
-    naming the cause."""
+    """CONT-14, CONT-15: a failing handle disposal of a child that has a closing message (a
+    waiting child whose turn answered) still releases it, forces the stop reason error and
+    drops that output (no last_assistant_message, the notice says it left none), and the
+    drain rejects ACTIVATION_TEARDOWN_FAILED naming the cause."""
     model = Model()
     async with boot(model) as b:
-        started = await b.start("hold forever")
+        started = await b.start("hold child")
+        act = b.manager.activations[started.child_id]
+        child = act.agent
+        grand = await b.svc.start_continuable(b.spec("hold grand", parent=child))
+        model.release("hold child")
+        await b.until(lambda: child.status == "idle")
+        assert residency(act) == "waiting"
+        assert [m.text for m in child.session.derive_messages() if m.role == "assistant"] == [
+            "held: hold child"
+        ]
         original = AgentHandle.dispose
 
         async def failing(self: AgentHandle) -> None:
@@ -877,12 +890,15 @@ async def test_teardown_failure_forces_error_and_aggregates(
         with pytest.raises(SubagentError, match="handle broke") as caught:
             await b.manager.drain()
         assert caught.value.code == "ACTIVATION_TEARDOWN_FAILED"
-        (end,) = b.ends()
+        ends = {e.id: e for e in b.ends()}
+        end = ends[started.child_id]
         assert (end.stop_reason, end.last_assistant_message) == ("error", None)
+        assert ends[grand.child_id].stop_reason == "aborted"
         assert texts(b.parent.inbox.next_step[0])[:2] == [
             f"Background subagent {started.child_id} failed before it finished.",
             "It left no closing message.",
         ]
+        assert len(b.parent.inbox.next_step[0].content) == 2
         assert not live(b, started.child_id)
 
 
@@ -1318,3 +1334,190 @@ async def test_drain_on_the_jsonl_store_leaves_nothing_open(tmp_path: Path) -> N
         assert held == {b.parent.id}
         stored = {h.id for h in await persistence.list()}
         assert {mid.child_id, leaf.child_id} <= stored
+
+
+# -- issue 28: cold resume, teardown, drain and event scope gaps ---------------------------------
+
+
+async def test_cold_resume_takes_the_depth_from_the_header() -> None:
+    """CONT-10, DEP-2: a cold-resumed child's depth is its header's (its parent's plus one),
+    never more: it counts depth 1 and its own child is created at depth 2 under max_depth 2."""
+    model = Model()
+    async with boot(model) as b:
+        started = await b.start("first")
+        await b.settled(started.child_id)
+        await b.send(started.child_id, "hold again")
+        child = b.manager.activations[started.child_id].agent
+        assert child.session.header.delegation_depth == 1
+        assert delegation_depth_of(child) == 1
+        grand = await b.svc.start_continuable(b.spec("grand", parent=child, max_depth=2))
+        grand_agent = b.host.ctx.agents.get(grand.child_id)
+        assert grand_agent is not None
+        assert grand_agent.session.header.delegation_depth == 2
+        assert delegation_depth_of(grand_agent) == 2
+        model.release("hold again")
+        await b.settled(started.child_id)
+
+
+async def test_cold_resume_reapplies_the_tool_filter() -> None:
+    """CONT-10: a cold-resumed child gets its descriptor's tool filter again: the denied tool
+    stays out of its model requests."""
+    model = Model()
+    async with boot(model) as b:
+        b.host.ctx.tools.register(look_tool())
+        b.host.ctx.tools.register(look_tool("peek"))
+        started = await b.start("first", tool_filter=ToolRestriction(deny=("peek",)))
+        await b.settled(started.child_id)
+        await b.send(started.child_id, "hold again")
+        child = b.manager.activations[started.child_id].agent
+        await b.until(lambda: model.held(child.id))
+        requests = [r for r in model.requests if r.session_id == child.id]
+        assert len(requests) == 2
+        for request in requests:
+            names = [t.name for t in request.tools or ()]
+            assert "look" in names and "peek" not in names
+        model.release("hold again")
+        await b.settled(started.child_id)
+
+
+async def test_cold_resume_of_a_fork_seeded_child_uses_its_own_descriptor() -> None:
+    """DSC-3, CONT-10: a grandchild seeded with its continuable parent's turns (whose seed
+    holds the parent's descriptor) is cold-resumed with its own persona, never the parent's:
+    the fold starts at the child's own suffix."""
+    model = Model()
+    async with boot(model, seeded=True) as b:
+        mid = await b.start("first", persona="Mid persona.")
+        await b.send(mid.child_id, "hold mid")
+        mid_agent = b.manager.activations[mid.child_id].agent
+        await b.until(lambda: model.held(mid_agent.id))
+        grand = await b.svc.start_continuable(
+            b.spec("grand first", parent=mid_agent, persona="Grand persona.")
+        )
+        grand_agent = b.host.ctx.agents.get(grand.child_id)
+        assert grand_agent is not None
+        header = grand_agent.session.header
+        seed = grand_agent.session.events[: header.seed_length]
+        assert [e.type for e in seed].count(DESCRIPTOR_EVENT) == 1  # the parent's
+        await b.settled(grand.child_id)
+        await b.send(grand.child_id, "hold grand", parent=mid_agent)
+        await b.until(lambda: model.held(grand.child_id))
+        request = [r for r in model.requests if r.session_id == grand.child_id][-1]
+        assert "Grand persona." in request.system
+        assert "Mid persona." not in request.system
+        model.release("hold grand")
+        await b.settled(grand.child_id)
+        model.release("hold mid")
+        await b.settled(mid.child_id)
+
+
+async def test_a_drained_waiting_child_holding_a_quiet_report_ends_aborted() -> None:
+    """CONT-14 step 1, CONT-15: the teardown cancel drops the inbox: a waiting child (its turn
+    answered, its own child still resident) holding an unclaimed quiet report ends aborted
+    (work dropped unrun), not completed."""
+    model = Model()
+    async with boot(model) as b:
+        started = await b.start("hold child")
+        act = b.manager.activations[started.child_id]
+        child = act.agent
+        grand = await b.svc.start_continuable(b.spec("hold grand", parent=child))
+        model.release("hold child")
+        await b.until(lambda: child.status == "idle")
+        grand_agent = b.host.ctx.agents.get(grand.child_id)
+        assert grand_agent is not None
+        await b.svc.report_from(
+            grand_agent, text_blocks("progress"), SubagentReportOptions(delivery="quiet")
+        )
+        assert kinds(child.inbox.next_step) == ["subagent-report"]
+        assert residency(act) == "waiting"
+        async with asyncio.timeout(5):
+            await b.manager.drain()
+        ends = {e.id: e.stop_reason for e in b.ends()}
+        assert ends == {grand.child_id: "aborted", started.child_id: "aborted"}
+        canceled = [
+            e.seq
+            for e in child.session.events
+            if e.type == "agent/inbox/spliced" and e.data.outcome == "canceled"
+        ]
+        assert canceled, "the teardown cancel dropped the unclaimed report"
+
+
+async def test_the_drain_waits_for_a_creation_in_flight() -> None:
+    """DRN-1: the manager-wide drain awaits a creation admitted before it began (held in its
+    reserved-id check): that start is rejected DRAINING and its child is disposed before the
+    drain resolves."""
+    async with boot() as b:
+        persistence = b.host.ctx.session_persistence
+        stored = persistence.stored
+        entered = asyncio.Event()
+        gate = asyncio.Event()
+
+        async def held_stored(id: str, signal: Any = None) -> bool:
+            entered.set()
+            await gate.wait()
+            return await stored(id, signal)
+
+        persistence.stored = held_stored
+        order: list[str] = []
+        for name in ("agent/created", "agent/disposed"):
+            b.host.ctx.on(
+                name, lambda agent, name=name: order.append(f"{name.split('/')[1]} {agent.id}")
+            )
+
+        async def draining() -> None:
+            await b.manager.drain()
+            order.append("drained")
+
+        start = asyncio.ensure_future(b.start(child_id="session-x"))
+        async with asyncio.timeout(5):
+            await entered.wait()
+        assert len(b.manager.materializations) == 1
+        drain = asyncio.ensure_future(draining())  # runs before the creation goes on
+        gate.set()
+        async with asyncio.timeout(5):
+            with pytest.raises(SubagentError) as caught:
+                await start
+            await drain
+        del persistence.stored
+        assert caught.value.code == "DRAINING"
+        assert order == ["created session-x", "disposed session-x", "drained"]
+        assert not live(b, "session-x")
+
+
+async def test_discarding_an_interrupted_childs_parked_message_settles_it() -> None:
+    """CONT-5, CONT-6: an interrupted idle child whose only parked follow-up is discarded
+    leaves running (accepted is empty) and settles at once, with no further status change."""
+    model = Model()
+    async with boot(model) as b:
+        started = await b.start("hold first")
+        act = b.manager.activations[started.child_id]
+        child = act.agent
+        await b.until(lambda: model.held(child.id))
+        parked = await b.send(started.child_id, "parked")
+        b.svc.interrupt(started.child_id, UserInterruptAuthority(parent_session_id=b.parent.id))
+        await b.until(lambda: child.status == "idle")
+        assert act.accepted == {parked} and residency(act) == "running"
+        assert b.manager.activations.get(started.child_id) is act
+        assert child.inbox.remove(parked) is not None
+        await b.settled(started.child_id)
+        assert [e.stop_reason for e in b.ends()] == ["aborted"]
+        assert not live(b, started.child_id)
+
+
+async def test_continuable_epochs_are_dispatched_on_the_parents_scope() -> None:
+    """CONT-4, CONT-15: subagent/start and subagent/end of every continuable epoch (fresh and
+    cold-resumed) are dispatched scoped to the delegating parent: a listener registered from
+    the parent's context hears them, one from another agent's context does not."""
+    async with boot() as b:
+        heard: list[tuple[str, str]] = []
+        elsewhere: list[str] = []
+        other = (await b.host.create_agent()).agent
+        for name in ("subagent/start", "subagent/end"):
+            b.parent.ctx.on(name, lambda info, name=name: heard.append((name, info.id)))
+            other.ctx.on(name, lambda info: elsewhere.append(info.id))
+        started = await b.start()
+        await b.settled(started.child_id)
+        await b.send(started.child_id, "again")
+        await b.settled(started.child_id)
+        child = started.child_id
+        assert heard == [("subagent/start", child), ("subagent/end", child)] * 2
+        assert elsewhere == []

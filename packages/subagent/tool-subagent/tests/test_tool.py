@@ -26,7 +26,9 @@ from dsh_core import (
     ToolExecutionInput,
     ToolExecutionResult,
     ToolRestriction,
+    ToolRunContext,
     blocks_text,
+    text_blocks,
     thaw_json,
 )
 from dsh_core.testing import (
@@ -40,11 +42,15 @@ from dsh_subagent import (
     SUBAGENTS,
     ContinuableCreateRequest,
     ContinuableCreateSpec,
+    ContinuableStartSpec,
+    CoordinatorMessageSource,
     ResolvedSubagentStartRequest,
     SubagentCapabilities,
     SubagentError,
+    SubagentFollowupOptions,
     SubagentResult,
     SubagentRun,
+    SubagentRunEndInfo,
     SubagentService,
 )
 from dsh_subagent.in_process import IN_PROCESS_CAPABILITIES, start_in_process_run
@@ -800,6 +806,98 @@ async def test_cancelled_preparation_leaves_nothing_and_a_sibling_succeeds() -> 
         assert len(b.host.ctx.agents.list()) == before_agents + 1
         assert len(b.host.ctx.sessions.list()) == before_sessions + 1
         assert len(await b.svc.list_children(b.parent.id)) == 1
+
+
+def named_tool(name: str) -> ToolDefinition:
+    async def run(arguments: Any, ctx: ToolRunContext) -> str:
+        return "done"
+
+    return ToolDefinition(name=name, description=f"The {name} tool.", execute=run)
+
+
+async def test_continuable_route_carries_the_row_config_through_a_cold_resume(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """TOOL-6, TOOL-9, CONT-10, DEP-2: in continuable mode the row's persona, tool_filter,
+    agent_options and max_depth reach the child (persona in its system prompt, the denied
+    tool absent, the configured model and max_tokens, its own subagent call refused past
+    max_depth), and all but max_tokens again after the child was cold-resumed by a
+    follow-up (max_tokens is never restored)."""
+    requests: list[ScriptedRequest] = []
+    script = make_model()
+
+    def model(request: ScriptedRequest) -> ScriptedReply | str:
+        requests.append(request)
+        return script(request)
+
+    specs: list[ContinuableStartSpec] = []
+    original = SubagentService.start_continuable
+
+    async def recording(self: SubagentService, spec: ContinuableStartSpec) -> Any:
+        specs.append(spec)
+        return await original(self, spec)
+
+    monkeypatch.setattr(SubagentService, "start_continuable", recording)
+    configured = row(
+        background_mode="continuable",
+        agent_options={"model": "small", "max_tokens": 77},
+        tool_filter={"deny": ["peek"]},
+        persona="You are terse.",
+        max_depth=1,
+    )
+    async with scripted_host("subagent", configured, model=model, modules=MODULES) as host:
+        host.ctx.tools.register(named_tool("look"))
+        host.ctx.tools.register(named_tool("peek"))
+        parent = (await host.create_agent()).agent
+        b = Booted(host=host, parent=parent)
+        b.add_provider(LocalProvider())
+        ends: list[SubagentRunEndInfo] = []
+        ended = asyncio.Event()
+
+        def on_end(info: SubagentRunEndInfo) -> None:
+            ends.append(info)
+            ended.set()
+
+        host.ctx.on("subagent/end", on_end)
+
+        async def epoch_end(count: int) -> SubagentRunEndInfo:
+            async with asyncio.timeout(BOUND):
+                while len(ends) < count:
+                    ended.clear()
+                    await ended.wait()
+            return ends[count - 1]
+
+        result = await b.execute(args(call_text(args("grand"))))
+        child_id = text(result).removeprefix("started subagent ")
+        assert text(result) == f"started subagent {child_id}"
+        (spec,) = specs
+        assert (spec.persona, spec.max_depth) == ("You are terse.", 1)
+        assert spec.tool_filter == ToolRestriction(deny=("peek",))
+        assert spec.agent_options == AgentOptions(model="small", max_tokens=77)
+        refused = "got: Error: subagent depth 2 exceeds maxDepth 1"
+        first = await epoch_end(1)
+        assert blocks_text(first.last_assistant_message) == refused
+        await b.svc.followup(
+            parent,
+            child_id,
+            text_blocks(call_text(args("grand again"))),
+            SubagentFollowupOptions(source=CoordinatorMessageSource(sender_session_id=parent.id)),
+        )
+        second = await epoch_end(2)
+        assert second.id == child_id and second.run_id != first.run_id
+        assert blocks_text(second.last_assistant_message) == refused
+        # The child's own calls (one per epoch) carried the same row config and were refused.
+        configs = [(s.persona, s.max_depth, s.tool_filter, s.agent_options) for s in specs]
+        assert len(specs) == 3 and configs[1:] == configs[:1] * 2
+        assert [s.parent.id for s in specs[1:]] == [child_id, child_id]
+        mine = [r for r in requests if r.options.session_id == child_id]
+        assert len(mine) == 4  # two per epoch: the refused call, then the answer
+        for request in mine:
+            names = [t.name for t in request.tools or ()]
+            assert "look" in names and "subagent" in names and "peek" not in names
+            assert "You are terse." in request.system
+            assert request.model == "small"
+        assert [r.max_tokens for r in mine] == [77, 77, None, None]
 
 
 # -- TOOL-10: concurrency -------------------------------------------------------------------------
