@@ -23,7 +23,7 @@ from dsh_acp_agent import AgentServerConfig
 from dsh_acp_agent.cli import serve
 
 #: How long one read from the server may take in a test.
-READ_S = 10.0
+READ_S = 30.0
 #: Random-frame examples: bounded in the default run, the profile's (2000) when thorough.
 EXAMPLES = (
     settings.default.max_examples if os.environ.get("HYPOTHESIS_PROFILE") == "thorough" else 40
