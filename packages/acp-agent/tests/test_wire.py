@@ -415,6 +415,32 @@ async def test_a_flood_of_bad_frames_is_answered_but_logged_only_so_far(
     assert "the last logged" in warnings[-1]
 
 
+async def test_any_host_serving_itself_on_streams_is_guarded(logs: Logs) -> None:
+    """ROB-31: `ctx.acp_agent.serve(writer, reader)` on byte streams reads through the same
+    guard: `42` is answered -32600 and logged naming `client`, and the connection goes on."""
+    import dsh_acp_agent.plugin
+    from dsh_core.testing import scripted_host
+
+    async with scripted_host("acp-agent", modules={"acp-agent": dsh_acp_agent.plugin}) as host:
+        to_server, to_client = os.pipe(), os.pipe()
+        server_reader, server_writer = await _pipe_streams(to_server[0], to_client[1])
+        client_reader, client_writer = await _pipe_streams(to_client[0], to_server[1])
+        server = asyncio.ensure_future(host.ctx.acp_agent.serve(server_writer, server_reader))
+        peer = RawPeer(client_reader, client_writer)
+        try:
+            await peer.line("42")
+            assert (await peer.read())["error"] == {"code": -32600, "message": "Invalid Request"}
+            answer = await peer.request("initialize", {"protocolVersion": 1})
+            assert answer["result"]["protocolVersion"] == 1
+        finally:
+            client_writer.close()
+            async with asyncio.timeout(10):
+                await server
+            server_writer.close()
+    (warning,) = logs.at_least(logging.WARNING)
+    assert warning.getMessage().startswith("client: sent a JSON number")
+
+
 @pytest.mark.slow
 def test_the_console_script_survives_junk_and_names_its_client(tmp_path: Path) -> None:
     """ROB-26: the dsh-acp-agent process given `42`, `null` and a line that is not JSON
