@@ -23,7 +23,7 @@ from dsh_acp_agent import AgentServerConfig
 from dsh_acp_agent.cli import serve
 
 #: How long one read from the server may take in a test.
-READ_S = 10.0
+READ_S = 30.0
 #: Random-frame examples: bounded in the default run, the profile's (2000) when thorough.
 EXAMPLES = (
     settings.default.max_examples if os.environ.get("HYPOTHESIS_PROFILE") == "thorough" else 40
@@ -292,6 +292,49 @@ async def test_text_the_wire_cannot_carry_is_replaced_and_the_log_keeps_it(
     assert any('agent_id\\":\\"x' + hold_model.LONE in entry for entry in stored)
 
 
+async def test_values_json_cannot_carry_leave_as_null(logs: Logs) -> None:
+    """ROB-23: a frame holding a number that is not finite, a value nested deeper than the
+    limit, or an object JSON has no form for still leaves as one line of strict JSON (the
+    number and the deep part as null, the object as its text), with the one warning of the
+    connection; the caller's value is not changed."""
+    from dsh_acp_agent._wire import GuardedTransport
+
+    to_server, to_peer = os.pipe(), os.pipe()
+    reader, writer = await _pipe_streams(to_server[0], to_peer[1])
+    peer_reader, peer_writer = await _pipe_streams(to_peer[0], to_server[1])
+    transport = GuardedTransport(reader, writer, peer="test", log=logging.getLogger("t"))
+    deep: Any = 1
+    for _ in range(1000):
+        deep = [deep]
+    message = {"jsonrpc": "2.0", "method": "x", "params": {
+        "nan": float("nan"), "inf": float("-inf"), "deep": deep, "odd": {1, 2} - {1, 2},
+    }}  # fmt: skip
+    try:
+        await transport.send(message)
+        await transport.send({"jsonrpc": "2.0", "id": 1, "result": {"n": float("inf")}})
+        async with asyncio.timeout(READ_S):
+            first = json.loads(await peer_reader.readline(), parse_constant=_no_constant)
+            second = json.loads(await peer_reader.readline(), parse_constant=_no_constant)
+    finally:
+        for w in (writer, peer_writer):
+            w.close()
+    assert first["params"]["nan"] is None and first["params"]["inf"] is None
+    assert first["params"]["odd"] == "set()"
+    depth, part = 0, first["params"]["deep"]
+    while isinstance(part, list):
+        depth, part = depth + 1, part[0]
+    assert part is None and 100 < depth < 1000
+    assert second == {"jsonrpc": "2.0", "id": 1, "result": {"n": None}}
+    assert isinstance(message["params"]["nan"], float)  # type: ignore[index]
+    assert (
+        len([r for r in logs.at_least(logging.WARNING) if "U+FFFD or null" in r.getMessage()]) == 1
+    )
+
+
+def _no_constant(name: str) -> Any:
+    raise AssertionError(f"{name} on the wire")
+
+
 async def test_lone_surrogates_from_the_client_are_read_as_replacement_characters(
     tmp_path: Path, logs: Logs
 ) -> None:
@@ -370,6 +413,32 @@ async def test_a_flood_of_bad_frames_is_answered_but_logged_only_so_far(
     warnings = [r.getMessage() for r in logs.at_least(logging.WARNING)]
     assert len(warnings) == LOG_LIMIT
     assert "the last logged" in warnings[-1]
+
+
+async def test_any_host_serving_itself_on_streams_is_guarded(logs: Logs) -> None:
+    """ROB-31: `ctx.acp_agent.serve(writer, reader)` on byte streams reads through the same
+    guard: `42` is answered -32600 and logged naming `client`, and the connection goes on."""
+    import dsh_acp_agent.plugin
+    from dsh_core.testing import scripted_host
+
+    async with scripted_host("acp-agent", modules={"acp-agent": dsh_acp_agent.plugin}) as host:
+        to_server, to_client = os.pipe(), os.pipe()
+        server_reader, server_writer = await _pipe_streams(to_server[0], to_client[1])
+        client_reader, client_writer = await _pipe_streams(to_client[0], to_server[1])
+        server = asyncio.ensure_future(host.ctx.acp_agent.serve(server_writer, server_reader))
+        peer = RawPeer(client_reader, client_writer)
+        try:
+            await peer.line("42")
+            assert (await peer.read())["error"] == {"code": -32600, "message": "Invalid Request"}
+            answer = await peer.request("initialize", {"protocolVersion": 1})
+            assert answer["result"]["protocolVersion"] == 1
+        finally:
+            client_writer.close()
+            async with asyncio.timeout(10):
+                await server
+            server_writer.close()
+    (warning,) = logs.at_least(logging.WARNING)
+    assert warning.getMessage().startswith("client: sent a JSON number")
 
 
 @pytest.mark.slow

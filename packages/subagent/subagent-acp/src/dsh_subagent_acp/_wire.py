@@ -88,14 +88,16 @@ def _scrub(value: Any, depth: int = 0) -> Any:
         return _fix(value) if _LONE.search(value) else value
     if cls is float:
         return value if math.isfinite(value) else None
-    if depth >= _MAX_DEPTH and (cls is dict or cls is list or cls is tuple):
-        return None
     if isinstance(value, dict):
+        if depth >= _MAX_DEPTH:
+            return None
         return {
             (_scrub(k, depth) if k.__class__ is str else k): _scrub(v, depth + 1)
             for k, v in value.items()
         }
     if isinstance(value, list | tuple):
+        if depth >= _MAX_DEPTH:
+            return None
         return [_scrub(v, depth + 1) for v in value]
     if value is None or isinstance(value, int):  # bool is an int
         return value
