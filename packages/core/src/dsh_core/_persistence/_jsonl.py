@@ -166,7 +166,12 @@ class JsonlSessionPersistence(JsonlListing):
                     pass
         finally:
             fd, handle.fd = handle.fd, -1
-            os.close(fd)  # also drops the lock
+            try:
+                if sys.platform != "win32":
+                    # Explicitly: a group commit may still hold a duplicate of the descriptor.
+                    fcntl.flock(fd, fcntl.LOCK_UN)
+            finally:
+                os.close(fd)
 
     def _let_go(self, handle: _Handle) -> Callable[[], None] | None:
         assert isinstance(handle, _FileHandle)
@@ -254,15 +259,29 @@ class JsonlSessionPersistence(JsonlListing):
         assert isinstance(handle, _FileHandle)
         return handle.fd >= 0 and (handle.synced != handle.written or not handle.dir_synced)
 
-    def _sync_handles(self, handles: list[_Handle]) -> list[tuple[_Handle, Exception]]:
+    def _sync_later(self, handles: list[_Handle]) -> Callable[[], list[tuple[_Handle, Exception]]]:
+        # A duplicate of each descriptor: a close of the session meanwhile never leaves the
+        # sync a closed (or reused) descriptor, and never waits for it.
+        held: list[tuple[_FileHandle, int]] = []
         failures: list[tuple[_Handle, Exception]] = []
         for handle in handles:
             assert isinstance(handle, _FileHandle)
             try:
-                _sync(handle)
-            except Exception as exc:
+                held.append((handle, os.dup(handle.fd)))
+            except OSError as exc:
                 failures.append((handle, exc))
-        return failures
+
+        def sync() -> list[tuple[_Handle, Exception]]:
+            for handle, fd in held:
+                try:
+                    _sync(handle, fd)
+                except Exception as exc:
+                    failures.append((handle, exc))
+                finally:
+                    os.close(fd)
+            return failures
+
+        return sync
 
     def _sync_failed(self, handle: _Handle, exc: Exception) -> None:
         assert isinstance(handle, _FileHandle)

@@ -179,7 +179,9 @@ class SessionPersistence:
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         #: Tracked sessions written by a checkpoint and not synced yet (group commit).
         self._unsynced: set[_Tracked] = set()
-        self._commit_timer: asyncio.TimerHandle | None = None
+        self._commit_timer: asyncio.Handle | None = None
+        #: The group commit under way (one at a time: flushes keep the other worker threads).
+        self._committing: asyncio.Future[Any] | None = None
 
     # -- wiring ----------------------------------------------------------------------------------
 
@@ -528,10 +530,10 @@ class SessionPersistence:
         return False
 
     def _commit_later(self, rec: _Tracked) -> None:
-        """Have ``rec``'s written lines synced by the next group commit (within
-        :attr:`_commit_window` seconds, in a worker thread)."""
+        """Have ``rec``'s written lines synced by the next group commit (in a worker thread,
+        :attr:`_commit_window` seconds from now, or once the one under way is over)."""
         self._unsynced.add(rec)
-        if self._commit_timer is None:
+        if self._commit_timer is None and self._committing is None:
             loop = asyncio.get_running_loop()
             self._commit_timer = loop.call_later(self._commit_window, self._group_commit)
 
@@ -541,58 +543,54 @@ class SessionPersistence:
     def _group_commit(self) -> None:
         """Sync every tracked session a checkpoint left unsynced, in one worker job.
 
-        Each such session's ``writing`` is the job meanwhile, so a flush, a close or the
-        shutdown waits for it (the file is never closed under its sync). A session whose own
-        flush is syncing waits for the next round. A failed sync is logged and fails every
-        later checkpoint of that session (its lines may not be on the disk).
+        Nothing waits for the job but the shutdown: a flush syncs on its own, and a close
+        neither waits for it nor pulls a file from under it (the backend syncs what
+        :meth:`_sync_later` held for it, not the session's own handle). A failed sync is
+        logged and fails every later checkpoint of that session (its lines may not be on the
+        disk).
         """
         self._commit_timer = None
+        unsynced = self._unsynced
         if self._closed:
-            self._unsynced.clear()
+            unsynced.clear()
             return
-        recs: builtins.list[_Tracked] = []
-        again: builtins.list[_Tracked] = []
-        for rec in self._unsynced:
-            if self._tracked.get(rec.session.header.id) is not rec or not self._dirty(rec.handle):
-                continue
-            (recs if rec.writing is None else again).append(rec)
-        self._unsynced.clear()
-        for rec in again:
-            self._commit_later(rec)
-        if not recs:
+        tracked = self._tracked
+        handles = [
+            rec.handle
+            for rec in unsynced
+            if tracked.get(rec.session.header.id) is rec and self._dirty(rec.handle)
+        ]
+        unsynced.clear()
+        if not handles:
             return
-        loop = asyncio.get_running_loop()
-        writing: asyncio.Future[None] = loop.create_future()
-        for rec in recs:
-            rec.writing = writing
-        job = self._submit(self._sync_handles, [rec.handle for rec in recs])
+        job = self._committing = self._submit(self._sync_later(handles))
         self._syncs.add(job)
 
         def done(job: asyncio.Future[builtins.list[tuple[_Handle, Exception]]]) -> None:
             self._syncs.discard(job)
-            for rec in recs:
-                if rec.writing is writing:
-                    rec.writing = None
+            self._committing = None
+            if self._unsynced and not self._closed:  # written while this one ran: next round
+                self._commit_timer = asyncio.get_running_loop().call_soon(self._group_commit)
             if job.cancelled():
                 failures: builtins.list[tuple[_Handle, Exception]] = []
             elif job.exception() is not None:
                 exc = cast("Exception", job.exception())
-                failures = [(rec.handle, exc) for rec in recs]
+                failures = [(handle, exc) for handle in handles]
             else:
                 failures = job.result()
             for handle, exc in failures:
                 self._sync_failed(handle, exc)
-            writing.set_result(None)
 
         if job.done():
             done(job)
         else:
             job.add_done_callback(done)
 
-    def _sync_handles(
+    def _sync_later(
         self, handles: builtins.list[_Handle]
-    ) -> builtins.list[tuple[_Handle, Exception]]:
-        """Sync each of ``handles`` (in a worker thread); the failures, by handle."""
+    ) -> Callable[[], builtins.list[tuple[_Handle, Exception]]]:
+        """On the loop: what a worker thread runs to sync ``handles`` (returning the
+        failures, by handle), holding on the loop whatever that needs to outlive a close."""
         raise NotImplementedError
 
     def _sync_failed(self, handle: _Handle, exc: Exception) -> None:
