@@ -919,7 +919,7 @@ async def test_failed_write_is_undone_and_retried(
     jsonl: Env, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """host-core §5: a failed flush undoes its partial write; the retry stores each event once."""
-    import dsh_core._persistence as persistence_module
+    import dsh_core._persistence._jsonl as persistence_module
 
     session = jsonl.owner.sessions.create("s")
     await jsonl.owner.sessions.flush(session)

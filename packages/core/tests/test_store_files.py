@@ -399,7 +399,7 @@ async def test_dispose_does_not_wait_for_the_last_fsync_but_close_does(
     import fcntl
     import threading
 
-    import dsh_core._persistence as persistence_module
+    import dsh_core._persistence._jsonl as persistence_module
 
     real_fsync = os.fsync
     gate = threading.Event()
@@ -471,7 +471,7 @@ async def test_an_open_that_keeps_racing_gives_up(
 ) -> None:
     """hardening 11.4, host-core §5: every retry of the open-and-lock loop is bounded: a name
     that keeps changing under it is SESSION_IO naming the file, not a spin."""
-    import dsh_core._persistence as persistence_module
+    import dsh_core._persistence._jsonl as persistence_module
 
     monkeypatch.setattr(persistence_module, "_same_file", lambda fd, path: False)
     async with asyncio.timeout(10):

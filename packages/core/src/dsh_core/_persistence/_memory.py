@@ -1,0 +1,85 @@
+"""The in-memory backend: logs kept as event objects for the life of the process."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Sequence
+from typing import TYPE_CHECKING
+
+import attrs
+
+from .._abort import AbortSignal
+from .._events import (
+    SessionError,
+    SessionEvent,
+    SessionHeader,
+)
+from ._common import _not_found
+from ._store import SessionPersistence, StoredScan, _Handle
+
+if TYPE_CHECKING:
+    from .._context import Context
+
+# -- memory ---------------------------------------------------------------------------------------
+
+
+@attrs.define(eq=False)
+class _MemoryLog:
+    header: SessionHeader
+    events: list[SessionEvent]
+
+
+class MemorySessionPersistence(SessionPersistence):
+    """Keeps logs as event objects in this process (tests, ephemeral hosts); no file lock."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._logs: dict[str, _MemoryLog] = {}
+
+    def _acquire(self, id: str, header: SessionHeader | None) -> _Handle:
+        if header is not None:
+            if id in self._logs:
+                raise SessionError(f"session {id!r} is already stored", code="SESSION_EXISTS")
+            self._logs[id] = _MemoryLog(header=header, events=[])
+            return _Handle(id, created=True)
+        if id not in self._logs:
+            raise _not_found(id)
+        return _Handle(id, created=False)
+
+    def _release(self, handle: _Handle, *, discard: bool) -> None:
+        if discard and handle.created:
+            self._logs.pop(handle.id, None)
+
+    def _read(
+        self, id: str, handle: _Handle | None
+    ) -> tuple[SessionHeader, list[SessionEvent], Callable[[int], str]]:
+        log = self._logs.get(id)
+        if log is None:
+            raise _not_found(id)
+        return log.header, list(log.events), lambda i: f"session {id!r} event {i}"
+
+    def _write(self, handle: _Handle, events: Sequence[SessionEvent], sync: bool = True) -> None:
+        self._logs[handle.id].events.extend(events)
+
+    def _headers(self, signal: AbortSignal | None) -> list[SessionHeader]:
+        return [log.header for log in self._logs.values()]
+
+    def _stored(self, id: str) -> bool:
+        return id in self._logs
+
+    def _stamps(self) -> dict[str, Hashable]:
+        return {id: (log, len(log.events)) for id, log in self._logs.items()}
+
+    def _scan(self, id: str, types: frozenset[str]) -> StoredScan:
+        log = self._logs.get(id)
+        if log is None:
+            raise _not_found(id)
+        events = tuple(e for e in log.events if e.type in types)
+        return StoredScan(header=log.header, events=events, stamp=(log, len(log.events)))
+
+
+def install_memory_persistence(ctx: Context) -> MemorySessionPersistence:
+    """Install an in-memory backend and provide it as ``session_persistence``."""
+    persistence = MemorySessionPersistence()
+    persistence.install(ctx)
+    ctx.provide("session_persistence", persistence)
+    return persistence

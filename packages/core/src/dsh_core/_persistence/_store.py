@@ -1,0 +1,1012 @@
+"""The store interface (``ctx.session_persistence``): tracking a host's live sessions,
+batching and ordering their writes, checkpoints and group commit, restoring and repairing
+stored logs. Backends implement the storage hooks."""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import concurrent.futures
+import os
+from collections.abc import Awaitable, Callable, Generator, Hashable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, cast
+
+import attrs
+
+from .._abort import AbortedError, AbortSignal
+from .._events import (
+    SESSION_FORMAT_VERSION,
+    EventTypeRegistry,
+    SessionError,
+    SessionEvent,
+    SessionHeader,
+)
+from .._log_checker import LogInvariantError
+from .._sessions import Session, check_session_id
+from ._common import T, _check, _deliver, _log, _settle, _stored_anyway, _succeeded, _Unwritten
+from ._repair import _closers, _scan, _validate_appended
+
+if TYPE_CHECKING:
+    from .._context import Context
+
+# -- listing ------------------------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class DamagedSession:
+    """A stored entry that listing could not read (hardening 11.3).
+
+    ``id`` is the id its name gives (possibly not a valid one); ``code`` is the stable
+    ``SessionError`` code its own load would fail with (``SESSION_CORRUPT``,
+    ``SESSION_FORMAT_UNSUPPORTED``, ``SESSION_FILE_UNSAFE``, ``SESSION_INVALID_ID`` or
+    ``SESSION_IO``); ``message`` says what is wrong and names the file.
+    """
+
+    id: str
+    code: str
+    message: str
+
+
+@attrs.frozen(kw_only=True)
+class SessionListing:
+    """What ``listing()`` found: the readable headers (oldest first) and, by id, the entries
+    that are damaged. One damaged entry never hides the others."""
+
+    headers: tuple[SessionHeader, ...]
+    damaged: tuple[DamagedSession, ...] = ()
+    #: By id, a token of each stored log as listed: a later read returning the same token
+    #: read the same log (the JSONL store's file identity, change time and size; empty for a
+    #: backend that cannot tell).
+    stamps: Mapping[str, Hashable] = attrs.field(factory=dict, eq=False, repr=False)
+
+
+@attrs.frozen(kw_only=True)
+class StoredScan:
+    """What :meth:`SessionPersistence.scan` read of one stored log: its header, the events of
+    the asked types (oldest first), and the log's ``stamp`` taken before the read (``None``
+    if the backend cannot tell)."""
+
+    header: SessionHeader
+    events: tuple[SessionEvent, ...]
+    stamp: Hashable | None = None
+
+
+# -- the service ------------------------------------------------------------------------------
+
+
+class _Handle:
+    """What a backend holds for one session while this host owns it (a lock, an open file)."""
+
+    __slots__ = ("created", "id", "truncate")
+
+    def __init__(self, id: str, *, created: bool) -> None:
+        self.id = id
+        self.created = created  # this holder created the log (a veto may delete it)
+        self.truncate = False  # a torn tail must be cut before the next write
+
+
+@attrs.frozen(kw_only=True)
+class _Loaded:
+    header: SessionHeader
+    events: list[SessionEvent]
+
+
+class _Tracked:
+    """A session this host writes: how much of it is stored, and where its log ends."""
+
+    __slots__ = ("end", "handle", "session", "stored", "unsynced", "writing")
+
+    def __init__(self, session: Session, handle: _Handle, *, stored: int, unsynced: bool) -> None:
+        self.session = session
+        self.handle = handle
+        self.stored = stored  # events [0, stored) are durable
+        self.unsynced = unsynced  # a new log whose creation is not durable yet
+        self.end: int | None = None  # set when tracking ends: later appends are not stored
+        # The write under way, if any: done (always with None) once its outcome is counted.
+        self.writing: asyncio.Future[None] | None = None
+
+    def pending(self) -> Sequence[SessionEvent]:
+        """The events to store next (a copy): everything beyond ``stored``, up to ``end``."""
+        events = self.session.events_since(self.stored)
+        if self.end is not None:
+            return events[: self.end - self.stored]
+        return events
+
+
+@attrs.define(eq=False)
+class _Prepared:
+    session: Session
+    handle: _Handle
+    stored: int
+
+
+class SessionPreparation:
+    """A restored, unpublished session, plus what the backend holds for it (host-core §5).
+
+    Entering and announcing ``session`` hands the hold over to the backend's tracking.
+    ``dispose()`` (synchronous, idempotent) releases the hold of a session that was never
+    announced, so an abandoned resume does not keep the log locked.
+    """
+
+    __slots__ = ("_release", "session")
+
+    def __init__(self, session: Session, release: Callable[[], None]) -> None:
+        self.session = session
+        self._release: Callable[[], None] | None = release
+
+    def dispose(self) -> None:
+        """Release the hold unless the session was announced meanwhile; idempotent."""
+        release, self._release = self._release, None
+        if release is not None:
+            release()
+
+    def __repr__(self) -> str:
+        return f"SessionPreparation({self.session!r})"
+
+
+class SessionPersistence:
+    """Stores session logs and restores them, with crash repair (``session_persistence``).
+
+    Backends implement five storage hooks (``_acquire``, ``_release``, ``_read``, ``_write``,
+    ``_headers``); this class owns tracking, batching, ordering and repair, so every backend
+    has the same semantics. Storage hooks are synchronous; a backend whose hooks block sets
+    ``_threaded`` and they run in a worker thread, one flush of a session at a time.
+
+    The threads are the backend's own, not the event loop's default executor: tools that
+    block in ``asyncio.to_thread`` can fill that one, and a turn must not wait behind them
+    to make its log durable.
+    """
+
+    _threaded = False
+    #: Whether tracked sessions write through at :meth:`Session.checkpoint` (a backend whose
+    #: log outlives the process sets it; the memory backend is durable for the process's life).
+    _checkpointing = False
+    #: The most bytes a disposed session's last write may take on the loop (see _close_inline).
+    _inline_close_limit = 64 * 1024
+    #: Worker threads of a threaded backend (flushes of different sessions run side by side).
+    _workers = min(32, (os.cpu_count() or 1) + 4)
+
+    def __init__(self) -> None:
+        self._ctx: Context | None = None
+        self._types: EventTypeRegistry | None = None
+        self._closed = False
+        self._tracked: dict[str, _Tracked] = {}
+        self._prepared: dict[str, _Prepared] = {}
+        self._busy: set[str] = set()
+        self._closing: dict[str, asyncio.Task[None]] = {}
+        #: The final syncs of disposed sessions, run after their lock was let go.
+        self._syncs: set[asyncio.Future[Any]] = set()
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        #: Tracked sessions written by a checkpoint and not synced yet (group commit).
+        self._unsynced: set[_Tracked] = set()
+        self._commit_timer: asyncio.Handle | None = None
+        #: The group commit under way (one at a time: flushes keep the other worker threads).
+        self._committing: asyncio.Future[Any] | None = None
+
+    # -- wiring ----------------------------------------------------------------------------------
+
+    def install(self, ctx: Context) -> None:
+        """Follow every session of ``ctx``'s host; tracking ends when ``ctx`` is disposed.
+
+        Sessions created before ``install`` are not tracked. Disposing ``ctx`` drains every
+        tracked session and releases every hold.
+        """
+        if self._ctx is not None:
+            raise SessionError(
+                "this persistence is already installed", code="PERSISTENCE_INSTALLED"
+            )
+        types = ctx.sessions.types
+        ctx.effect(lambda: self._shutdown)
+        self._ctx = ctx
+        self._types = types
+        ctx.on("session/created", self._on_created, global_=True)
+        ctx.on("session/flush", self._on_flush, global_=True)
+        ctx.on("session/disposed", self._on_disposed, global_=True)
+
+    def _installed(self) -> Context:
+        if self._ctx is None or self._closed:
+            raise SessionError(
+                "session persistence is not installed in a live context",
+                code="PERSISTENCE_NOT_INSTALLED",
+            )
+        return self._ctx
+
+    @property
+    def types(self) -> EventTypeRegistry:
+        """The event types of the host this backend is installed in."""
+        if self._types is None:
+            raise SessionError(
+                "session persistence is not installed", code="PERSISTENCE_NOT_INSTALLED"
+            )
+        return self._types
+
+    def _submit(self, fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
+        """Start a storage hook: in a worker thread if the backend blocks, else right away.
+
+        A threaded hook reports straight back to the loop when it returns; once started it
+        runs to the end (callers that stop waiting leave its future to the bookkeeping).
+        """
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[T] = loop.create_future()
+        if not self._threaded:
+            try:
+                fut.set_result(fn(*args))
+            except Exception as exc:
+                fut.set_exception(exc)
+            return fut
+
+        def work() -> None:
+            try:
+                outcome: tuple[bool, Any] = (True, fn(*args))
+            except BaseException as exc:  # delivered to the waiting loop, raised there
+                outcome = (False, exc)
+            try:
+                loop.call_soon_threadsafe(_deliver, fut, outcome)
+            except RuntimeError:  # the loop is closed: nobody is left to tell
+                pass
+
+        pool = self._pool
+        if pool is None:
+            pool = self._pool = concurrent.futures.ThreadPoolExecutor(
+                self._workers, thread_name_prefix="dsh-session-io"
+            )
+        pool.submit(work)
+        return fut
+
+    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
+        return await _settle(self._submit(fn, *args))
+
+    async def _hold(self, id: str, header: SessionHeader | None) -> _Handle:
+        """``_acquire`` off the loop; a hold obtained after a cancel is let go again."""
+        fut = self._submit(self._acquire, id, header)
+        try:
+            return await _settle(fut)
+        except BaseException:
+            if _succeeded(fut):
+                self._release(fut.result(), discard=header is not None)
+            raise
+
+    # -- listeners -------------------------------------------------------------------------------
+
+    def _claimed(self, id: str) -> bool:
+        return id in self._tracked or id in self._prepared or id in self._busy
+
+    def _on_created(self, session: Session) -> None:
+        if self._closed:
+            return
+        sid = session.header.id
+        prepared = self._prepared.get(sid)
+        if prepared is not None and prepared.session is session:
+            del self._prepared[sid]
+            rec = _Tracked(session, prepared.handle, stored=prepared.stored, unsynced=False)
+        else:
+            if self._claimed(sid) or sid in self._closing:
+                raise SessionError(
+                    f"session {sid!r} is held by this host's persistence", code="SESSION_LOCKED"
+                )
+            # Synchronous on purpose: a held or existing log must veto the creation.
+            handle = self._acquire(sid, session.header)
+            rec = _Tracked(session, handle, stored=0, unsynced=True)
+        self._tracked[sid] = rec
+        if self._checkpointing:
+            session._checkpointer = self._checkpoint
+
+    def _on_flush(self, session: Session) -> Awaitable[None] | None:
+        rec = self._tracked.get(session.header.id)
+        if rec is None or rec.session is not session:
+            return None
+        return self._drain(rec)
+
+    def _on_disposed(self, session: Session) -> None:
+        sid = session.header.id
+        rec = self._tracked.get(sid)
+        if rec is None or rec.session is not session:
+            return
+        del self._tracked[sid]
+        rec.end = session.seq
+        session._checkpointer = None
+        ctx = self._ctx
+        if ctx is not None and ctx.sessions.get(sid) is session:
+            # Disposed while still live: a session/created listener vetoed the creation, so the
+            # session never existed and nothing of it is kept.
+            self._release(rec.handle, discard=True)
+            return
+        if rec.writing is None and (
+            not self._threaded
+            or (rec.end == rec.stored and not rec.unsynced and not self._dirty(rec.handle))
+        ):
+            # Nothing here blocks (the memory backend, or nothing left to write): close at once
+            # instead of in a task, so the hold is gone when the detach returns.
+            self._close_now(rec)
+            return
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            self._close_now(rec)
+            return
+        if rec.writing is None and self._close_inline(rec):
+            return
+        assert ctx is not None
+        self._closing[sid] = ctx.host.spawn(self._close(rec), name=f"persist {sid}")
+
+    def _close_inline(self, rec: _Tracked) -> bool:
+        """Write a disposed session's last events right here, on the loop, if that is cheap
+        (a backend decides; ``False``: not done, write them in a worker thread).
+
+        The JSONL store does so for up to :attr:`_inline_close_limit` bytes: one ``write`` to
+        the page cache, like a new file's header at creation, with the ``fsync`` left to a
+        worker thread. That spares the disposal a round trip through the pool.
+        """
+        return False
+
+    async def _close(self, rec: _Tracked) -> None:
+        """Write a disposed session's last events and let go of it; its file's ``fsync``
+        runs after the lock is released, off the disposal's path (the backend's shutdown
+        waits for it)."""
+        try:
+            step = self._drain(rec, sync=False)
+            if step is not None:
+                await step
+        except Exception as exc:
+            _log_close_failure(rec, exc)
+        finally:
+            try:
+                await self._writes_over(rec)  # the file is never closed under a write
+            finally:
+                self._let_go_later(rec)
+                sid = rec.session.header.id
+                if self._closing.get(sid) is asyncio.current_task():
+                    del self._closing[sid]
+
+    def _let_go_later(self, rec: _Tracked) -> None:
+        """Release ``rec``'s hold now and start its deferred sync, if the backend has one."""
+        sync = self._let_go(rec.handle)
+        if sync is None:
+            return
+        try:
+            fut = self._submit(sync)
+        except BaseException:  # no worker thread to be had: sync here rather than never
+            sync()
+            raise
+        self._syncs.add(fut)
+
+        def synced(fut: asyncio.Future[None]) -> None:
+            self._syncs.discard(fut)
+            if not fut.cancelled() and fut.exception() is not None:
+                _log.error(
+                    "the last events of session %r were written but not synced: %s",
+                    rec.session.header.id,
+                    fut.exception(),
+                )
+
+        fut.add_done_callback(synced)
+
+    @staticmethod
+    async def _writes_over(rec: _Tracked) -> None:
+        """Wait until no write of ``rec`` is under way, even if cancelled meanwhile."""
+        cancelled = False
+        while rec.writing is not None:
+            try:
+                await _settle(rec.writing)
+            except asyncio.CancelledError:
+                cancelled = True
+        if cancelled:
+            raise asyncio.CancelledError
+
+    def _close_now(self, rec: _Tracked) -> None:
+        """Drain and release without an event loop (a detach from synchronous code)."""
+        try:
+            batch = rec.pending()
+            if batch or rec.unsynced:
+                try:
+                    self._write(rec.handle, batch)
+                except _Unwritten:
+                    rec.stored += len(batch)
+                    raise
+                rec.stored += len(batch)
+        finally:
+            self._release(rec.handle, discard=False)
+
+    def _drain(self, rec: _Tracked, sync: bool = True) -> Awaitable[None] | None:
+        """Store every event of ``rec`` not stored yet; ``None`` when there is nothing to do.
+
+        ``sync=False`` (a disposed session's last write) leaves the ``fsync`` to
+        :meth:`_let_go`, so the lock is released without waiting for the disk.
+
+        The write starts at once, or after the one under way (writes of a session never
+        overlap, so lines keep their order). Its outcome is counted when the storage hook
+        returns, whoever still waits: the returned future only reports it, so a cancelled
+        flush neither loses nor repeats a write. After a failure the next flush takes the
+        same events again. Starting here rather than in a task saves the flush a loop turn
+        before the worker thread even begins.
+        """
+        if rec.writing is not None:
+            return self._drain_after(rec, sync)
+        if self._checkpointing and rec.end is None:
+            # A tracked session that checkpoints is only ever written here, on the loop, so
+            # a checkpoint never races a write in a worker thread; the sync still runs there.
+            try:
+                self._write_through(rec)
+            except Exception as exc:
+                failed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+                failed.set_exception(exc)
+                return failed
+        batch = rec.pending()
+        if not batch and not rec.unsynced and not self._dirty(rec.handle):
+            return None
+        loop = asyncio.get_running_loop()
+        writing: asyncio.Future[None] = loop.create_future()
+        reported: asyncio.Future[None] = loop.create_future()
+        rec.writing = writing
+
+        def count(job: asyncio.Future[None]) -> None:
+            rec.writing = None
+            if _succeeded(job) or _stored_anyway(job):
+                rec.stored += len(batch)
+                rec.unsynced = False
+                if not reported.done():
+                    if job.exception() is None:
+                        reported.set_result(None)
+                    else:  # stored, some events as stand-ins: report that (never retried)
+                        reported.set_exception(cast("BaseException", job.exception()))
+            elif not reported.done():
+                if job.cancelled():
+                    reported.cancel()
+                else:
+                    reported.set_exception(cast("BaseException", job.exception()))
+            writing.set_result(None)
+
+        try:
+            job = self._submit(self._write, rec.handle, batch, sync)
+        except BaseException:
+            # Nothing started (no worker thread to be had, at interpreter exit say): no write
+            # may look under way, or every later flush and the close would wait for it.
+            rec.writing = None
+            writing.set_result(None)
+            raise
+        if job.done():
+            count(job)
+        else:
+            job.add_done_callback(count)
+        return reported
+
+    async def _drain_after(self, rec: _Tracked, sync: bool = True) -> None:
+        """``_drain`` once the write under way (and any started before this turn) is over."""
+        while rec.writing is not None:
+            await asyncio.wait((rec.writing,))
+        step = self._drain(rec, sync)
+        if step is not None:
+            await step
+
+    async def _quiesce(self, id: str) -> None:
+        """Wait for a disposed session's last drain, so a reader sees its whole log."""
+        task = self._closing.get(id)
+        if task is not None:
+            await asyncio.wait((task,))
+
+    async def _shutdown(self) -> None:
+        self._closed = True
+        timer, self._commit_timer = self._commit_timer, None
+        if timer is not None:
+            timer.cancel()  # each close below syncs what its session left unsynced
+        self._unsynced.clear()
+        tracked = list(self._tracked.values())
+        self._tracked.clear()
+        for rec in tracked:
+            rec.end = rec.session.seq
+        prepared = list(self._prepared.values())
+        self._prepared.clear()
+        for held in prepared:
+            self._release(held.handle, discard=False)
+        # Failures are logged by ``_close`` and by the host's task bookkeeping.
+        await asyncio.gather(
+            *(self._close(rec) for rec in tracked), *self._closing.values(), return_exceptions=True
+        )
+        while self._syncs:  # the syncs the closes above left behind (their errors are logged)
+            await asyncio.wait(tuple(self._syncs))
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=False)  # idle by now: every write above has been awaited
+
+    # -- write-through (checkpoints) and group commit ----------------------------------------
+
+    def _checkpoint(self, session: Session) -> None:
+        """``Session.checkpoint`` of a tracked session: write what is not stored yet, now.
+
+        Raises ``SESSION_IO`` when the write fails; nothing is counted as stored then, so
+        the next checkpoint or flush takes the same events again (after cutting off any
+        partial line), and a file found deleted or replaced fails every later one.
+        """
+        rec = self._tracked.get(session.header.id)
+        if rec is not None and rec.session is session:
+            self._write_through(rec)
+
+    def _write_through(self, rec: _Tracked) -> None:
+        """Write ``rec``'s pending events on the loop (no sync unless the backend says so)."""
+        raise NotImplementedError
+
+    def _dirty(self, handle: _Handle) -> bool:
+        """Whether ``handle`` holds written lines no ``fsync`` has covered yet."""
+        return False
+
+    def _commit_later(self, rec: _Tracked) -> None:
+        """Have ``rec``'s written lines synced by the next group commit (in a worker thread,
+        :attr:`_commit_window` seconds from now, or once the one under way is over)."""
+        self._unsynced.add(rec)
+        if self._commit_timer is None and self._committing is None:
+            loop = asyncio.get_running_loop()
+            self._commit_timer = loop.call_later(self._commit_window, self._group_commit)
+
+    #: How long a group commit collects written lines before one worker job syncs them all.
+    _commit_window = 0.02
+
+    def _group_commit(self) -> None:
+        """Sync every tracked session a checkpoint left unsynced, in one worker job.
+
+        Nothing waits for the job but the shutdown: a flush syncs on its own, and a close
+        neither waits for it nor pulls a file from under it (the backend syncs what
+        :meth:`_sync_later` held for it, not the session's own handle). A failed sync is
+        logged and fails every later checkpoint of that session (its lines may not be on the
+        disk).
+        """
+        self._commit_timer = None
+        unsynced = self._unsynced
+        if self._closed:
+            unsynced.clear()
+            return
+        tracked = self._tracked
+        handles = [
+            rec.handle
+            for rec in unsynced
+            if tracked.get(rec.session.header.id) is rec and self._dirty(rec.handle)
+        ]
+        unsynced.clear()
+        if not handles:
+            return
+        job = self._committing = self._submit(self._sync_later(handles))
+        self._syncs.add(job)
+
+        def done(job: asyncio.Future[builtins.list[tuple[_Handle, Exception]]]) -> None:
+            self._syncs.discard(job)
+            self._committing = None
+            if self._unsynced and not self._closed:  # written while this one ran: next round
+                self._commit_timer = asyncio.get_running_loop().call_soon(self._group_commit)
+            if job.cancelled():
+                failures: builtins.list[tuple[_Handle, Exception]] = []
+            elif job.exception() is not None:
+                exc = cast("Exception", job.exception())
+                failures = [(handle, exc) for handle in handles]
+            else:
+                failures = job.result()
+            for handle, exc in failures:
+                self._sync_failed(handle, exc)
+
+        if job.done():
+            done(job)
+        else:
+            job.add_done_callback(done)
+
+    def _sync_later(
+        self, handles: builtins.list[_Handle]
+    ) -> Callable[[], builtins.list[tuple[_Handle, Exception]]]:
+        """On the loop: what a worker thread runs to sync ``handles`` (returning the
+        failures, by handle), holding on the loop whatever that needs to outlive a close."""
+        raise NotImplementedError
+
+    def _sync_failed(self, handle: _Handle, exc: Exception) -> None:
+        """A group commit could not sync ``handle``: log it (and fail later checkpoints)."""
+        _log.error("could not sync session %r: %s", handle.id, exc)
+
+    # -- refusing and holding --------------------------------------------------------------------
+
+    def _refuse_live(self, ctx: Context, id: str) -> None:
+        if ctx.sessions.get(id) is not None:
+            raise SessionError(
+                f"session {id!r} is live in this host; its open turn is never repaired",
+                code="SESSION_LIVE",
+            )
+
+    def _claim(self, id: str) -> None:
+        if self._claimed(id) or id in self._closing:
+            raise SessionError(
+                f"session {id!r} is held by this host's persistence", code="SESSION_LOCKED"
+            )
+        self._busy.add(id)
+
+    def _abandon(self, id: str, session: Session) -> None:
+        prepared = self._prepared.get(id)
+        if prepared is not None and prepared.session is session:
+            del self._prepared[id]
+            self._release(prepared.handle, discard=False)
+
+    # -- reading ---------------------------------------------------------------------------------
+
+    def _load_sync(self, id: str, handle: _Handle | None, commit: bool) -> _Loaded:
+        loaded, closers = self._read_repaired(id, handle, commit)
+        if commit and handle is not None and (closers or handle.truncate):
+            self._write(handle, closers)
+        return loaded
+
+    def _read_repaired(
+        self, id: str, handle: _Handle | None, commit: bool
+    ) -> tuple[_Loaded, builtins.list[SessionEvent]]:
+        """The stored log with its repair closers appended, and those closers (not written)."""
+        header, events, locate = self._read(id, handle)
+        scan = _scan(events, locate)
+        closers = _closers(id, scan, len(events))
+        if closers:
+            _log.warning(
+                "session %r ended inside turn %s; closed it with %d repair event(s)%s",
+                id,
+                scan.checker.open_turn,
+                len(closers),
+                "" if commit else " (in memory only)",
+            )
+        events.extend(closers)
+        return _Loaded(header=header, events=events), closers
+
+    # -- public API ------------------------------------------------------------------------------
+
+    async def create(self, header: SessionHeader) -> None:
+        """Store a new, empty session under ``header`` (durable on return).
+
+        Fails with ``SESSION_EXISTS`` when the id is already stored, ``SESSION_LIVE`` when it is
+        live in this host, ``SESSION_LOCKED`` when another holder has it.
+        """
+        ctx = self._installed()
+        if header.version != SESSION_FORMAT_VERSION:
+            raise SessionError(
+                f"session format version {header.version!r} is not supported",
+                code="SESSION_FORMAT_UNSUPPORTED",
+            )
+        await self._quiesce(header.id)
+        self._refuse_live(ctx, header.id)
+        self._claim(header.id)
+        try:
+            handle = await self._hold(header.id, header)
+            try:
+                await self._run(self._write, handle, [])
+            finally:
+                self._release(handle, discard=False)
+        finally:
+            self._busy.discard(header.id)
+
+    async def append(self, id: str, events: Iterable[SessionEvent]) -> None:
+        """Append ``events`` to a stored, untracked session (durable on return).
+
+        The first event's seq must equal the stored next seq (``SESSION_SEQ_MISMATCH``), and the
+        events must keep the log valid (``SESSION_APPEND_INVALID``). A torn last line is dropped
+        first. Live sessions are written through their own log, never through this method.
+        """
+        await self._with_cold_log(id, self._append_sync, list(events))
+
+    async def _with_cold_log(self, id: str, fn: Callable[..., T], *args: Any) -> T:
+        """Run ``fn(id, handle, *args)`` off the loop on the stored log of ``id``, held (and
+        refused if live in this host) for just that call."""
+        ctx = self._installed()
+        await self._quiesce(id)
+        self._refuse_live(ctx, id)
+        self._claim(id)
+        try:
+            handle = await self._hold(id, None)
+            try:
+                return await self._run(fn, id, handle, *args)
+            finally:
+                self._release(handle, discard=False)
+        finally:
+            self._busy.discard(id)
+
+    def _append_sync(self, id: str, handle: _Handle, batch: builtins.list[SessionEvent]) -> None:
+        _, stored, locate = self._read(id, handle)
+        if batch and batch[0].seq != len(stored):
+            raise SessionError(
+                f"append to session {id!r} must start at seq {len(stored)}, got {batch[0].seq}",
+                code="SESSION_SEQ_MISMATCH",
+            )
+        types = self.types
+        for event in batch:
+            try:
+                _validate_appended(types, event)
+            except SessionError as exc:
+                raise SessionError(
+                    f"cannot append to session {id!r}: {exc}", code="SESSION_APPEND_INVALID"
+                ) from exc
+        scan = _scan(stored, locate)
+        checker = scan.checker
+        for event in batch:
+            try:
+                checker.check(event)
+            except LogInvariantError as exc:
+                raise SessionError(
+                    f"cannot append to session {id!r}: {exc}", code="SESSION_APPEND_INVALID"
+                ) from exc
+            checker.apply(event)
+        self._write(handle, batch)
+
+    async def prepare(
+        self,
+        id: str,
+        signal: AbortSignal | None = None,
+        *,
+        check: Callable[[SessionHeader, Sequence[SessionEvent]], object] | None = None,
+    ) -> SessionPreparation:
+        """Load ``id`` (committing crash repair) as an unpublished restored session.
+
+        The backend holds the log (``SESSION_LOCKED`` for anyone else) until the session is
+        announced and later disposed, or until the preparation is disposed unannounced.
+
+        ``check``, if given, sees the stored header and events (repair closers included, as
+        ``inspect`` gives them) once they are read, before any repair is written or the session
+        is built; whatever it raises fails the preparation, and the log is let go unchanged. A
+        caller that must judge a log before resuming it (its owner, its state) so reads it
+        once instead of inspecting it first.
+        """
+        ctx = self._installed()
+        _check(signal)
+        await self._quiesce(id)
+        self._refuse_live(ctx, id)
+        self._claim(id)
+        handle: _Handle | None = None
+        try:
+            handle = await self._hold(id, None)
+            if check is None:
+                loaded = await self._run(self._load_sync, id, handle, True)
+                _check(signal)
+            else:
+                loaded, closers = await self._run(self._read_repaired, id, handle, True)
+                _check(signal)
+                check(loaded.header, loaded.events)
+                if closers or handle.truncate:
+                    await self._run(self._write, handle, closers)
+                    _check(signal)
+            session = ctx.sessions.prepare(id, seed=loaded.events, restored=loaded.header)
+            self._prepared[id] = _Prepared(
+                session=session, handle=handle, stored=len(loaded.events)
+            )
+        except BaseException:
+            if handle is not None:
+                self._release(handle, discard=False)
+            raise
+        finally:
+            self._busy.discard(id)
+        return SessionPreparation(session, lambda: self._abandon(id, session))
+
+    async def load(self, id: str) -> tuple[SessionHeader, tuple[SessionEvent, ...]]:
+        """The stored log of a cold session, crash repair committed.
+
+        Refuses a session live in this host (``SESSION_LIVE``): its open turn is not a crash.
+        """
+        loaded = await self._with_cold_log(id, self._load_sync, True)
+        return loaded.header, tuple(loaded.events)
+
+    async def inspect(
+        self, id: str, signal: AbortSignal | None = None
+    ) -> tuple[SessionHeader, tuple[SessionEvent, ...]]:
+        """The stored log with repair closers added in memory only; nothing is written or held.
+
+        For a session live in this host this is the part stored so far.
+        """
+        self._installed()
+        _check(signal)
+        await self._quiesce(id)
+        loaded = await self._run(self._load_sync, id, None, False)
+        _check(signal)
+        return loaded.header, tuple(loaded.events)
+
+    async def stored(self, id: str, signal: AbortSignal | None = None) -> bool:
+        """Whether ``id`` is taken in the store, without reading its events: what a
+        :meth:`create` of ``id`` would find there (``SESSION_EXISTS``).
+
+        A log is stored once its header is; the JSONL store reads at most that line, never
+        through a symlink. An entry that is there but damaged (a symlink or other non-file, an
+        unreadable header) takes the id too; a file cut inside its header line was never
+        created and does not. An id that cannot name a session is ``SESSION_INVALID_ID``, a
+        store that cannot be read ``SESSION_IO``.
+        """
+        self._installed()
+        check_session_id(id)
+        _check(signal)
+        await self._quiesce(id)
+        found = await self._run(self._stored, id)
+        _check(signal)
+        return found
+
+    async def list(self, signal: AbortSignal | None = None) -> builtins.list[SessionHeader]:
+        """The headers of every stored session, oldest first (events are never read).
+
+        A damaged entry is left out (and logged); :meth:`listing` also reports it.
+        """
+        return builtins.list((await self.listing(signal)).headers)
+
+    async def listing(self, signal: AbortSignal | None = None) -> SessionListing:
+        """The readable headers, oldest first, and the damaged entries, by id.
+
+        A stored entry whose header cannot be read (not JSON, an unsupported version, a header
+        naming another id, a symlink or other non-regular file, an unreadable file) is a
+        :class:`DamagedSession` instead of failing the whole listing; only its own load fails.
+        """
+        self._installed()
+        _check(signal)
+        headers, damaged = await self._run(self._entries, signal)
+        _check(signal)
+        headers.sort(key=lambda h: (h.created_at, h.id))
+        damaged.sort(key=lambda d: d.id)
+        return SessionListing(headers=tuple(headers), damaged=tuple(damaged), stamps=self._stamps())
+
+    async def scan(
+        self,
+        ids: Sequence[str],
+        types: Iterable[str],
+        signal: AbortSignal | None = None,
+        *,
+        until: Iterable[str] | None = None,
+    ) -> builtins.list[StoredScan | SessionError]:
+        """Read the stored logs of ``ids`` one after another, each once, in one worker job,
+        keeping only the events of ``types`` (so a caller bounds its reads in flight by the
+        calls it makes). A log that cannot be read is its ``SessionError``, in its place;
+        nothing is written or held. The JSONL store decodes only the kept events: every
+        line must still be a JSON event of the next seq and a known or ignorable type,
+        otherwise the log is parsed as ``load`` parses it and fails with the same error.
+        Nesting rules are not checked (``load`` does).
+
+        ``until`` bounds the read: each log is read only up to its first event of one of
+        those types in its own part (from the header's ``seed_length`` on), that event
+        included; nothing after it is read or checked. A log without one is read whole.
+        """
+        self._installed()
+        _check(signal)
+        for id in ids:
+            if id in self._closing:
+                await self._quiesce(id)
+        stop = frozenset(until) if until is not None else None
+        found = await self._run(self._scan_all, builtins.list(ids), frozenset(types), signal, stop)
+        _check(signal)
+        return found
+
+    def _scan_all(
+        self,
+        ids: builtins.list[str],
+        types: frozenset[str],
+        signal: AbortSignal | None,
+        until: frozenset[str] | None = None,
+    ) -> builtins.list[StoredScan | SessionError]:
+        out: builtins.list[StoredScan | SessionError] = []
+        for id in ids:
+            if signal is not None and signal.aborted:
+                raise AbortedError(signal.reason)
+            try:
+                if until is None:
+                    out.append(self._scan(id, types))
+                else:
+                    out.append(self._scan_until(id, types, until))
+            except SessionError as exc:
+                out.append(exc)
+            except Exception as exc:  # one crafted log must not fail the others' reads
+                failed = SessionError(
+                    f"session {id!r} is unreadable: {type(exc).__name__}: {exc}",
+                    code="SESSION_CORRUPT",
+                )
+                failed.__cause__ = exc
+                out.append(failed)
+        return out
+
+    def released(self, id: str) -> Awaitable[None]:
+        """Wait until this backend's hold on ``id`` from a disposed session is let go (its
+        last drain written, its lock released); returns at once when nothing is pending.
+
+        The last write's ``fsync`` may still be running: the backend's shutdown waits for it.
+        Every disposal awaits this, so with nothing pending no coroutine is made.
+        """
+        if id not in self._closing:
+            return _NOTHING_PENDING
+        return self._quiesce(id)
+
+    # -- storage hooks ---------------------------------------------------------------------------
+
+    def _acquire(self, id: str, header: SessionHeader | None) -> _Handle:
+        """Hold ``id`` exclusively. With ``header``: create it (``SESSION_EXISTS`` if stored)
+        and store the header line; without: open it (``SESSION_NOT_FOUND``)."""
+        raise NotImplementedError
+
+    def _release(self, handle: _Handle, *, discard: bool) -> None:
+        """Let go of ``handle``; ``discard`` also deletes a log that ``_acquire`` created."""
+        raise NotImplementedError
+
+    def _read(
+        self, id: str, handle: _Handle | None
+    ) -> tuple[SessionHeader, builtins.list[SessionEvent], Callable[[int], str]]:
+        """The stored header and events, and where event ``i`` lives (for error messages).
+
+        A torn tail is dropped (and, through ``handle``, truncated before the next write).
+        """
+        raise NotImplementedError
+
+    def _write(self, handle: _Handle, events: Sequence[SessionEvent], sync: bool = True) -> None:
+        """Append ``events`` durably (one sync), finishing a new log's creation; with
+        ``sync=False`` only written, the sync left to :meth:`_let_go`."""
+        raise NotImplementedError
+
+    def _let_go(self, handle: _Handle) -> Callable[[], None] | None:
+        """Release a disposed session's hold now (another holder may take it at once) and
+        return what must still run off the loop to make its writes durable, if anything."""
+        self._release(handle, discard=False)
+        return None
+
+    def _headers(self, signal: AbortSignal | None) -> builtins.list[SessionHeader]:
+        """Every stored header, unordered."""
+        raise NotImplementedError
+
+    def _entries(
+        self, signal: AbortSignal | None
+    ) -> tuple[builtins.list[SessionHeader], builtins.list[DamagedSession]]:
+        """Every readable stored header and every damaged entry, unordered (a backend that
+        cannot hold damaged entries keeps the default: ``_headers`` and no damage)."""
+        return self._headers(signal), []
+
+    def _stored(self, id: str) -> bool:
+        """Whether ``id`` is taken (see :meth:`stored`; default: ``_read`` finds it)."""
+        try:
+            self._read(id, None)
+        except SessionError as exc:
+            if exc.code == "SESSION_NOT_FOUND":
+                return False
+            if exc.code in ("SESSION_INVALID_ID", "SESSION_IO"):
+                raise
+        return True
+
+    def _stamps(self) -> dict[str, Hashable]:
+        """The stamp of each stored log as the last listing saw it (default: none)."""
+        return {}
+
+    def _scan(self, id: str, types: frozenset[str]) -> StoredScan:
+        """One read of a stored log for :meth:`scan` (default: all of ``_read``)."""
+        header, events, _ = self._read(id, None)
+        return StoredScan(header=header, events=tuple(e for e in events if e.type in types))
+
+    def _scan_until(self, id: str, types: frozenset[str], until: frozenset[str]) -> StoredScan:
+        """:meth:`_scan` bounded by ``until`` (see :meth:`scan`; default: the whole log read,
+        the kept events cut after the stop)."""
+        found = self._scan(id, types | until)
+        events = kept_until(found.events, types, until, found.header.seed_length or 0)
+        return StoredScan(header=found.header, events=events, stamp=found.stamp)
+
+
+def kept_until(
+    events: Iterable[SessionEvent], types: frozenset[str], until: frozenset[str], start: int
+) -> tuple[SessionEvent, ...]:
+    """The events of ``types`` up to the first event of ``until`` at seq ``start`` or later
+    (that one included if it is of ``types``)."""
+    out: builtins.list[SessionEvent] = []
+    for event in events:
+        t = event.type
+        if t in types:
+            out.append(event)
+        if t in until and event.seq >= start:
+            break
+    return tuple(out)
+
+
+class _NothingPending:
+    """An awaitable that is done at once (cheaper than a coroutine or a future)."""
+
+    __slots__ = ()
+
+    def __await__(self) -> Generator[Any, None, None]:
+        return
+        yield
+
+
+_NOTHING_PENDING = _NothingPending()
+
+
+def _log_close_failure(rec: _Tracked, exc: Exception) -> None:
+    """Log why a disposed session's last write failed: a disposal never raises for it."""
+    if isinstance(exc, _Unwritten):  # stored, some events as stand-ins
+        _log.error("%s", exc)
+    else:
+        _log.error(
+            "could not store the last %d event(s) of session %r",
+            len(rec.pending()),
+            rec.session.header.id,
+            exc_info=exc,
+        )
