@@ -86,7 +86,8 @@ class ListingMemo:
         return known
 
 
-_KEPT = frozenset({DESCRIPTOR_EVENT})
+#: The events a listing reads: descriptors, and turn ends (a child's last one, ROB-11).
+_KEPT = frozenset({DESCRIPTOR_EVENT, "turn/end"})
 _Reason = Literal["corrupt", "unsupported", "unavailable"]
 #: A stored log's failed read, by the backend's ``SessionError`` code (hardening 11.3).
 _READ_FAILURES: dict[str, _Reason] = {
@@ -185,19 +186,35 @@ def _classify(
         return None
     if isinstance(verdict, str):
         return SubagentDiagnosticEntry(id=header.id, reason=verdict, has_children=has_children)
+    assert isinstance(found, SessionScan)
     return SubagentChildEntry(
         id=header.id,
         mode="continuable" if isinstance(verdict, ContinuableDescriptor) else "one-shot",
         activity="running" if record.live else "inactive",
         label=verdict.label,
         has_children=has_children,
+        last_turn_end=_last_turn_end(found, header.seed_length or 0),
     )
+
+
+def _last_turn_end(found: SessionScan, start: int) -> str | None:
+    """The reason kind of the last ``turn/end`` from ``start`` on (a fork seed's are not the
+    child's own), or ``None``."""
+    for event in reversed(found.events):
+        if event.seq < start:
+            break
+        if event.type == "turn/end":
+            data = event.data
+            reason = getattr(data, "reason", None)
+            kind = getattr(reason, "kind", None)
+            return kind if isinstance(kind, str) else None
+    return None
 
 
 def _own_descriptor(found: SessionScan, start: int) -> SubagentDescriptorData | _Reason | None:
     """The one supported descriptor from ``start`` on; none: ``None``; more than one or a
     malformed one: ``corrupt``; an unknown version: ``unsupported`` (LIST-S)."""
-    own = [e for e in found.events if e.seq >= start]
+    own = [e for e in found.events if e.seq >= start and e.type == DESCRIPTOR_EVENT]
     if not own:
         return None
     if len(own) > 1:

@@ -62,7 +62,9 @@ __all__ = [
 
 #: Why a run ended. Open: providers may add reasons; consumers treat unknown ones as failures.
 SubagentStopReason: TypeAlias = str
-KNOWN_STOP_REASONS = frozenset({"completed", "aborted", "error", "max-tokens", "refusal"})
+KNOWN_STOP_REASONS = frozenset(
+    {"completed", "aborted", "error", "max-tokens", "max-steps", "refusal"}
+)
 
 
 @attrs.frozen(kw_only=True)
@@ -437,7 +439,10 @@ class SubagentRunEndInfo:
 @attrs.frozen(kw_only=True)
 class SubagentChildEntry:
     """A listed child with a valid descriptor. ``label`` is always present when continuable;
-    ``has_children``: some direct descendant's header says ``origin: subagent`` (LIST-3)."""
+    ``has_children``: some direct descendant's header says ``origin: subagent`` (LIST-3);
+    ``last_turn_end``: the reason kind of the last ``turn/end`` of the child's own log
+    (``completed``, ``max-steps``, ...; ``None`` before its first turn ended). It is a
+    reading of how the child last stopped, not part of what the entry is: not compared."""
 
     id: str
     mode: Literal["one-shot", "continuable"]
@@ -445,6 +450,7 @@ class SubagentChildEntry:
     label: str | None = None
     has_children: bool = False
     kind: Literal["child"] = "child"
+    last_turn_end: str | None = attrs.field(default=None, eq=False)
 
 
 @attrs.frozen(kw_only=True)

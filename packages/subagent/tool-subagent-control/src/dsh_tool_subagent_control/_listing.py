@@ -78,6 +78,7 @@ _OUTPUT: dict[str, Any] = {
                     "id": {"type": "string"},
                     "label": {"type": "string"},
                     "status": {"enum": ["running", "idle", "ready"]},
+                    "last_turn": {"const": "max-steps"},
                     **_POSITION,
                 },
                 "required": ["kind", "id", "label", "status"],
@@ -111,12 +112,15 @@ def _row(registry: AgentRegistry, entry: SubagentListEntry) -> dict[str, Any] | 
     if isinstance(entry, SubagentChildEntry):
         if entry.mode != "continuable":
             return None
-        return {
+        row: dict[str, Any] = {
             "kind": "child",
             "id": entry.id,
             "label": entry.label or "",
             "status": _status(registry, entry.id),
         }
+        if entry.last_turn_end == "max-steps" and row["status"] != "running":
+            row["last_turn"] = "max-steps"  # its last turn was cut at the step limit (ROB-11)
+        return row
     return {"kind": "diagnostic", "id": entry.id, "reason": entry.reason}
 
 
@@ -147,6 +151,10 @@ def project_descendants(
     return rows
 
 
+#: What a row's status bracket adds about the child's last turn.
+_NOTES = {"max-steps": ", stopped at its step limit"}
+
+
 def _one_line(text: str) -> str:
     """``text`` with its line breaks as spaces: a label (a model wrote it, maybe a child's
     model) or a reason stays inside its own row and cannot pass for another row."""
@@ -155,7 +163,8 @@ def _one_line(text: str) -> str:
 
 def render_rows(rows: Any) -> str:
     """``<id> [<status>] — <label>``, ``<id> [diagnostic: <reason>]`` (with `` parent=<id>
-    depth=<n>`` after the bracket on a descendants row), one per line; ``(no subagents)``.
+    depth=<n>`` after the bracket on a descendants row, and ``, stopped at its step limit``
+    inside the bracket of a child whose last turn ended there), one per line; ``(no subagents)``.
     Line breaks inside a label or a reason are rendered as spaces (the value keeps them)."""
     if not rows:
         return "(no subagents)"
@@ -163,7 +172,8 @@ def render_rows(rows: Any) -> str:
     for row in rows:
         at = f" parent={row['parent']} depth={row['depth']}" if "parent" in row else ""
         if row["kind"] == "child":
-            lines.append(f"{row['id']} [{row['status']}]{at} — {_one_line(row['label'])}")
+            note = _NOTES.get(row.get("last_turn", ""), "")
+            lines.append(f"{row['id']} [{row['status']}{note}]{at} — {_one_line(row['label'])}")
         else:
             lines.append(f"{row['id']} [diagnostic: {_one_line(row['reason'])}]{at}")
     return "\n".join(lines)
