@@ -92,10 +92,15 @@ async def test_initialize_and_prompt_stream_text(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("reply", "stop_reason"),
-    [('"fine"', "end_turn"), ('{ text = "Once", finish = "max-tokens" }', "max_tokens")],
+    [
+        ('"fine"', "end_turn"),
+        ('{ text = "Once", finish = "max-tokens" }', "max_tokens"),
+        ('{ tool_calls = [{ name = "nope" }] }', "max_turn_requests"),  # at the step limit
+    ],
 )
 async def test_turn_end_maps_to_stop_reason(tmp_path: Path, reply: str, stop_reason: str) -> None:
-    """acp 16.2: the dsh turn's end is answered with the ACP stop reason."""
+    """acp 16.2, ROB-13: the dsh turn's end is answered with the ACP stop reason (a turn that
+    reached its step limit: max_turn_requests)."""
     config = AgentServerConfig(plugins=(script(tmp_path, f"default = {reply}\n"),))
     async with served(config) as (client, _):
         sid = (await client.new_session(cwd=str(tmp_path), mcp_servers=[])).session_id

@@ -77,6 +77,7 @@ _log = logging.getLogger("dsh.acp_agent")
 _STOP_REASONS = {
     "completed": "end_turn",
     "max-tokens": "max_tokens",
+    "max-steps": "max_turn_requests",
     "aborted": "cancelled",
     "blocked": "refusal",
 }

@@ -886,67 +886,71 @@ class Agent:
         the calls left are answered (``ABORTED`` once logged, ``ABORTED_BEFORE_DISPATCH``
         before) before it propagates, so no later request carries an unanswered call.
         """
-        session = self.session
-        concluded = False
-        i = 0
         # calls[:progress[0]] have their tool/result, calls[:progress[1]] their tool/call.
         progress = [0, 0]
         try:
-            while i < len(calls):
-                group = [calls[i]]
-                definition = tools.get(calls[i].name)
-                if definition is not None and definition.concurrency_safe:
-                    while i + len(group) < len(calls):
-                        nxt = tools.get(calls[i + len(group)].name)
-                        if nxt is None or not nxt.concurrency_safe:
-                            break
-                        group.append(calls[i + len(group)])
-                i += len(group)
-                # Each call's id, name and arguments are those of a block of the
-                # assistant/message the log just took (checked or vouched for), so its
-                # tool/call needs no check.
-                call_seqs = []
-                for c in group:
-                    call_seqs.append(
-                        session._append_vouched(
-                            "tool/call",
-                            _tool_call(
-                                turn=turn,
-                                step=step,
-                                call_id=c.id,
-                                name=c.name,
-                                arguments=c.arguments,
-                            ),
-                        ).seq
-                    )
-                    progress[1] += 1
-                # the calls are on disk before they run (DUR-3)
-                unwritten = _unwritten_calls(session)
-                if signal.aborted:
-                    results = [
-                        failure("tool call aborted before dispatch", "ABORTED_BEFORE_DISPATCH")
-                        for _ in group
-                    ]
-                elif unwritten is not None:
-                    results = [unwritten for _ in group]
-                elif len(group) == 1:
-                    results = [await tools.execute(self._call_input(group[0], signal))]
-                else:
-                    results = list(
-                        await asyncio.gather(
-                            *(tools.execute(self._call_input(c, signal)) for c in group)
-                        )
-                    )
-                for c, seq, result in zip(group, call_seqs, results, strict=True):
-                    self._log_result(turn, step, c, seq, result)
-                    progress[0] += 1
-                    for extra in result.additional_contexts:
-                        self.inbox.insert("next-step", extra)
-                    if result.ok and result.concludes_turn:
-                        concluded = True
+            return await self._run_groups(calls, turn, step, signal, tools, progress)
         except BaseException:
             self._answer_rest(calls, progress, turn, step)
             raise
+
+    async def _run_groups(
+        self,
+        calls: list[ToolCallBlock],
+        turn: int,
+        step: int,
+        signal: AbortSignal,
+        tools: ToolRegistry,
+        progress: list[int],
+    ) -> bool:
+        session = self.session
+        concluded = False
+        i = 0
+        while i < len(calls):
+            group = [calls[i]]
+            definition = tools.get(calls[i].name)
+            if definition is not None and definition.concurrency_safe:
+                while i + len(group) < len(calls):
+                    nxt = tools.get(calls[i + len(group)].name)
+                    if nxt is None or not nxt.concurrency_safe:
+                        break
+                    group.append(calls[i + len(group)])
+            i += len(group)
+            # Each call's id, name and arguments are those of a block of the assistant/message
+            # the log just took (checked or vouched for), so its tool/call needs no check.
+            call_seqs = [
+                session._append_vouched(
+                    "tool/call",
+                    _tool_call(
+                        turn=turn, step=step, call_id=c.id, name=c.name, arguments=c.arguments
+                    ),
+                ).seq
+                for c in group
+            ]
+            progress[1] = i
+            unwritten = _unwritten_calls(session)  # the calls are on disk before they run (DUR-3)
+            if signal.aborted:
+                results = [
+                    failure("tool call aborted before dispatch", "ABORTED_BEFORE_DISPATCH")
+                    for _ in group
+                ]
+            elif unwritten is not None:
+                results = [unwritten for _ in group]
+            elif len(group) == 1:
+                results = [await tools.execute(self._call_input(group[0], signal))]
+            else:
+                results = list(
+                    await asyncio.gather(
+                        *(tools.execute(self._call_input(c, signal)) for c in group)
+                    )
+                )
+            for c, seq, result in zip(group, call_seqs, results, strict=True):
+                self._log_result(turn, step, c, seq, result)
+                progress[0] += 1
+                for extra in result.additional_contexts:
+                    self.inbox.insert("next-step", extra)
+                if result.ok and result.concludes_turn:
+                    concluded = True
         return concluded
 
     def _log_result(

@@ -195,12 +195,15 @@ def check_balanced(events: Iterable[SessionEvent]) -> None:
 
 def unanswered_calls(messages: Iterable[Message]) -> list[str]:
     """The ids of the tool calls in ``messages`` (a model request's history) that no tool
-    result answers, in order: a request carrying one is refused by real endpoints."""
+    result answers, in order: a request carrying one is refused by real endpoints. Only an
+    assistant message makes calls (a user message quoting a child's closing call does not)."""
     open_calls: dict[str, None] = {}
     for m in messages:
+        role = m.role
         for block in m.content:
             if isinstance(block, ToolCallBlock):
-                open_calls[block.id] = None
+                if role == "assistant":
+                    open_calls[block.id] = None
             elif isinstance(block, ToolResultBlock):
                 open_calls.pop(block.tool_call_id, None)
     return list(open_calls)

@@ -398,12 +398,13 @@ async def test_only_agent_message_text_is_output() -> None:
         ("max_tokens", "max-tokens"),
         ("refusal", "refusal"),
         ("cancelled", "aborted"),
-        ("max_turn_requests", "error"),
+        ("max_turn_requests", "max-steps"),
         ("something_new", "error"),
     ],
 )
 async def test_stop_reasons_map(acp_reason: str, stop_reason: str) -> None:
-    """ACP-3: each ACP stop reason maps to the seam's (max_turn_requests and unknown: error)."""
+    """ACP-3, ROB-13: each ACP stop reason maps to the seam's (max_turn_requests: max-steps,
+    an unknown one: error)."""
     async with acp_host("--stop", acp_reason) as b:
         run = await b.start()
         try:

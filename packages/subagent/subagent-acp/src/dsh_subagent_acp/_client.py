@@ -43,6 +43,7 @@ _log = logging.getLogger("dsh.subagent.acp")
 _STOP_REASONS = {
     "end_turn": "completed",
     "max_tokens": "max-tokens",
+    "max_turn_requests": "max-steps",
     "refusal": "refusal",
     "cancelled": "aborted",
 }

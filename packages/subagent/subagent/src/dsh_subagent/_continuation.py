@@ -118,6 +118,7 @@ NOTICE_ENDINGS = {
     "completed": "finished and will do no further work unless you send it more.",
     "aborted": "was stopped before it finished.",
     "max-tokens": "ran out of room before it finished.",
+    "max-steps": "reached its step limit before it finished.",
     "refusal": "declined the task.",
     "error": "failed before it finished.",
 }
@@ -967,7 +968,9 @@ class ContinuationManager:
                             resume_session_id=child_id,
                             preparation=preparation,
                             agent_options=AgentOptions(
-                                provider=descriptor.agent_provider, model=descriptor.agent_model
+                                provider=descriptor.agent_provider,
+                                model=descriptor.agent_model,
+                                max_steps=parent.options.max_steps,  # inherited (ROB-12)
                             ),
                             # Not the caller's signal: the resume then runs inline, so a
                             # caller cancelled meanwhile unwinds its hold on the stored log

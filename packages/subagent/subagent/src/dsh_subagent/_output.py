@@ -72,6 +72,8 @@ def one_shot_stop_reason(reason: TurnEndReason | None, *, cancelled: bool) -> Su
         mapped = "completed"
     elif kind == "max-tokens":
         mapped = "max-tokens"
+    elif kind == "max-steps":
+        mapped = "max-steps"
     elif kind == "aborted":
         mapped = "aborted"
     elif kind == "blocked":
@@ -85,6 +87,7 @@ def one_shot_stop_reason(reason: TurnEndReason | None, *, cancelled: bool) -> Su
 
 _EPOCH_REASONS = {
     "max-tokens": "max-tokens",
+    "max-steps": "max-steps",
     "aborted": "aborted",
     "interrupted": "aborted",
     "error": "error",

@@ -62,7 +62,9 @@ __all__ = [
 
 #: Why a run ended. Open: providers may add reasons; consumers treat unknown ones as failures.
 SubagentStopReason: TypeAlias = str
-KNOWN_STOP_REASONS = frozenset({"completed", "aborted", "error", "max-tokens", "refusal"})
+KNOWN_STOP_REASONS = frozenset(
+    {"completed", "aborted", "error", "max-tokens", "max-steps", "refusal"}
+)
 
 
 @attrs.frozen(kw_only=True)

@@ -86,14 +86,15 @@ NO_CAPTURE = (
 
 
 def child_agent_options(parent: Agent, requested: AgentOptions | None, depth: int) -> AgentOptions:
-    """DEP-4: the parent's route and ``max_tokens`` overlaid with the request's declared fields,
-    plus the runtime ``subagent_depth``. Nothing undeclared is invented."""
+    """DEP-4: the parent's route, ``max_tokens`` and ``max_steps`` overlaid with the request's
+    declared fields, plus the runtime ``subagent_depth``. Nothing undeclared is invented."""
     base = parent.options
     req = requested if requested is not None else _NO_OPTIONS
     return AgentOptions(
         provider=req.provider if req.provider is not None else base.provider,
         model=req.model if req.model is not None else base.model,
         max_tokens=req.max_tokens if req.max_tokens is not None else base.max_tokens,
+        max_steps=req.max_steps if req.max_steps is not None else base.max_steps,
         extensions={**req.extensions, SUBAGENT_DEPTH_KEY: depth},
     )
 
@@ -290,6 +291,10 @@ def _publish(
     return SubagentRun(id=child.id, local_agent=child, result=result, dispose=dispose)
 
 
+#: The stop reasons whose turn end's ``error`` is the result's diagnostic (max-steps: ROB-10).
+_DIAGNOSED = frozenset({"error", "max-steps"})
+
+
 def _nothing() -> None:
     return None
 
@@ -301,7 +306,7 @@ def _result_of(child: Agent, capture: StructuredCapture | None, cancelled: bool)
     end = fold_consumed_work(events).end
     stop = one_shot_stop_reason(end.reason if end is not None else None, cancelled=cancelled)
     diagnostic = None
-    if end is not None and end.reason.error is not None and stop == "error":
+    if end is not None and end.reason.error is not None and stop in _DIAGNOSED:
         diagnostic = truncate_diagnostic(end.reason.error.message)
     structured = None
     if capture is not None and stop == "completed":

@@ -12,7 +12,7 @@ terminal).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Container, Iterable
 from typing import Any, Literal
 
 from dsh_core import (
@@ -31,6 +31,8 @@ from dsh_subagent import (
     SubagentChildEntry,
     SubagentDescendantListEntry,
     SubagentListEntry,
+    SubagentRunEndInfo,
+    SubagentRunInfo,
 )
 
 __all__ = ["LIST_AGENTS_DESCRIPTION", "ListAgentsStatus", "install_list_agents"]
@@ -78,6 +80,7 @@ _OUTPUT: dict[str, Any] = {
                     "id": {"type": "string"},
                     "label": {"type": "string"},
                     "status": {"enum": ["running", "idle", "ready"]},
+                    "last_turn": {"const": "max-steps"},
                     **_POSITION,
                 },
                 "required": ["kind", "id", "label", "status"],
@@ -106,45 +109,59 @@ def _status(registry: AgentRegistry, child_id: str) -> ListAgentsStatus:
     return "running" if agent.status == "running" else "idle"
 
 
-def _row(registry: AgentRegistry, entry: SubagentListEntry) -> dict[str, Any] | None:
-    """The model-facing row of one listing entry, or ``None`` for a one-shot child."""
+def _row(
+    registry: AgentRegistry, entry: SubagentListEntry, stopped: Container[str]
+) -> dict[str, Any] | None:
+    """The model-facing row of one listing entry, or ``None`` for a one-shot child.
+    ``stopped``: the children whose latest epoch ended at its step limit."""
     if isinstance(entry, SubagentChildEntry):
         if entry.mode != "continuable":
             return None
-        return {
+        row: dict[str, Any] = {
             "kind": "child",
             "id": entry.id,
             "label": entry.label or "",
             "status": _status(registry, entry.id),
         }
+        if entry.id in stopped and row["status"] != "running":
+            row["last_turn"] = "max-steps"  # its last turn was cut at the step limit (ROB-11)
+        return row
     return {"kind": "diagnostic", "id": entry.id, "reason": entry.reason}
 
 
 def project_children(
-    registry: AgentRegistry, entries: Iterable[SubagentListEntry]
+    registry: AgentRegistry,
+    entries: Iterable[SubagentListEntry],
+    stopped: Container[str] = frozenset(),
 ) -> list[dict[str, Any]]:
     """CTL-5 over ``list_children``: diagnostics kept, one-shot children dropped."""
     rows = []
     for entry in entries:
-        row = _row(registry, entry)
+        row = _row(registry, entry, stopped)
         if row is not None:
             rows.append(row)
     return rows
 
 
 def project_descendants(
-    registry: AgentRegistry, entries: Iterable[SubagentDescendantListEntry]
+    registry: AgentRegistry,
+    entries: Iterable[SubagentDescendantListEntry],
+    stopped: Container[str] = frozenset(),
 ) -> list[dict[str, Any]]:
     """CTL-5 over ``list_descendants``: as :func:`project_children`, each row with its durable
     ``parent`` and ``depth``; a dropped one-shot intermediate leaves its descendants' rows."""
     rows = []
     for item in entries:
-        row = _row(registry, item.entry)
+        row = _row(registry, item.entry, stopped)
         if row is not None:
             row["parent"] = item.parent_id
             row["depth"] = item.depth
             rows.append(row)
     return rows
+
+
+#: What a row's status bracket adds about the child's last turn.
+_NOTES = {"max-steps": ", stopped at its step limit"}
 
 
 def _one_line(text: str) -> str:
@@ -155,7 +172,8 @@ def _one_line(text: str) -> str:
 
 def render_rows(rows: Any) -> str:
     """``<id> [<status>] — <label>``, ``<id> [diagnostic: <reason>]`` (with `` parent=<id>
-    depth=<n>`` after the bracket on a descendants row), one per line; ``(no subagents)``.
+    depth=<n>`` after the bracket on a descendants row, and ``, stopped at its step limit``
+    inside the bracket of a child whose last turn ended there), one per line; ``(no subagents)``.
     Line breaks inside a label or a reason are rendered as spaces (the value keeps them)."""
     if not rows:
         return "(no subagents)"
@@ -163,7 +181,8 @@ def render_rows(rows: Any) -> str:
     for row in rows:
         at = f" parent={row['parent']} depth={row['depth']}" if "parent" in row else ""
         if row["kind"] == "child":
-            lines.append(f"{row['id']} [{row['status']}]{at} — {_one_line(row['label'])}")
+            note = _NOTES.get(row.get("last_turn", ""), "")
+            lines.append(f"{row['id']} [{row['status']}{note}]{at} — {_one_line(row['label'])}")
         else:
             lines.append(f"{row['id']} [diagnostic: {_one_line(row['reason'])}]{at}")
     return "\n".join(lines)
@@ -178,6 +197,22 @@ def install_list_agents(ctx: Context) -> None:
     disposed."""
     subagents = ctx[SUBAGENTS]
     registry = ctx[_AGENTS]
+    # The children whose latest epoch ended at its step limit, as this host saw them settle
+    # (ROB-11). Kept from subagent/end rather than read from each child's log, so a listing
+    # stays a bounded read of each child's first events; a host started later does not know.
+    stopped: set[str] = set()
+
+    def on_end(info: SubagentRunEndInfo) -> None:
+        if info.stop_reason == "max-steps":
+            stopped.add(info.id)
+        else:
+            stopped.discard(info.id)
+
+    def on_start(info: SubagentRunInfo) -> None:
+        stopped.discard(info.id)  # a new epoch: how the last one ended no longer tells
+
+    ctx.on("subagent/start", on_start)
+    ctx.on("subagent/end", on_end)
 
     async def list_agents(args: Any, run: ToolRunContext) -> list[dict[str, Any]]:
         parent = run.agent
@@ -188,8 +223,9 @@ def install_list_agents(ctx: Context) -> None:
             )
         if args.get("scope", "children") == "descendants":
             below = await subagents.list_descendants(parent.id, run.signal)
-            return project_descendants(registry, below)
-        return project_children(registry, await subagents.list_children(parent.id, run.signal))
+            return project_descendants(registry, below, stopped)
+        children = await subagents.list_children(parent.id, run.signal)
+        return project_children(registry, children, stopped)
 
     ctx.tools.register(
         ToolDefinition(

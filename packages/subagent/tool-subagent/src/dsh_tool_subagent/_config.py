@@ -39,10 +39,16 @@ class AgentOptionsConfig:
     provider: str | None = None
     model: str | None = None
     max_tokens: int | None = attrs.field(default=None, validator=_positive)
+    max_steps: int | None = attrs.field(default=None, validator=_positive)
 
     def to_options(self) -> AgentOptions:
         """The request's ``agent_options`` (keys not given stay ``None``: inherited)."""
-        return AgentOptions(provider=self.provider, model=self.model, max_tokens=self.max_tokens)
+        return AgentOptions(
+            provider=self.provider,
+            model=self.model,
+            max_tokens=self.max_tokens,
+            max_steps=self.max_steps,
+        )
 
 
 def _filter_has_a_key(instance: ToolFilterConfig) -> None:

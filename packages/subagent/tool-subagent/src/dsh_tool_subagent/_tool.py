@@ -64,6 +64,7 @@ HEADLINES = {
     "aborted": "subagent run was cancelled",
     "error": "subagent run failed",
     "max-tokens": "subagent run hit its token limit before finishing",
+    "max-steps": "subagent run hit its step limit before finishing",
     "refusal": "subagent declined the task",
 }
 #: TOOL-11: where the ``tool:<name>`` guidance section sits.
