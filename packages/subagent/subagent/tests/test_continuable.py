@@ -1521,3 +1521,30 @@ async def test_continuable_epochs_are_dispatched_on_the_parents_scope() -> None:
         child = started.child_id
         assert heard == [("subagent/start", child), ("subagent/end", child)] * 2
         assert elsewhere == []
+
+
+_NO_SUCH_OPERATION = ("residency", "cancel", "kill", "steer", "resume", "result")
+
+
+def _public(obj: object) -> list[str]:
+    return [n for n in dir(obj) if not n.startswith("_")]
+
+
+async def test_the_service_offers_no_residency_cancel_steer_resume_or_result() -> None:
+    """CONT-17: the service has no public residency query, cancel, kill, steer, resume or
+    report-as-result operation (its only report is report_from, a message to the parent); a
+    continuable start hands out only ids; a one-shot run has no steer."""
+    async with boot() as b:
+        names = _public(b.svc)
+        assert [n for n in names if any(w in n for w in _NO_SUCH_OPERATION)] == []
+        assert [n for n in names if "report" in n] == ["report_from"]
+        started = await b.start()
+        assert _public(started) == ["child_id", "message_id"]
+        await b.settled(started.child_id)
+        run = await b.svc.start(
+            "local", SubagentStartRequest(prompt=text_blocks("one shot"), parent=b.parent)
+        )
+        assert not hasattr(run, "steer")
+        assert [n for n in _public(run) if n not in ("result",)] == ["dispose", "id", "local_agent"]
+        await run.result
+        await run.dispose()
