@@ -1570,22 +1570,27 @@ async def test_soak_many_continuable_children_through_many_epochs(
     model = Model()
     async with boot(model, store=store, store_root=tmp_path) as b:
         manager = b.manager
-        started = await asyncio.gather(*(b.start(f"hold c{i} r0") for i in range(SOAK_CHILDREN)))
+        async with asyncio.timeout(60):
+            started = await asyncio.gather(
+                *(b.start(f"hold c{i} r0") for i in range(SOAK_CHILDREN))
+            )
         ids = [s.child_id for s in started]
         await b.until(lambda: all(model.held(i) for i in ids))
         for round_ in range(1, SOAK_ROUNDS + 1):
             # Half join their running epoch, then every held request is let go.
             joining = ids[round_ % 2 :: 2]
-            await asyncio.gather(*(b.send(i, f"join {i} r{round_}") for i in joining))
+            async with asyncio.timeout(60):
+                await asyncio.gather(*(b.send(i, f"join {i} r{round_}") for i in joining))
             for i in range(SOAK_CHILDREN):
                 model.release(f"hold c{i} r{round_ - 1}")
             async with asyncio.timeout(60):
                 for child_id in ids:
                     await b.settled(child_id)
             # Then every settled child is cold-resumed into a new held epoch.
-            await asyncio.gather(
-                *(b.send(child_id, f"hold c{i} r{round_}") for i, child_id in enumerate(ids))
-            )
+            async with asyncio.timeout(60):
+                await asyncio.gather(
+                    *(b.send(child_id, f"hold c{i} r{round_}") for i, child_id in enumerate(ids))
+                )
             await b.until(lambda: all(i in manager.activations for i in ids))
         for i in range(SOAK_CHILDREN):
             model.release(f"hold c{i} r{SOAK_ROUNDS}")
