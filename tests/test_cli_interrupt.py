@@ -17,6 +17,11 @@ import pytest
 LOOP = 'default = { tool_calls = [{ name = "no_such_tool" }] }\n'
 
 
+def _hear_sigint() -> None:
+    """In the child before exec: SIGINT back to its default disposition."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _interrupt(tmp_path: Path, *args: str) -> tuple[int, str, str]:
     """Run ``dsh ARGS`` until it shows a tool call, press Ctrl-C; its status, output, errors."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("DSH_")}
@@ -28,6 +33,10 @@ def _interrupt(tmp_path: Path, *args: str) -> tuple[int, str, str]:
         env=env,
         cwd=tmp_path,
         start_new_session=True,  # its own process group, as a terminal's foreground job
+        # Ctrl-C's own disposition, whatever this test inherited: a test run started as a
+        # background job of a non-interactive shell ignores SIGINT, and a child inheriting
+        # that would never hear the interrupt (it would run on until the bound below).
+        preexec_fn=_hear_sigint,
     )
     try:
         assert child.stdout is not None
@@ -64,5 +73,5 @@ def test_ctrl_c_on_a_model_that_never_suspends_exits_130_without_a_traceback(
     status, out, err = _interrupt(tmp_path, *args)
     assert "→ no_such_tool" in out
     assert "Traceback" not in err, err
-    assert err.strip().splitlines() == [f"dsh {command}: interrupted"], err
-    assert status == 130
+    assert err.strip().splitlines() == [f"dsh {command}: interrupted"], (status, err)
+    assert status == 130, err

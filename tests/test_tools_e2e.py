@@ -28,7 +28,7 @@ from dsh_core.testing import (
     scripted_host,
     tool_call_reply,
 )
-from dsh_subagent import SUBAGENTS, SubagentStartRequest
+from dsh_subagent import SUBAGENTS, ContinuableStartSpec, SubagentStartRequest
 
 LOAD = (
     "dsh-subagent",
@@ -425,3 +425,38 @@ async def test_a_turn_cancelled_as_the_foreground_child_is_prompted_stops_the_ch
         assert results == ["Error: subagent run was cancelled"]
         assert asked == []
         assert [a.id for a in host.ctx.agents.list()] == ["lead"]
+
+
+async def test_no_steer_or_report_tool_unless_its_package_is_loaded() -> None:
+    """CONT-17: with every subagent distribution but the report plugin loaded, neither a
+    parent nor a continuable child has steer_subagent or report (nor any tool that cancels,
+    kills, steers or resumes a child, or asks its residency); loading tool-subagent-report
+    gives the child report."""
+    without = ("tool-subagent-control", "tool-subagent-list-agents")
+    forbidden = ("steer", "cancel", "kill", "resume", "residency", "report")
+    for plugins, expect_report in ((without, False), (CONTROL, True)):
+        gate = asyncio.Event()
+        async with scripted_host(
+            "subagent",
+            "subagent-spawn",
+            _spawn_tool(background_mode="continuable"),
+            *plugins,
+            model=lambda request, gate=gate: held_reply(gate, "done"),
+            load=LOAD,
+        ) as host:
+            parent = (await host.create_agent(session_id="lead")).agent
+            started = await host.ctx[SUBAGENTS].start_continuable(
+                ContinuableStartSpec(
+                    provider="spawn", label="task", prompt=text_blocks("go"), parent=parent
+                )
+            )
+            child = host.ctx.agents.get(started.child_id)
+            assert child is not None
+            for agent, may_report in ((parent, False), (child, expect_report)):
+                names = {s.name for s in agent.ctx.tools.schemas()}
+                assert "subagent" in names and "send_message" in names
+                assert "steer_subagent" not in names
+                assert ("report" in names) is may_report, names
+                others = names - {"report"}
+                assert not [n for n in others if any(word in n for word in forbidden)], names
+            gate.set()

@@ -35,7 +35,12 @@ __all__ = ["Job", "JobError", "JobService", "JobSettlement", "JobStatus", "insta
 JobStatus = Literal["running", "stopping", "completed", "failed", "killed"]
 _FINAL = frozenset({"completed", "failed", "killed"})
 DEFAULT_CAP = 10
-KILLED_BY_TOOL = "killed by job_kill"
+
+
+def kill_reason(kind: str) -> str:
+    """The abort reason of a job killed without one: ``background <kind> task killed`` (for a
+    one-shot background subagent, TOOL-8's verbatim ``background subagent task killed``)."""
+    return f"background {kind} task killed"
 
 
 class JobError(DshError):
@@ -149,10 +154,18 @@ class JobService:
             except asyncio.CancelledError:
                 job.status, job.detail = "killed", "job cancelled"
                 raise
-            except Exception as exc:
+            except ExceptionGroup as exc:
+                # Several failures at once (an aggregate): a kill explains none of them, so it
+                # stays ``failed`` even when the job was being stopped (TOOL-8).
                 settled = JobSettlement(status="failed", detail=f"{type(exc).__name__}: {exc}")
-            if job._controller.signal.aborted and settled.status != "completed":
-                settled = attrs.evolve(settled, status="killed")
+            except Exception as exc:
+                if job._controller.signal.aborted:  # stopped: the rejection is the kill's
+                    settled = JobSettlement(status="killed")
+                else:
+                    settled = JobSettlement(status="failed", detail=f"{type(exc).__name__}: {exc}")
+            else:
+                if job._controller.signal.aborted and settled.status != "completed":
+                    settled = attrs.evolve(settled, status="killed")
             job.output += settled.output
             job.detail = settled.detail
             job.status = settled.status
@@ -173,11 +186,12 @@ class JobService:
         return job
 
     def kill(self, job_id: str, reason: str | None = None, *, owner: Agent | None = None) -> Job:
-        """Ask a job to stop; it holds its slot (``stopping``) until its producer settles."""
+        """Ask a job to stop, for ``reason`` (default: :func:`kill_reason` of its kind); it
+        holds its slot (``stopping``) until its producer settles."""
         job = self.get(job_id, owner=owner)
         if not job.finished:
             job.status = "stopping"
-            job._controller.abort(reason or KILLED_BY_TOOL)
+            job._controller.abort(reason or kill_reason(job.kind))
         return job
 
     async def dispose(self) -> None:

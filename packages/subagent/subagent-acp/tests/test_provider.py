@@ -40,6 +40,7 @@ from dsh_subagent_acp import (
     is_credential_name,
     resolve_config_cwd,
 )
+from dsh_subagent_acp._process import ChildProcess
 
 FAKE_AGENT = str(Path(__file__).with_name("fake_acp_agent.py"))
 MODULES = {"subagent": dsh_subagent.plugin, "subagent-acp": dsh_subagent_acp.plugin}
@@ -876,14 +877,43 @@ async def test_the_eof_window_lets_a_child_flush(capfd: pytest.CaptureFixture[st
     assert f"[acp {run.pid}] flushed after EOF" in capfd.readouterr().err  # type: ignore[attr-defined]
 
 
-async def test_completed_child_exits_at_eof() -> None:
-    """ACP-7: dispose closes stdin first; a polite child leaves within the EOF grace."""
-    async with acp_host(dispose_eof_grace_ms=5000, dispose_grace_ms=5000) as b:
+async def test_completed_child_exits_at_eof(monkeypatch: pytest.MonkeyPatch) -> None:
+    """ACP-7: dispose closes stdin first; a polite child leaves by itself (exit status 0)
+    within the EOF grace: no signal is ever sent to it or its process group."""
+    sent: list[tuple[str, int, int]] = []
+    kill, killpg = os.kill, os.killpg
+
+    def spy_kill(pid: int, sig: int) -> None:
+        if sig:  # signal 0 only probes whether the group is alive
+            sent.append(("kill", pid, sig))
+        kill(pid, sig)
+
+    def spy_killpg(pgid: int, sig: int) -> None:
+        if sig:
+            sent.append(("killpg", pgid, sig))
+        killpg(pgid, sig)
+
+    children: list[ChildProcess] = []
+    spawn = ChildProcess.spawn
+
+    async def recording_spawn(*args: Any, **kwargs: Any) -> ChildProcess:
+        child = await spawn(*args, **kwargs)
+        children.append(child)
+        return child
+
+    monkeypatch.setattr(ChildProcess, "spawn", recording_spawn)
+    monkeypatch.setattr(os, "kill", spy_kill)
+    monkeypatch.setattr(os, "killpg", spy_killpg)
+    async with acp_host(dispose_eof_grace_ms=30_000, dispose_grace_ms=5000) as b:
         run = await b.start()
         assert (await run.result).stop_reason == "completed"
-        async with asyncio.timeout(4):  # well inside the EOF grace: no signal was needed
+        async with asyncio.timeout(60):  # a bound, not the proof: the proof is below
             await run.dispose()
         assert_reaped(run.pid)  # type: ignore[attr-defined]
+    (child,) = children
+    assert child.pid == run.pid  # type: ignore[attr-defined]
+    assert sent == []
+    assert (child.signalled, child.exit_status()) == (False, 0)
 
 
 # -- ACP-8: environment and stderr ----------------------------------------------------------------

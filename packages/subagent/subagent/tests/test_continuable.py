@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -1521,3 +1522,95 @@ async def test_continuable_epochs_are_dispatched_on_the_parents_scope() -> None:
         child = started.child_id
         assert heard == [("subagent/start", child), ("subagent/end", child)] * 2
         assert elsewhere == []
+
+
+_NO_SUCH_OPERATION = ("residency", "cancel", "kill", "steer", "resume", "result")
+
+
+def _public(obj: object) -> list[str]:
+    return [n for n in dir(obj) if not n.startswith("_")]
+
+
+async def test_the_service_offers_no_residency_cancel_steer_resume_or_result() -> None:
+    """CONT-17: the service has no public residency query, cancel, kill, steer, resume or
+    report-as-result operation (its only report is report_from, a message to the parent); a
+    continuable start hands out only ids; a one-shot run has no steer."""
+    async with boot() as b:
+        names = _public(b.svc)
+        assert [n for n in names if any(w in n for w in _NO_SUCH_OPERATION)] == []
+        assert [n for n in names if "report" in n] == ["report_from"]
+        started = await b.start()
+        assert _public(started) == ["child_id", "message_id"]
+        await b.settled(started.child_id)
+        run = await b.svc.start(
+            "local", SubagentStartRequest(prompt=text_blocks("one shot"), parent=b.parent)
+        )
+        assert not hasattr(run, "steer")
+        assert [n for n in _public(run) if n not in ("result",)] == ["dispose", "id", "local_agent"]
+        await run.result
+        await run.dispose()
+
+
+# -- the slow tier (nox -s thorough) --------------------------------------------------------------
+
+SOAK_CHILDREN = int(os.environ.get("DSH_SOAK_CHILDREN", "120"))
+SOAK_ROUNDS = int(os.environ.get("DSH_SOAK_ROUNDS", "4"))
+
+
+@pytest.mark.thorough
+@pytest.mark.parametrize("store", ["memory", "jsonl"])
+async def test_soak_many_continuable_children_through_many_epochs(
+    store: str, tmp_path: Path
+) -> None:
+    """CONT-4..7, CONT-10, CONT-14, SET-1, DRN-1 (soak): many continuable children of one
+    parent, started together and followed up round after round, each round mixing follow-ups
+    that join a running epoch with ones that cold-resume a settled child: every epoch ends
+    completed with its own answer, the parent gets one notice per epoch, and at the end (after
+    a drain) no child agent, Activation, lock, materialization or host task is left."""
+    model = Model()
+    async with boot(model, store=store, store_root=tmp_path) as b:
+        manager = b.manager
+        async with asyncio.timeout(60):
+            started = await asyncio.gather(
+                *(b.start(f"hold c{i} r0") for i in range(SOAK_CHILDREN))
+            )
+        ids = [s.child_id for s in started]
+        await b.until(lambda: all(model.held(i) for i in ids))
+        for round_ in range(1, SOAK_ROUNDS + 1):
+            # Half join their running epoch, then every held request is let go.
+            joining = ids[round_ % 2 :: 2]
+            async with asyncio.timeout(60):
+                await asyncio.gather(*(b.send(i, f"join {i} r{round_}") for i in joining))
+            for i in range(SOAK_CHILDREN):
+                model.release(f"hold c{i} r{round_ - 1}")
+            async with asyncio.timeout(60):
+                for child_id in ids:
+                    await b.settled(child_id)
+            # Then every settled child is cold-resumed into a new held epoch.
+            async with asyncio.timeout(60):
+                await asyncio.gather(
+                    *(b.send(child_id, f"hold c{i} r{round_}") for i, child_id in enumerate(ids))
+                )
+            await b.until(lambda: all(i in manager.activations for i in ids))
+        for i in range(SOAK_CHILDREN):
+            model.release(f"hold c{i} r{SOAK_ROUNDS}")
+        async with asyncio.timeout(60):
+            for child_id in ids:
+                await b.settled(child_id)
+            await b.parent.when_idle()
+        ends = b.ends()
+        assert len(ends) == SOAK_CHILDREN * (SOAK_ROUNDS + 1)
+        assert {e.stop_reason for e in ends} == {"completed"}
+        assert len({e.run_id for e in ends}) == len(ends)
+        per_child = {i: [e for e in ends if e.id == i] for i in ids}
+        for n, child_id in enumerate(ids):
+            last = [blocks_text(e.last_assistant_message) for e in per_child[child_id]]
+            assert last[-1] == f"held: hold c{n} r{SOAK_ROUNDS}"
+        assert len(notices_of(b.parent)) == len(ends)
+        async with asyncio.timeout(60):
+            await manager.drain()
+            await b.host.ctx.host.drain_tasks()
+        assert manager.activations == {} and manager.retiring == {}
+        assert manager.materializations == set() and manager._locks == {}
+        assert b.host.ctx.agents.list() == [b.parent]
+        assert b.host.ctx.host.tasks == set()

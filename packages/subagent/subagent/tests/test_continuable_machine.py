@@ -726,3 +726,17 @@ ContinuableMachine.TestCase.settings = settings(
     max_examples=EXAMPLES, stateful_step_count=STEPS, deadline=None
 )
 TestContinuableMachine = ContinuableMachine.TestCase
+
+#: The slow tier's size (``nox -s thorough``): many more and longer runs of the same machine.
+THOROUGH_EXAMPLES = int(os.environ.get("DSH_CONTINUABLE_THOROUGH_EXAMPLES", "1000"))
+THOROUGH_STEPS = int(os.environ.get("DSH_CONTINUABLE_THOROUGH_STEPS", "40"))
+
+
+@pytest.mark.thorough
+class TestContinuableMachineLonger(ContinuableMachine.TestCase):  # type: ignore[misc,valid-type]
+    """CONT-4..16, SET-1, RPT-S1..3, INT-1/2, DRN-1, DRN-3 (slow tier): the same state
+    machine, ``THOROUGH_EXAMPLES`` runs of up to ``THOROUGH_STEPS`` steps."""
+
+    settings = settings(
+        max_examples=THOROUGH_EXAMPLES, stateful_step_count=THOROUGH_STEPS, deadline=None
+    )

@@ -761,6 +761,55 @@ async def test_failed_start_settles_the_job_failed() -> None:
         )
 
 
+@attrs.define(eq=False)
+class StoppedStartProvider:
+    """A provider whose start waits until its signal is aborted, records the reason, then
+    rejects with ``error``."""
+
+    error: Exception
+    name: str = "local"
+    capabilities: SubagentCapabilities = IN_PROCESS_CAPABILITIES
+    inherits_parent_context: bool = False
+    reasons: list[object] = attrs.Factory(list)
+    waiting: asyncio.Event = attrs.Factory(asyncio.Event)
+
+    async def start(self, request: ResolvedSubagentStartRequest) -> SubagentRun:
+        self.waiting.set()
+        await request.signal.wait()
+        self.reasons.append(request.signal.reason)
+        raise self.error
+
+
+@pytest.mark.parametrize(
+    ("error", "status"),
+    [
+        (RuntimeError("start gave up"), "(no new output)\n[status: killed]"),
+        (
+            ExceptionGroup("start failed", [RuntimeError("setup"), RuntimeError("cleanup")]),
+            "(no new output)\n[status: failed, ExceptionGroup: start failed (2 sub-exceptions)]",
+        ),
+    ],
+)
+async def test_job_kill_stops_a_starting_child_with_the_default_reason(
+    error: Exception, status: str
+) -> None:
+    """TOOL-8: job_kill without a reason aborts the job's producer with "background subagent
+    task killed"; a start that then rejects settles the job killed, unless its error is an
+    aggregate of several failures (an ExceptionGroup), which settles it failed with the
+    error."""
+    provider = StoppedStartProvider(error=error)
+    async with boot(row(), provider=provider) as b:
+        started = await b.execute(args(run_in_background=True))
+        assert text(started) == "started background subagent job subagent-1"
+        async with asyncio.timeout(BOUND):
+            await provider.waiting.wait()
+        killed = await b.execute({"job_id": "subagent-1"}, name="job_kill")
+        assert text(killed) == "job subagent-1 is stopping"
+        output = await b.execute({"job_id": "subagent-1", "wait": True}, name="job_output")
+        assert provider.reasons == ["background subagent task killed"]
+        assert text(output) == status
+
+
 async def test_job_tools_only_where_background_jobs_are_possible() -> None:
     """TOOL-8, tools 15.3: job_output/job_kill are visible beside a one-shot background tool,
     not beside a continuable or a foreground-only one."""
