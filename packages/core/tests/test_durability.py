@@ -552,3 +552,35 @@ async def test_a_bounded_scan_stops_at_the_first_stop_event_of_the_own_part(
     [whole] = await persistence.scan(["long"], {"x/mark"})
     assert len(whole.events) == 399
     await ctx.dispose()
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="the lock test is POSIX-only")
+async def test_a_disposal_never_waits_for_a_group_commit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """DUR-20: while a group commit's sync is under way (held here), disposing the session
+    returns and lets go of its file (another holder can lock it); the held sync then
+    finishes on a descriptor of its own."""
+    import fcntl
+
+    h = await TestHost.start(
+        store="jsonl",
+        store_root=tmp_path,
+        config={"session-persistence-jsonl": {"root": str(tmp_path)}},
+    )
+    handle = await h.create_agent(session_id="s")
+    syncs = Syncs(monkeypatch)
+    syncs.gate.clear()
+    handle.agent.inject(user_message("x"))
+    await syncs.wait()  # the group commit's sync has started and is held
+    try:
+        await asyncio.wait_for(handle.dispose(), 10)
+        fd = os.open(tmp_path / "s.jsonl", os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released: not SESSION_LOCKED
+        finally:
+            os.close(fd)
+    finally:
+        syncs.gate.set()
+        await asyncio.wait_for(h.aclose(), 30)
+    assert spliced_ids(tmp_path / "s.jsonl")

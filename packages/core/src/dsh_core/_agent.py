@@ -281,9 +281,7 @@ def require_initiator() -> Agent:
 
 def _unwritten_calls(session: Session) -> ToolExecutionResult | None:
     """Checkpoint the logged ``tool/call``s of a group; the error result each call gets
-    instead of running when that fails (``None``: written, or nothing writes through)."""
-    if session._checkpointer is None:
-        return None
+    instead of running when that fails (``None``: written)."""
     try:
         session.checkpoint()
     except SessionError as exc:
@@ -928,7 +926,8 @@ class Agent:
                 for c in group
             ]
             progress[1] = i
-            unwritten = _unwritten_calls(session)  # the calls are on disk before they run (DUR-3)
+            # The calls are on disk before they run (DUR-3).
+            unwritten = _unwritten_calls(session) if session._checkpointer is not None else None
             if signal.aborted:
                 results = [
                     failure("tool call aborted before dispatch", "ABORTED_BEFORE_DISPATCH")
