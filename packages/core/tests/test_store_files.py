@@ -517,3 +517,35 @@ async def test_a_torn_header_is_left_out_but_not_damage(
     assert [h.id for h in listing.headers] == ["good"] and listing.damaged == ()
     assert "never created" in caplog.text
     await env.close()
+
+
+@pytest.mark.parametrize(
+    ("said", "strict"),
+    [
+        ("x\ud800y", True),  # lone high
+        ("\udc00!", True),  # lone low
+        ("\ud800\ud800\udc00\udc00", False),  # a lone high, a raw pair, a lone low
+        ("caf\u00e9 \\ud800", True),  # an escape's text is text
+    ],
+)
+async def test_a_lone_surrogate_is_stored_as_its_escape(
+    tmp_path: Path, said: str, strict: bool
+) -> None:
+    """ROB-17: the log keeps a lone surrogate as said, and its file stays UTF-8 (the surrogate
+    is written as its JSON escape); only a high-low pair of separate characters stays raw,
+    since its escape would read back as one character."""
+    async with scripted_host(model=["ok"], store="jsonl", store_root=tmp_path) as h:
+        handle = await h.create_agent(session_id="s")
+        await h.run(handle.agent, said)
+        live = handle.agent.session.events
+        await handle.dispose()
+        _, stored = await h.ctx.session_persistence.load("s")
+    raw = (tmp_path / "s.jsonl").read_bytes()
+    try:
+        raw.decode("utf-8")
+        valid = True
+    except UnicodeDecodeError:
+        valid = False
+    assert valid is strict
+    assert [e.data for e in stored[: len(live)]] == [e.data for e in live]
+    assert [e.data.text for e in stored if e.type == "user/message"] == [said]

@@ -3,6 +3,7 @@ cannot be encoded."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from json.encoder import encode_basestring
 
@@ -12,6 +13,30 @@ from .._events import (
     SessionEvent,
 )
 from .._json import dumps
+
+#: A surrogate that is not half of a high-low pair: UTF-8 has no bytes for it.
+_LONE_SURROGATE = re.compile(
+    "[\ud800-\udbff](?![\udc00-\udfff])|(?<![\ud800-\udbff])[\udc00-\udfff]"
+)
+
+
+def _escape(match: re.Match[str]) -> str:
+    return f"\\u{ord(match.group()):04x}"
+
+
+def utf8_lines(text: str) -> bytes:
+    """The bytes of JSON ``text`` (lines the writer built) as the file stores them.
+
+    A string may hold lone surrogates (the log keeps what was said); written raw they would make
+    the file invalid UTF-8 for every other reader (``jq``, an editor). Each one is written as its
+    JSON escape instead, which reads back as the same character. A high surrogate followed by a
+    low one stays raw: escaped, the pair would read back as the one character it spells, not
+    as the two the string held. Text without surrogates (nearly all) costs one encode.
+    """
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        return _LONE_SURROGATE.sub(_escape, text).encode("utf-8", "surrogatepass")
 
 
 def _line_encoder(types: EventTypeRegistry, type_: str) -> Callable[[SessionEvent], str]:

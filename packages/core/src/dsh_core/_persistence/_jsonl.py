@@ -20,7 +20,7 @@ from .._events import (
 from .._json import dumps
 from ._common import _log, _not_found, _Unwritten, _unwritten
 from ._decode import HEADER_LINE_LIMIT
-from ._encode import _line_encoder, _stand_in
+from ._encode import _line_encoder, _stand_in, utf8_lines
 from ._files import (
     _FileHandle,
     _fsync_dir,
@@ -141,7 +141,7 @@ class JsonlSessionPersistence(JsonlListing):
                 os.ftruncate(handle.fd, 0)  # a log that was never created: replace it
                 handle.created = True
                 handle.dir_synced = False
-            line = (dumps(encode_header(header)) + "\n").encode("utf-8", "surrogatepass")
+            line = utf8_lines(dumps(encode_header(header)) + "\n")
             if len(line) > HEADER_LINE_LIMIT:
                 raise SessionError(
                     f"the header of session {handle.id!r} is {len(line)} bytes; a header line "
@@ -225,7 +225,7 @@ class JsonlSessionPersistence(JsonlListing):
                     raise
                 failed.append(f"{event.type} at seq {event.seq} ({type(exc).__name__}: {exc})")
                 append(_stand_in(event, exc))
-        return "".join(lines).encode("utf-8", "surrogatepass")
+        return utf8_lines("".join(lines))
 
     def _write(self, handle: _Handle, events: Sequence[SessionEvent], sync: bool = True) -> None:
         assert isinstance(handle, _FileHandle)
