@@ -1050,3 +1050,49 @@ async def test_a_providers_own_cancellation_is_an_errored_result_not_the_end_of_
         ends = [e.data.reason.kind for e in b.parent.session.events if e.type == "turn/end"]
         assert ends == ["completed"]
         assert provider.disposed == (1 if where == "result" else 0)
+
+
+# -- ROB-84: the delegation-depth statement in a child's runtime context ---------------------------
+
+
+def _depth_statements(b: Booted, agent_text: str) -> list[str]:
+    """The depth statements in the requests whose latest user text is ``agent_text``."""
+    return [
+        line
+        for request in b.host.model.requests
+        if request.last_user_text == agent_text
+        for message in request.messages
+        for line in message.text.split("\n")
+        if line.startswith("Delegation depth for")
+    ]
+
+
+@pytest.mark.parametrize(
+    ("max_depth", "expected"),
+    [
+        (
+            1,
+            "Delegation depth for `subagent`: current 1, maximum 1, remaining levels 0. Do not "
+            "call `subagent` at this depth; carry out the work directly.",
+        ),
+        (3, "Delegation depth for `subagent`: current 1, maximum 3, remaining levels 2."),
+        ("provider-managed", None),
+    ],
+)
+async def test_a_child_reads_its_delegation_depth_in_its_runtime_context(
+    max_depth: Any, expected: str | None
+) -> None:
+    """ROB-84: a child under a numeric max_depth reads its current and maximum depth and the
+    levels left (told to do the work itself at the limit) in its runtime context from its
+    first request; the root agent reads none, nor does a child without a depth limit."""
+    async with boot(row(max_depth=max_depth), provider=LocalProvider()) as b:
+        answer = await b.run(call_text(args("child task")))
+        assert answer == "got: child says: child task"
+        child = _depth_statements(b, "child task")
+        assert child == ([expected] if expected is not None else [])
+        assert not any(
+            "Delegation depth" in m.text
+            for r in b.host.model.requests
+            if r.last_user_text.startswith("call ")
+            for m in r.messages
+        )

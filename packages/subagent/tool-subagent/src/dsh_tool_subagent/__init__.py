@@ -11,11 +11,13 @@ from ._config import (
     ToolFilterConfig,
 )
 from ._tool import (
+    DEPTH_CONTEXT_ORDER,
     HEADLINES,
     NO_AGENT,
     NO_JOBS,
     SECTION_ORDER,
     SubagentTool,
+    depth_statement,
     description_for,
     guidance_for,
     install_subagent_tool,
@@ -23,6 +25,7 @@ from ._tool import (
 
 __all__ = [
     "BACKGROUND_MODES",
+    "DEPTH_CONTEXT_ORDER",
     "HEADLINES",
     "NO_AGENT",
     "NO_JOBS",
@@ -33,6 +36,7 @@ __all__ = [
     "SubagentToolConfig",
     "ToolFilterConfig",
     "__version__",
+    "depth_statement",
     "description_for",
     "guidance_for",
     "install_subagent_tool",

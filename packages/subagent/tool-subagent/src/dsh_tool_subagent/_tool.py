@@ -21,6 +21,7 @@ from dsh_core import (
     AgentOptions,
     Context,
     DshError,
+    PromptContext,
     PromptSection,
     TextBlock,
     ToolDefinition,
@@ -36,17 +37,20 @@ from dsh_subagent import (
     SubagentProvider,
     SubagentResult,
     SubagentStartRequest,
+    delegation_depth_of,
     settle_run,
 )
 
 from ._config import PROVIDER_MANAGED, SubagentToolConfig, check_max_depth
 
 __all__ = [
+    "DEPTH_CONTEXT_ORDER",
     "HEADLINES",
     "NO_AGENT",
     "NO_JOBS",
     "SECTION_ORDER",
     "SubagentTool",
+    "depth_statement",
     "description_for",
     "guidance_for",
     "install_subagent_tool",
@@ -68,6 +72,9 @@ HEADLINES = {
 }
 #: TOOL-11: where the ``tool:<name>`` guidance section sits.
 SECTION_ORDER = 116.5
+#: Where a child's delegation-depth statement sits among the runtime-context statements (after
+#: the seam's ``subagent:delegation`` at 120).
+DEPTH_CONTEXT_ORDER = 121
 
 #: Every field a call may carry (``run_in_background`` also when background is disabled:
 #: a forced ``true`` is refused by TOOL-4's own text).
@@ -138,6 +145,19 @@ def guidance_for(tool_name: str) -> str:
     )
 
 
+def depth_statement(tool_name: str, depth: int, max_depth: int) -> str:
+    """ROB-84: what a child at ``depth`` reads about calling ``tool_name`` under ``max_depth``
+    (the released reference's wording; at the limit it is told to do the work itself)."""
+    remaining = max(max_depth - depth, 0)
+    text = (
+        f"Delegation depth for `{tool_name}`: current {depth}, maximum {max_depth}, remaining "
+        f"levels {remaining}."
+    )
+    if remaining == 0:
+        text += f" Do not call `{tool_name}` at this depth; carry out the work directly."
+    return text
+
+
 _T = TypeVar("_T")
 
 
@@ -196,6 +216,8 @@ class SubagentTool:
         #: the shadows registered (each also goes with its agent).
         self._section: PromptSection | None = None
         self._shadows: dict[str, Callable[[], object]] = {}
+        #: By agent id, the depth statements registered in children's scopes (ROB-84).
+        self._depths: dict[str, Callable[[], object]] = {}
 
     # -- lifecycle (TOOL-1, TOOL-5) ---------------------------------------------------------------
 
@@ -245,15 +267,44 @@ class SubagentTool:
             agents = self.ctx.get("agents")
             for agent in agents.list() if agents is not None else ():
                 self.shadow(agent)
+        if self.max_depth is not None:
+            agents = self.ctx.get("agents")
+            for agent in agents.list() if agents is not None else ():
+                self.state_depth(agent)
 
     def unmount(self) -> None:
         """Remove the tool and its section (nothing when absent)."""
         removers, self._removers = self._removers, []
         shadows, self._shadows = self._shadows, {}
+        depths, self._depths = self._depths, {}
         self._definition = None
         self._section = None
-        for remove in (*shadows.values(), *reversed(removers)):
+        for remove in (*shadows.values(), *depths.values(), *reversed(removers)):
             remove()
+
+    def state_depth(self, agent: Agent) -> None:
+        """ROB-84: tell a child (delegation depth 1 or more) that sees this tool, under a
+        numeric ``max_depth``, its current and maximum depth and the levels left, as a
+        runtime-context statement in its own scope (a fixed text: every prompt stays cached).
+
+        Listened to only when this row has a depth limit, so a row without one costs nothing
+        per agent; contained, never vetoing a creation."""
+        max_depth = self.max_depth
+        if max_depth is None or self._definition is None or agent.id in self._depths:
+            return
+        try:
+            depth = delegation_depth_of(agent)
+            if depth < 1 or agent.ctx.tools.get(self.config.tool_name) is not self._definition:
+                return
+            name = self.config.tool_name
+            statement = PromptContext(
+                name=f"{name}:depth",
+                order=DEPTH_CONTEXT_ORDER,
+                text=depth_statement(name, depth, max_depth),
+            )
+            self._depths[agent.id] = agent.ctx.system_prompt.context(statement)
+        except (DshError, TypeError, ValueError):  # torn down, a clash, or an invalid depth
+            return
 
     def shadow(self, agent: Agent) -> None:
         """TOOL-11: an empty ``tool:<name>`` section in the scope of ``agent`` when the tool
@@ -274,6 +325,7 @@ class SubagentTool:
 
     def on_agent_disposed(self, agent: Agent) -> None:
         self._shadows.pop(agent.id, None)
+        self._depths.pop(agent.id, None)
 
     def on_provider_added(self, provider: SubagentProvider) -> None:
         if provider.name == self.provider:
@@ -417,6 +469,9 @@ def install_subagent_tool(ctx: Context, config: SubagentToolConfig) -> SubagentT
     ctx.on("subagent/provider-removed", tool.on_provider_removed, global_=True)
     if tool.background_default:
         ctx.on("agent/created", tool.shadow, global_=True)
+    if tool.max_depth is not None:
+        ctx.on("agent/created", tool.state_depth, global_=True)
+    if tool.background_default or tool.max_depth is not None:
         ctx.on("agent/disposed", tool.on_agent_disposed, global_=True)
     provider = ctx[SUBAGENTS].get_provider(config.provider)
     if provider is not None:
