@@ -15,12 +15,14 @@ from ._tool import (
     HEADLINES,
     NO_AGENT,
     NO_JOBS,
+    OUTPUT_SCHEMA,
     SECTION_ORDER,
     SubagentTool,
     depth_statement,
     description_for,
     guidance_for,
     install_subagent_tool,
+    render_output,
 )
 
 __all__ = [
@@ -29,6 +31,7 @@ __all__ = [
     "HEADLINES",
     "NO_AGENT",
     "NO_JOBS",
+    "OUTPUT_SCHEMA",
     "PROVIDER_MANAGED",
     "SECTION_ORDER",
     "AgentOptionsConfig",
@@ -40,4 +43,5 @@ __all__ = [
     "description_for",
     "guidance_for",
     "install_subagent_tool",
+    "render_output",
 ]

@@ -19,6 +19,7 @@ import attrs
 from dsh_core import (
     Agent,
     AgentOptions,
+    ContentBlock,
     Context,
     DshError,
     PromptContext,
@@ -26,9 +27,12 @@ from dsh_core import (
     TextBlock,
     ToolDefinition,
     ToolError,
+    ToolOutput,
     ToolRestriction,
     ToolRunContext,
     blocks_text,
+    text_blocks,
+    unstructure,
 )
 from dsh_subagent import (
     SUBAGENTS,
@@ -48,12 +52,14 @@ __all__ = [
     "HEADLINES",
     "NO_AGENT",
     "NO_JOBS",
+    "OUTPUT_SCHEMA",
     "SECTION_ORDER",
     "SubagentTool",
     "depth_statement",
     "description_for",
     "guidance_for",
     "install_subagent_tool",
+    "render_output",
 ]
 
 NO_AGENT = "subagent tool requires a calling agent (exec.agent was undefined)"
@@ -158,6 +164,47 @@ def depth_statement(tool_name: str, depth: int, max_depth: int) -> str:
     return text
 
 
+#: TOOL-7/8/9: the tool's value, one of three shapes (hosts and UIs read it from
+#: ``tools/result``; the model reads what :func:`render_output` makes of it).
+OUTPUT_SCHEMA: dict[str, Any] = {
+    "oneOf": [
+        {
+            "type": "object",
+            "properties": {
+                "kind": {"const": "foreground"},
+                "runId": {"type": "string"},
+                "output": {"type": "array", "items": {"type": "object"}},
+            },
+            "required": ["kind", "runId", "output"],
+            "additionalProperties": False,
+        },
+        {
+            "type": "object",
+            "properties": {"kind": {"const": "background"}, "jobId": {"type": "string"}},
+            "required": ["kind", "jobId"],
+            "additionalProperties": False,
+        },
+        {
+            "type": "object",
+            "properties": {"kind": {"const": "continuable"}, "subagentId": {"type": "string"}},
+            "required": ["kind", "subagentId"],
+            "additionalProperties": False,
+        },
+    ]
+}
+
+
+def render_output(value: Any, run: ToolRunContext) -> tuple[ContentBlock, ...]:
+    """What the model reads of the tool's value (TOOL-7/8/9): a foreground run's text blocks
+    concatenated, ``started background subagent job <id>``, or ``started subagent <id>``."""
+    kind = value["kind"]
+    if kind == "foreground":
+        return text_blocks("".join(b["text"] for b in value["output"] if b.get("type") == "text"))
+    if kind == "background":
+        return text_blocks(f"started background subagent job {value['jobId']}")
+    return text_blocks(f"started subagent {value['subagentId']}")
+
+
 _T = TypeVar("_T")
 
 
@@ -248,6 +295,7 @@ class SubagentTool:
             description=description_for(config, bool(provider.inherits_parent_context)),
             parameters=_parameters(config),
             execute=self.execute,
+            output=ToolOutput(schema=OUTPUT_SCHEMA, render=render_output),
             concurrency_safe=True,
             starts_jobs=config.enable_run_in_background and not config.continuable,
         )
@@ -337,8 +385,9 @@ class SubagentTool:
 
     # -- calls (TOOL-4, TOOL-6..9) ----------------------------------------------------------------
 
-    async def execute(self, args: Any, run: ToolRunContext) -> str:
-        """One call: resolve the route, then run it. Failures raise (an errored result)."""
+    async def execute(self, args: Any, run: ToolRunContext) -> dict[str, Any]:
+        """One call: resolve the route, then run it; its value is one of the three shapes of
+        :data:`OUTPUT_SCHEMA`. Failures raise (an errored result)."""
         parent = run.agent
         if parent is None:
             raise ToolError(NO_AGENT, code="NO_AGENT")
@@ -364,7 +413,7 @@ class SubagentTool:
                 persona=self.persona,
             )
             started = await _started(run.ctx[SUBAGENTS].start_continuable(spec))
-            return f"started subagent {started.child_id}"
+            return {"kind": "continuable", "subagentId": started.child_id}
         if background:
             return self._start_job(run, parent, label, prompt)
         return await self._foreground(run, parent, label, prompt)
@@ -403,7 +452,7 @@ class SubagentTool:
 
     async def _foreground(
         self, run: ToolRunContext, parent: Any, label: str, prompt: tuple[TextBlock, ...]
-    ) -> str:
+    ) -> dict[str, Any]:
         """TOOL-7: start with the call's signal, await the result, then ALWAYS dispose."""
         request = self._request(parent, label, prompt, run.signal)
         child = await _started(run.ctx[SUBAGENTS].start(self.provider, request))
@@ -430,11 +479,11 @@ class SubagentTool:
             ) from exc
         if failed is not None:
             raise ToolError(failed, code="SUBAGENT_RUN_FAILED")
-        return blocks_text(result.output)
+        return {"kind": "foreground", "runId": child.id, "output": unstructure(result.output)}
 
     def _start_job(
         self, run: ToolRunContext, parent: Any, label: str, prompt: tuple[TextBlock, ...]
-    ) -> str:
+    ) -> dict[str, Any]:
         """TOOL-8: a ``subagent`` job of the parent; its producer's own signal owns the child
         (the call's does not). Counts towards the per-owner cap (BUG-7)."""
         jobs = run.ctx.get("jobs")
@@ -452,7 +501,7 @@ class SubagentTool:
             return await settle_run(child)
 
         job = jobs.start(kind="subagent", label=label, owner=parent, producer=producer)
-        return f"started background subagent job {job.id}"
+        return {"kind": "background", "jobId": job.id}
 
 
 def install_subagent_tool(ctx: Context, config: SubagentToolConfig) -> SubagentTool | None:
