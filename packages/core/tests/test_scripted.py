@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dsh_core import (
+    MESSAGE_BLOCK_SEPARATOR,
     AbortController,
     Finish,
     LlmError,
@@ -471,7 +472,7 @@ COORDINATOR = """
 default = "waiting"
 
 [[rules]]
-when = { unanswered = '^Background subagent (?P<child>\\S+) finished.*message:(?P<said>.*)' }
+when = { unanswered = '(?s)^Background subagent (?P<child>\\S+) finished.*message:(?P<said>.*)' }
 reply = { text = "{{child}} said {{said}}", tool_calls = [
   { name = "send_message", arguments = { subagent_id = "{{child}}", message = "more, {{said}}" } },
   { name = "raw", arguments = '{"id": "{{child}}", "q": "{{said}}", "keep": "{{unknown}}"}' },
@@ -585,3 +586,25 @@ async def test_a_conversation_rule_holds_once_everything_it_looks_for_was_said()
     assert text_of(await run(adapter, options(hotel, assistant("ok")))) == "waiting"
     both = options(tool_result("c1", "flight booked"), assistant("ok"), hotel)
     assert text_of(await run(adapter, both)) == "all set at Memmo"
+
+
+async def test_a_multi_block_user_message_reads_with_a_blank_line_between_blocks() -> None:
+    """ROB-83: the scripted model reads a multi-block user message as its text blocks joined
+    by MESSAGE_BLOCK_SEPARATOR (a blank line), as dsh-llm-openai sends it, in ``last_user``
+    conditions, ``conversation`` and ``{{last_user}}`` alike."""
+    notice = user_message(
+        (TextBlock(text="It ended; it waits unless you send it more."), TextBlock(text="Bye."))
+    )
+    adapter = ScriptedAdapter.from_data(
+        {
+            "rules": [
+                {
+                    "when": {"last_user": r"more\.\n\nBye", "conversation": r"more\.\n\nBye"},
+                    "reply": {"text": "[{{last_user}}]"},
+                }
+            ]
+        }
+    )
+    chunks = await run(adapter, options(notice))
+    assert text_of(chunks) == "[It ended; it waits unless you send it more.\n\nBye.]"
+    assert MESSAGE_BLOCK_SEPARATOR == "\n\n"

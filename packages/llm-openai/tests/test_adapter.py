@@ -29,7 +29,7 @@ from dsh_core import (
     user_message,
 )
 from dsh_core._content import Message, ModelSource, ToolSource
-from dsh_llm_openai import OpenAIAdapter, OpenAIConfig
+from dsh_llm_openai import OpenAIAdapter, OpenAIConfig, request_body
 from dsh_llm_openai.testing import ChatCompletionsServer, Reply, chunk, text_reply
 
 KEY = "sk-test-0123456789abcdefXYZ"
@@ -216,6 +216,27 @@ async def test_the_request_carries_the_conversation_tools_and_limits(
         "temperature": 0.5,
         "stop": ["END"],
     }
+
+
+def test_a_multi_block_user_message_goes_out_with_a_blank_line_between_blocks() -> None:
+    """ROB-83: a user (or system) message of several text blocks is sent as one text with
+    MESSAGE_BLOCK_SEPARATOR (a blank line) between blocks, never run together; one block is
+    sent as it is."""
+    notice = user_message(
+        (
+            TextBlock(text="It waits unless you send it more."),
+            TextBlock(text="Its closing message:"),
+            TextBlock(text="done"),
+        )
+    )
+    body = request_body(request(notice, user_message("next")), OpenAIConfig(api_key=KEY))
+    assert body["messages"] == [
+        {
+            "role": "user",
+            "content": "It waits unless you send it more.\n\nIts closing message:\n\ndone",
+        },
+        {"role": "user", "content": "next"},
+    ]
 
 
 async def test_reasoning_is_sent_back_only_when_the_row_asks(

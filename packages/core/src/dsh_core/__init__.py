@@ -22,6 +22,7 @@ from ._agent import (
     require_initiator,
 )
 from ._content import (
+    MESSAGE_BLOCK_SEPARATOR,
     BlockEnd,
     BlockStart,
     CallId,
@@ -54,6 +55,7 @@ from ._content import (
     UserSource,
     assistant_message,
     blocks_text,
+    message_text,
     new_id,
     text_blocks,
     user_message,
@@ -309,9 +311,11 @@ __all__ = [
     "UnknownSource",
     "UsageChunk",
     "UserSource",
+    "MESSAGE_BLOCK_SEPARATOR",
     "__version__",
     "assistant_message",
     "blocks_text",
+    "message_text",
     "boot_host",
     "check_balanced",
     "compile_schema",

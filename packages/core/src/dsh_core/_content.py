@@ -20,6 +20,7 @@ from ._json import JsonValue, freeze_json
 from ._tagged import TaggedUnion
 
 __all__ = [
+    "MESSAGE_BLOCK_SEPARATOR",
     "BlockEnd",
     "BlockStart",
     "CallId",
@@ -52,6 +53,7 @@ __all__ = [
     "UserSource",
     "assistant_message",
     "blocks_text",
+    "message_text",
     "new_id",
     "text_blocks",
     "user_message",
@@ -165,6 +167,21 @@ def blocks_text(blocks: Iterable[ContentBlock]) -> str:
         (only,) = blocks  # the usual message: one block, no join
         return only.text if isinstance(only, TextBlock) else ""
     return "".join([b.text for b in blocks if isinstance(b, TextBlock)])
+
+
+#: What stands between the text blocks of a user or system message when a model reads it as
+#: one text (the OpenAI-compatible adapter and the scripted model alike): a blank line, so
+#: ``"...send it more."`` and ``"Its closing message:"`` never run together (ROB-83).
+MESSAGE_BLOCK_SEPARATOR = "\n\n"
+
+
+def message_text(blocks: Iterable[ContentBlock]) -> str:
+    """The text blocks of a user or system message as a model reads them: joined by
+    :data:`MESSAGE_BLOCK_SEPARATOR` (reasoning and tool blocks excluded)."""
+    if blocks.__class__ is tuple and len(blocks) == 1:
+        (only,) = blocks
+        return only.text if isinstance(only, TextBlock) else ""
+    return MESSAGE_BLOCK_SEPARATOR.join([b.text for b in blocks if isinstance(b, TextBlock)])
 
 
 # -- message sources ---------------------------------------------------------------------------

@@ -126,7 +126,9 @@ TOUR_SCRIPT: Final[Mapping[str, Any]] = {
             "when": {
                 "system": "coordinate",
                 "unanswered": _NOTICE,
-                "conversation": "(?s)(?=.*message:Return)(?=.*message:Memmo)(?=.*message:Sunny)",
+                "conversation": (
+                    r"(?s)(?=.*message:\s*Return)(?=.*message:\s*Memmo)(?=.*message:\s*Sunny)"
+                ),
             },
             "reply": {
                 "tool_calls": [
@@ -153,7 +155,7 @@ TOUR_SCRIPT: Final[Mapping[str, Any]] = {
             ),
         },
         {
-            "when": {"system": "coordinate", "unanswered": _NOTICE + ".*message:Outbound"},
+            "when": {"system": "coordinate", "unanswered": _NOTICE + r"[\s\S]*message:\s*Outbound"},
             "reply": {
                 "tool_calls": [
                     {

@@ -42,6 +42,7 @@ from ._content import (
     ToolResultBlock,
     UsageChunk,
     blocks_text,
+    message_text,
     new_id,
 )
 from ._errors import DshError
@@ -188,7 +189,7 @@ class ScriptedRequest:
             if m.role == "user" and not (
                 isinstance(m.source, PluginSource) and m.source.form == "snapshot"
             ):
-                return m.text
+                return message_text(m.content)
         return ""
 
     @property
@@ -472,8 +473,10 @@ def _unanswered(request: ScriptedRequest) -> Iterator[Message]:
 
 def _searchable(message: Message) -> str:
     """The text a condition searches: a tool result's content, else the text blocks."""
-    if message.role != "tool":
+    if message.role == "assistant":
         return message.text
+    if message.role != "tool":  # user and system: blocks a blank line apart, as a model reads
+        return message_text(message.content)
     return "".join(
         blocks_text(b.content) for b in message.content if isinstance(b, ToolResultBlock)
     )

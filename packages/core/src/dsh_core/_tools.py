@@ -541,7 +541,7 @@ class ToolRegistry:
         try:
             entry.validate(parsed if isinstance(raw, str) else thaw_json(arguments))
         except fastjsonschema.JsonSchemaException as exc:
-            return failure(f"invalid arguments for {call.name}: {exc}", "INVALID_ARGS")
+            return failure(_invalid_arguments(call.name, exc), "INVALID_ARGS")
         if call.signal.aborted:
             return failure("tool call aborted before dispatch", "ABORTED_BEFORE_DISPATCH")
         if "tools/pre-execute" in listeners:
@@ -597,7 +597,10 @@ class ToolRegistry:
             try:
                 entry.validate_output(thaw_json(frozen))
             except fastjsonschema.JsonSchemaException as exc:
-                return failure(f"tool output is invalid: {exc}", "INVALID_TOOL_OUTPUT")
+                return failure(
+                    f"tool output is invalid: {schema_error_text(exc, 'the value')}",
+                    "INVALID_TOOL_OUTPUT",
+                )
         render = entry.definition.output.render
         plain = False  # one text block of a plain string (see plain_result)
         if render is not None:
@@ -620,6 +623,119 @@ class ToolRegistry:
 #: log holds it by construction, so the agent loop need not check it again (hardening 11.1).
 #: One slot: only the latest such result is known; a listener's replacement is checked.
 plain_result: ToolExecutionResult | None = None
+
+
+def _invalid_arguments(tool: str, exc: Exception) -> str:
+    """The model's text for arguments that break ``tool``'s schema: what is wrong, where, and
+    what to do (ROB-80)."""
+    return (
+        f"invalid arguments for {tool}: {schema_error_text(exc, 'the arguments')}. Call {tool} "
+        "again with arguments that match its parameters."
+    )
+
+
+_JSON_TYPES = {
+    "string": "a string",
+    "integer": "an integer",
+    "number": "a number",
+    "boolean": "a boolean (true or false)",
+    "object": "an object",
+    "array": "an array",
+    "null": "null",
+}
+
+
+def _json_type(value: Any) -> str:
+    """The JSON type of a parsed value, in words."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int):
+        return "an integer"
+    if isinstance(value, float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list | tuple):
+        return "an array"
+    return "an object"
+
+
+def _quoted(names: Iterable[Any], conjunction: str = "and") -> str:
+    """``"a"``, ``"a" and "b"``, ``"a", "b" and "c"`` (JSON-quoted)."""
+    items = [json.dumps(n, ensure_ascii=False) for n in names]
+    if len(items) == 1:
+        return items[0]
+    return f"{', '.join(items[:-1])} {conjunction} {items[-1]}"
+
+
+def _plural(n: Any, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def schema_error_text(exc: Exception, root: str = "the arguments") -> str:
+    """A JSON Schema failure in plain words, naming the field (``"a.b[0]"``) and what is wrong
+    with it, never the validator's own wording (ROB-80/81): a model reads it and retries.
+
+    ``exc`` is fastjsonschema's ``JsonSchemaValueException`` (``path``, ``rule``,
+    ``rule_definition``, ``value``, ``definition``); ``root`` names the whole value."""
+    path = getattr(exc, "path", None) or ["data"]
+    rule = getattr(exc, "rule", None)
+    limit = getattr(exc, "rule_definition", None)
+    value = getattr(exc, "value", None)
+    field = "".join(f"[{p}]" if p.isdigit() else f".{p}" for p in map(str, path[1:])).lstrip(".")
+    where = json.dumps(field, ensure_ascii=False) if field else root
+    if rule == "required" and isinstance(value, Mapping) and isinstance(limit, list | tuple):
+        missing = [k for k in limit if k not in value]
+        noun = "property" if len(missing) == 1 else "properties"
+        head = f"missing required {noun} {_quoted(missing)}"
+        return head if not field else f"{where} is {head}"
+    if rule == "type":
+        types = limit if isinstance(limit, list | tuple) else [limit]
+        wanted = " or ".join(_JSON_TYPES.get(str(t), str(t)) for t in types)
+        return f"{where} must be {wanted}, not {_json_type(value)}"
+    if rule == "additionalProperties" and isinstance(value, Mapping):
+        known = getattr(exc, "definition", None) or {}
+        allowed = known.get("properties", {}) if isinstance(known, Mapping) else {}
+        extra = [k for k in value if k not in allowed]
+        noun = "property" if len(extra) == 1 else "properties"
+        text = f"unknown {noun} {_quoted(extra)}" if extra else "unknown properties"
+        if field:
+            text = f"{where} has {text}"
+        if allowed:
+            text += f"; the allowed properties are {_quoted(allowed)}"
+        return text
+    if rule == "enum" and isinstance(limit, list | tuple):
+        return f"{where} must be one of {_quoted(limit, 'or')}"
+    if rule == "const":
+        return f"{where} must be {json.dumps(limit, ensure_ascii=False)}"
+    words = {
+        "minLength": lambda n: f"at least {_plural(n, 'character')} long",
+        "maxLength": lambda n: f"at most {_plural(n, 'character')} long",
+        "minimum": lambda n: f"at least {n}",
+        "maximum": lambda n: f"at most {n}",
+        "exclusiveMinimum": lambda n: f"greater than {n}",
+        "exclusiveMaximum": lambda n: f"less than {n}",
+        "multipleOf": lambda n: f"a multiple of {n}",
+        "pattern": lambda n: f"text matching the pattern {n}",
+        "format": lambda n: f"a valid {n}",
+        "minItems": lambda n: f"an array of at least {_plural(n, 'item')}",
+        "maxItems": lambda n: f"an array of at most {_plural(n, 'item')}",
+        "minProperties": lambda n: f"an object with at least {_plural(n, 'property')}",
+        "maxProperties": lambda n: f"an object with at most {_plural(n, 'property')}",
+    }
+    if rule in words:
+        return f"{where} must be {words[rule](limit)}"
+    if rule == "uniqueItems":
+        return f"{where} must not repeat an item"
+    if rule == "not":
+        return f"{where} has a value it must not have"
+    if rule in ("anyOf", "oneOf", "allOf"):
+        return f"{where} matches none of the forms its schema allows"
+    if rule == "dependencies" or rule == "dependentRequired":
+        return f"{where} is missing a property that another property requires"
+    return f"{where} does not satisfy the {json.dumps(str(rule))} rule of its schema"
 
 
 async def _invoke(

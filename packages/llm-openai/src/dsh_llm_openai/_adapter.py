@@ -49,6 +49,7 @@ from dsh_core import (
     ToolCallDelta,
     ToolResultBlock,
     UsageChunk,
+    message_text,
     thaw_json,
 )
 
@@ -208,8 +209,8 @@ def _wire_messages(
                 for b in m.content
                 if isinstance(b, ToolResultBlock)
             )
-        else:  # user and system messages are text
-            out.append({"role": role, "content": _text(m.content)})
+        else:  # user and system messages are text, their blocks a blank line apart (ROB-83)
+            out.append({"role": role, "content": message_text(m.content)})
     return out
 
 

@@ -21,6 +21,7 @@ from dsh_core import (
     AssembleContext,
     Context,
     PluginRow,
+    ReasoningBlock,
     TextBlock,
     ToolDefinition,
     ToolExecutionInput,
@@ -57,9 +58,11 @@ from dsh_subagent.in_process import IN_PROCESS_CAPABILITIES, start_in_process_ru
 from dsh_tool_subagent import (
     NO_AGENT,
     NO_JOBS,
+    OUTPUT_SCHEMA,
     SECTION_ORDER,
     SubagentToolConfig,
     install_subagent_tool,
+    render_output,
 )
 
 MODULES = {"subagent": dsh_subagent.plugin, "tool-subagent": dsh_tool_subagent.plugin}
@@ -1099,3 +1102,124 @@ async def test_a_providers_own_cancellation_is_an_errored_result_not_the_end_of_
         ends = [e.data.reason.kind for e in b.parent.session.events if e.type == "turn/end"]
         assert ends == ["completed"]
         assert provider.disposed == (1 if where == "result" else 0)
+
+
+# -- ROB-84: the delegation-depth statement in a child's runtime context ---------------------------
+
+
+def _depth_statements(b: Booted, agent_text: str) -> list[str]:
+    """The depth statements in the requests whose latest user text is ``agent_text``."""
+    return [
+        line
+        for request in b.host.model.requests
+        if request.last_user_text == agent_text
+        for message in request.messages
+        for line in message.text.split("\n")
+        if line.startswith("Delegation depth for")
+    ]
+
+
+@pytest.mark.parametrize(
+    ("max_depth", "expected"),
+    [
+        (
+            1,
+            "Delegation depth for `subagent`: current 1, maximum 1, remaining levels 0. Do not "
+            "call `subagent` at this depth; carry out the work directly.",
+        ),
+        (3, "Delegation depth for `subagent`: current 1, maximum 3, remaining levels 2."),
+        ("provider-managed", None),
+    ],
+)
+async def test_a_child_reads_its_delegation_depth_in_its_runtime_context(
+    max_depth: Any, expected: str | None
+) -> None:
+    """ROB-84: a child under a numeric max_depth reads its current and maximum depth and the
+    levels left (told to do the work itself at the limit) in its runtime context from its
+    first request; the root agent reads none, nor does a child without a depth limit."""
+    async with boot(row(max_depth=max_depth), provider=LocalProvider()) as b:
+        answer = await b.run(call_text(args("child task")))
+        assert answer == "got: child says: child task"
+        child = _depth_statements(b, "child task")
+        assert child == ([expected] if expected is not None else [])
+        assert not any(
+            "Delegation depth" in m.text
+            for r in b.host.model.requests
+            if r.last_user_text.startswith("call ")
+            for m in r.messages
+        )
+
+
+# -- TOOL-7/8/9: the structured value beside the text ----------------------------------------------
+
+
+async def test_a_foreground_call_has_a_foreground_value_beside_its_text() -> None:
+    """TOOL-7: a completed foreground call's value is {kind: "foreground", runId, output}
+    (the run's blocks as JSON, reasoning included), reported by `tools/result`; the model
+    reads the concatenated text blocks only; the tool declares that output schema."""
+    fake = FakeProvider(
+        name="local",
+        result=SubagentResult(
+            output=(TextBlock(text="one "), ReasoningBlock(text="hm"), TextBlock(text="two")),
+            stop_reason="completed",
+        ),
+    )
+    async with boot(row(), provider=fake) as b:
+        seen: list[Any] = []
+        b.host.ctx.on("tools/result", lambda call, result: seen.append(result.value))
+        result = await b.execute(args())
+        assert result.ok and text(result) == "one two"
+        expected = {
+            "kind": "foreground",
+            "runId": "fake-1",
+            "output": [
+                {"type": "text", "text": "one "},
+                {"type": "reasoning", "text": "hm"},
+                {"type": "text", "text": "two"},
+            ],
+        }
+        assert thaw_json(result.value) == expected
+        assert [thaw_json(v) for v in seen] == [expected]
+        definition = b.parent.ctx.tools.get("subagent")
+        assert definition is not None and definition.output.schema == OUTPUT_SCHEMA
+
+
+async def test_a_background_call_has_a_background_value_beside_its_text() -> None:
+    """TOOL-8: a one-shot background call's value is {kind: "background", jobId}; the model
+    reads `started background subagent job <jobId>`."""
+    async with boot(row(), provider=LocalProvider()) as b:
+        started = await b.execute(args("background work", run_in_background=True))
+        assert thaw_json(started.value) == {"kind": "background", "jobId": "subagent-1"}
+        assert text(started) == "started background subagent job subagent-1"
+
+
+async def test_a_continuable_call_has_a_continuable_value_beside_its_text() -> None:
+    """TOOL-9: a continuable call's value is {kind: "continuable", subagentId}; the model
+    reads `started subagent <subagentId>`, and the id is the child's."""
+    async with boot(row(background_mode="continuable"), provider=LocalProvider()) as b:
+        started = await b.execute(args("continue me"))
+        value = thaw_json(started.value)
+        entries = await b.svc.list_children(b.parent.id)
+        assert value == {"kind": "continuable", "subagentId": entries[0].id}
+        assert text(started) == f"started subagent {entries[0].id}"
+
+
+def test_the_rendering_of_each_value_shape() -> None:
+    """TOOL-7/8/9: the model's text of each value shape, from the value alone."""
+    run: Any = None
+    foreground = {
+        "kind": "foreground",
+        "runId": "r",
+        "output": [
+            {"type": "text", "text": "a"},
+            {"type": "tool-call"},
+            {"type": "text", "text": "b"},
+        ],
+    }
+    assert blocks_text(render_output(foreground, run)) == "ab"
+    background = {"kind": "background", "jobId": "subagent-3"}
+    assert (
+        blocks_text(render_output(background, run)) == "started background subagent job subagent-3"
+    )
+    continuable = {"kind": "continuable", "subagentId": "s-1"}
+    assert blocks_text(render_output(continuable, run)) == "started subagent s-1"

@@ -11,21 +11,27 @@ from ._config import (
     ToolFilterConfig,
 )
 from ._tool import (
+    DEPTH_CONTEXT_ORDER,
     HEADLINES,
     NO_AGENT,
     NO_JOBS,
+    OUTPUT_SCHEMA,
     SECTION_ORDER,
     SubagentTool,
+    depth_statement,
     description_for,
     guidance_for,
     install_subagent_tool,
+    render_output,
 )
 
 __all__ = [
     "BACKGROUND_MODES",
+    "DEPTH_CONTEXT_ORDER",
     "HEADLINES",
     "NO_AGENT",
     "NO_JOBS",
+    "OUTPUT_SCHEMA",
     "PROVIDER_MANAGED",
     "SECTION_ORDER",
     "AgentOptionsConfig",
@@ -33,7 +39,9 @@ __all__ = [
     "SubagentToolConfig",
     "ToolFilterConfig",
     "__version__",
+    "depth_statement",
     "description_for",
     "guidance_for",
     "install_subagent_tool",
+    "render_output",
 ]

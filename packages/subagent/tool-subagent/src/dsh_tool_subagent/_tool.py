@@ -19,15 +19,20 @@ import attrs
 from dsh_core import (
     Agent,
     AgentOptions,
+    ContentBlock,
     Context,
     DshError,
+    PromptContext,
     PromptSection,
     TextBlock,
     ToolDefinition,
     ToolError,
+    ToolOutput,
     ToolRestriction,
     ToolRunContext,
     blocks_text,
+    text_blocks,
+    unstructure,
 )
 from dsh_subagent import (
     SUBAGENTS,
@@ -36,20 +41,25 @@ from dsh_subagent import (
     SubagentProvider,
     SubagentResult,
     SubagentStartRequest,
+    delegation_depth_of,
     settle_run,
 )
 
 from ._config import PROVIDER_MANAGED, SubagentToolConfig, check_max_depth
 
 __all__ = [
+    "DEPTH_CONTEXT_ORDER",
     "HEADLINES",
     "NO_AGENT",
     "NO_JOBS",
+    "OUTPUT_SCHEMA",
     "SECTION_ORDER",
     "SubagentTool",
+    "depth_statement",
     "description_for",
     "guidance_for",
     "install_subagent_tool",
+    "render_output",
 ]
 
 NO_AGENT = "subagent tool requires a calling agent (exec.agent was undefined)"
@@ -69,6 +79,9 @@ HEADLINES = {
 }
 #: TOOL-11: where the ``tool:<name>`` guidance section sits.
 SECTION_ORDER = 116.5
+#: Where a child's delegation-depth statement sits among the runtime-context statements (after
+#: the seam's ``subagent:delegation`` at 120).
+DEPTH_CONTEXT_ORDER = 121
 
 #: Every field a call may carry (``run_in_background`` also when background is disabled:
 #: a forced ``true`` is refused by TOOL-4's own text).
@@ -139,6 +152,60 @@ def guidance_for(tool_name: str) -> str:
     )
 
 
+def depth_statement(tool_name: str, depth: int, max_depth: int) -> str:
+    """ROB-84: what a child at ``depth`` reads about calling ``tool_name`` under ``max_depth``
+    (the released reference's wording; at the limit it is told to do the work itself)."""
+    remaining = max(max_depth - depth, 0)
+    text = (
+        f"Delegation depth for `{tool_name}`: current {depth}, maximum {max_depth}, remaining "
+        f"levels {remaining}."
+    )
+    if remaining == 0:
+        text += f" Do not call `{tool_name}` at this depth; carry out the work directly."
+    return text
+
+
+#: TOOL-7/8/9: the tool's value, one of three shapes (hosts and UIs read it from
+#: ``tools/result``; the model reads what :func:`render_output` makes of it).
+OUTPUT_SCHEMA: dict[str, Any] = {
+    "oneOf": [
+        {
+            "type": "object",
+            "properties": {
+                "kind": {"const": "foreground"},
+                "runId": {"type": "string"},
+                "output": {"type": "array", "items": {"type": "object"}},
+            },
+            "required": ["kind", "runId", "output"],
+            "additionalProperties": False,
+        },
+        {
+            "type": "object",
+            "properties": {"kind": {"const": "background"}, "jobId": {"type": "string"}},
+            "required": ["kind", "jobId"],
+            "additionalProperties": False,
+        },
+        {
+            "type": "object",
+            "properties": {"kind": {"const": "continuable"}, "subagentId": {"type": "string"}},
+            "required": ["kind", "subagentId"],
+            "additionalProperties": False,
+        },
+    ]
+}
+
+
+def render_output(value: Any, run: ToolRunContext) -> tuple[ContentBlock, ...]:
+    """What the model reads of the tool's value (TOOL-7/8/9): a foreground run's text blocks
+    concatenated, ``started background subagent job <id>``, or ``started subagent <id>``."""
+    kind = value["kind"]
+    if kind == "foreground":
+        return text_blocks("".join(b["text"] for b in value["output"] if b.get("type") == "text"))
+    if kind == "background":
+        return text_blocks(f"started background subagent job {value['jobId']}")
+    return text_blocks(f"started subagent {value['subagentId']}")
+
+
 _T = TypeVar("_T")
 
 
@@ -197,6 +264,8 @@ class SubagentTool:
         #: the shadows registered (each also goes with its agent).
         self._section: PromptSection | None = None
         self._shadows: dict[str, Callable[[], object]] = {}
+        #: By agent id, the depth statements registered in children's scopes (ROB-84).
+        self._depths: dict[str, Callable[[], object]] = {}
 
     # -- lifecycle (TOOL-1, TOOL-5) ---------------------------------------------------------------
 
@@ -227,6 +296,7 @@ class SubagentTool:
             description=description_for(config, bool(provider.inherits_parent_context)),
             parameters=_parameters(config),
             execute=self.execute,
+            output=ToolOutput(schema=OUTPUT_SCHEMA, render=render_output),
             concurrency_safe=True,
             starts_jobs=config.enable_run_in_background and not config.continuable,
         )
@@ -246,15 +316,44 @@ class SubagentTool:
             agents = self.ctx.get("agents")
             for agent in agents.list() if agents is not None else ():
                 self.shadow(agent)
+        if self.max_depth is not None:
+            agents = self.ctx.get("agents")
+            for agent in agents.list() if agents is not None else ():
+                self.state_depth(agent)
 
     def unmount(self) -> None:
         """Remove the tool and its section (nothing when absent)."""
         removers, self._removers = self._removers, []
         shadows, self._shadows = self._shadows, {}
+        depths, self._depths = self._depths, {}
         self._definition = None
         self._section = None
-        for remove in (*shadows.values(), *reversed(removers)):
+        for remove in (*shadows.values(), *depths.values(), *reversed(removers)):
             remove()
+
+    def state_depth(self, agent: Agent) -> None:
+        """ROB-84: tell a child (delegation depth 1 or more) that sees this tool, under a
+        numeric ``max_depth``, its current and maximum depth and the levels left, as a
+        runtime-context statement in its own scope (a fixed text: every prompt stays cached).
+
+        Listened to only when this row has a depth limit, so a row without one costs nothing
+        per agent; contained, never vetoing a creation."""
+        max_depth = self.max_depth
+        if max_depth is None or self._definition is None or agent.id in self._depths:
+            return
+        try:
+            depth = delegation_depth_of(agent)
+            if depth < 1 or agent.ctx.tools.get(self.config.tool_name) is not self._definition:
+                return
+            name = self.config.tool_name
+            statement = PromptContext(
+                name=f"{name}:depth",
+                order=DEPTH_CONTEXT_ORDER,
+                text=depth_statement(name, depth, max_depth),
+            )
+            self._depths[agent.id] = agent.ctx.system_prompt.context(statement)
+        except (DshError, TypeError, ValueError):  # torn down, a clash, or an invalid depth
+            return
 
     def shadow(self, agent: Agent) -> None:
         """TOOL-11: an empty ``tool:<name>`` section in the scope of ``agent`` when the tool
@@ -275,6 +374,7 @@ class SubagentTool:
 
     def on_agent_disposed(self, agent: Agent) -> None:
         self._shadows.pop(agent.id, None)
+        self._depths.pop(agent.id, None)
 
     def on_provider_added(self, provider: SubagentProvider) -> None:
         if provider.name == self.provider:
@@ -286,8 +386,9 @@ class SubagentTool:
 
     # -- calls (TOOL-4, TOOL-6..9) ----------------------------------------------------------------
 
-    async def execute(self, args: Any, run: ToolRunContext) -> str:
-        """One call: resolve the route, then run it. Failures raise (an errored result)."""
+    async def execute(self, args: Any, run: ToolRunContext) -> dict[str, Any]:
+        """One call: resolve the route, then run it; its value is one of the three shapes of
+        :data:`OUTPUT_SCHEMA`. Failures raise (an errored result)."""
         parent = run.agent
         if parent is None:
             raise ToolError(NO_AGENT, code="NO_AGENT")
@@ -313,7 +414,7 @@ class SubagentTool:
                 persona=self.persona,
             )
             started = await _started(run.ctx[SUBAGENTS].start_continuable(spec))
-            return f"started subagent {started.child_id}"
+            return {"kind": "continuable", "subagentId": started.child_id}
         if background:
             return self._start_job(run, parent, label, prompt)
         return await self._foreground(run, parent, label, prompt)
@@ -352,7 +453,7 @@ class SubagentTool:
 
     async def _foreground(
         self, run: ToolRunContext, parent: Any, label: str, prompt: tuple[TextBlock, ...]
-    ) -> str:
+    ) -> dict[str, Any]:
         """TOOL-7: start with the call's signal, await the result, then ALWAYS dispose."""
         request = self._request(parent, label, prompt, run.signal)
         child = await _started(run.ctx[SUBAGENTS].start(self.provider, request))
@@ -379,11 +480,11 @@ class SubagentTool:
             ) from exc
         if failed is not None:
             raise ToolError(failed, code="SUBAGENT_RUN_FAILED")
-        return blocks_text(result.output)
+        return {"kind": "foreground", "runId": child.id, "output": unstructure(result.output)}
 
     def _start_job(
         self, run: ToolRunContext, parent: Any, label: str, prompt: tuple[TextBlock, ...]
-    ) -> str:
+    ) -> dict[str, Any]:
         """TOOL-8: a ``subagent`` job of the parent; its producer's own signal owns the child
         (the call's does not). Counts towards the per-owner cap (BUG-7)."""
         jobs = run.ctx.get("jobs")
@@ -401,7 +502,7 @@ class SubagentTool:
             return await settle_run(child)
 
         job = jobs.start(kind="subagent", label=label, owner=parent, producer=producer)
-        return f"started background subagent job {job.id}"
+        return {"kind": "background", "jobId": job.id}
 
 
 def install_subagent_tool(ctx: Context, config: SubagentToolConfig) -> SubagentTool | None:
@@ -418,6 +519,9 @@ def install_subagent_tool(ctx: Context, config: SubagentToolConfig) -> SubagentT
     ctx.on("subagent/provider-removed", tool.on_provider_removed, global_=True)
     if tool.background_default:
         ctx.on("agent/created", tool.shadow, global_=True)
+    if tool.max_depth is not None:
+        ctx.on("agent/created", tool.state_depth, global_=True)
+    if tool.background_default or tool.max_depth is not None:
         ctx.on("agent/disposed", tool.on_agent_disposed, global_=True)
     provider = ctx[SUBAGENTS].get_provider(config.provider)
     if provider is not None:
