@@ -396,6 +396,25 @@ async def test_a_frame_larger_than_the_limit_is_refused_and_skipped(
     assert "4096" in warning.getMessage()
 
 
+async def test_a_message_nested_too_deep_is_refused_with_its_id(tmp_path: Path, logs: Logs) -> None:
+    """ROB-37: a request nested more than 200 levels deep (JSON the parser still reads) is
+    answered -32600 with its own id, never handed to the SDK, whose error answer would echo
+    it deeper than a peer's parser reads; the connection goes on. 200 levels pass."""
+    async with piped() as peer:
+        sid = await peer.new_session(str(tmp_path))
+        deep = "[" * 900 + "1" + "]" * 900
+        await peer.line('{"jsonrpc":"2.0","id":7,"method":"session/new","params":' + deep + "}")
+        answer = await peer.read()
+        assert answer["id"] == 7 and answer["error"]["code"] == -32600
+        within = "[" * 198 + "1" + "]" * 198  # 199 levels with the message's own object
+        await peer.line('{"jsonrpc":"2.0","id":8,"method":"session/new","params":' + within + "}")
+        answer = await peer.read()
+        assert answer["id"] == 8 and answer["error"]["code"] == -32602  # the SDK's own answer
+        assert (await peer.prompt(sid, "on"))["result"]["stopReason"] == "end_turn"
+    logs.assert_no_traceback()
+    assert any("200 levels" in r.getMessage() for r in logs.at_least(logging.WARNING))
+
+
 async def test_a_flood_of_bad_frames_is_answered_but_logged_only_so_far(
     tmp_path: Path, logs: Logs
 ) -> None:

@@ -51,6 +51,7 @@ from dsh_core._converter import converter
 from dsh_core._events import CORE_EVENT_TYPES, ToolResultData, make_event
 from dsh_core._json import MAX_NESTING, freeze_json
 from dsh_core._persistence import JsonlSessionPersistence, install_jsonl_persistence
+from dsh_core._persistence._encode import utf8_lines
 from dsh_core.testing.strategies import session_logs
 
 TYPES = EventTypeRegistry()
@@ -67,7 +68,7 @@ def jsonl() -> JsonlSessionPersistence:
 
 
 def generic_line(event: SessionEvent) -> bytes:
-    return (dumps(TYPES.encode(event)) + "\n").encode("utf-8", "surrogatepass")
+    return utf8_lines(dumps(TYPES.encode(event)) + "\n")
 
 
 def same(a: object, b: object) -> bool:

@@ -13,7 +13,8 @@ naming the peer, and the connection goes on:
 - a line that is not JSON (``NaN`` and ``Infinity`` included): -32700 Parse error;
 - JSON that is no JSON-RPC object (a number, a string, ``null``, an array, a batch array as a
   whole, an object with neither ``method`` nor ``id``, an ``id`` that is no string, number or
-  ``null``, a ``method`` that is no string), or a line longer than :data:`MAX_FRAME` (read to
+  ``null``, a ``method`` that is no string), a message nested more than 200 levels deep (an
+  answer that echoes it could not be read back), or a line longer than :data:`MAX_FRAME` (read to
   its end without being kept): -32600 Invalid Request (with the request's id when that one is
   usable).
 
@@ -102,6 +103,23 @@ def _scrub(value: Any, depth: int = 0) -> Any:
     if value is None or isinstance(value, int):  # bool is an int
         return value
     return str(value)  # what JSON has no form for (an error's context object, say)
+
+
+def _deeper_than(value: Any, limit: int) -> bool:
+    """Whether ``value`` nests more than ``limit`` arrays and objects (iteratively: no stack)."""
+    todo: list[tuple[Any, int]] = [(value, 1)]
+    while todo:
+        item, depth = todo.pop()
+        if item.__class__ is dict:
+            children: Any = item.values()
+        elif item.__class__ is list:
+            children = item
+        else:
+            continue
+        if depth > limit:
+            return True
+        todo.extend((child, depth + 1) for child in children)
+    return False
 
 
 def _kind(value: Any) -> str:
@@ -232,6 +250,13 @@ class GuardedTransport:
                 if request_id.__class__ not in _ID_CLASSES:
                     request_id = None
                 await self._bad(problem, _invalid(request_id), -32600)
+                continue
+            if line.count(b"[") + line.count(b"{") > _MAX_DEPTH and _deeper_than(
+                message, _MAX_DEPTH
+            ):  # what the SDK answers may echo it: no peer could read that back
+                request_id = message.get("id") if "method" in message else None
+                what = f"a message nested more than {_MAX_DEPTH} levels deep"
+                await self._bad(what, _invalid(request_id), -32600)
                 continue
             if _SURROGATE_ESCAPE.search(line) is not None:
                 message = self._repaired(message)
