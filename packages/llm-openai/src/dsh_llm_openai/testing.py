@@ -102,11 +102,13 @@ def sse_body(chunks: Iterable[Mapping[str, Any]], *, done: bool = True) -> bytes
 
 @attrs.frozen(kw_only=True)
 class RecordedRequest:
-    """A request the server received: its path, headers (lower-cased names) and JSON body."""
+    """A request the server received: its path, headers (lower-cased names), JSON body (None
+    if the bytes were not JSON) and the bytes as they came (``raw``)."""
 
     path: str
     headers: Mapping[str, str]
     body: Any
+    raw: bytes = b""
 
 
 class ChatCompletionsServer:
@@ -194,7 +196,7 @@ class _Handler(BaseHTTPRequestHandler):
         except ValueError:
             body = None
         headers = {k.lower(): v for k, v in self.headers.items()}
-        reply = owner._next(RecordedRequest(path=self.path, headers=headers, body=body))
+        reply = owner._next(RecordedRequest(path=self.path, headers=headers, body=body, raw=raw))
         if reply.delay and _closed_within(self.connection, reply.delay):
             owner.disconnected.set()
             return
