@@ -173,7 +173,7 @@ def _pytest(
         ".",
         *args,
         *session.posargs,
-        env={"DSH_HOME": session.create_tmp(), **(env or {})},
+        env={"DSH_SUBAGENTS_HOME": session.create_tmp(), **(env or {})},
         success_codes=success_codes,
     )
 
@@ -182,14 +182,24 @@ def _every_test_folder() -> list[str]:
     return ["tests", *(f"{info['folder']}/tests" for info in PACKAGES.values())]
 
 
-# Runs inside a test venv: the dsh distributions installed there, and the plugins `dsh` lists.
+# Runs inside a test venv: the dsh distributions installed there, and the plugins dsh-core
+# discovers there (through its API: dsh-core is a library, the command is dsh-subagents').
 _INSTALLED = """
-import importlib.metadata as md, json, subprocess
+import importlib.metadata as md, json
+from dsh_core import PluginError, make_plugin_manager
 names = {d.metadata["Name"] for d in md.distributions()}
 dists = sorted(n for n in names if n.startswith("dsh-"))
-out = subprocess.run(["dsh", "plugins"], capture_output=True, text=True)
-listed = sorted(line.split()[0] for line in out.stdout.splitlines()[1:] if line.strip())
-print(json.dumps({"dists": dists, "plugins": listed, "status": out.returncode, "out": out.stdout}))
+pm = make_plugin_manager()
+try:
+    pm.collect_plugin_specs()
+    fatal = ""
+except PluginError as exc:
+    fatal = str(exc)
+listed = sorted(d.name for d in pm.discovered)
+failures = [f.describe() for f in pm.failures]
+status = 1 if failures or fatal else 0
+out = "\\n".join([*listed, *failures, fatal])
+print(json.dumps({"dists": dists, "plugins": listed, "status": status, "out": out}))
 """
 
 
@@ -232,7 +242,7 @@ def tests(session: nox.Session, dist: str) -> None:
     eps = sorted(ep for name in expected for ep in PACKAGES[name]["entry_points"])  # type: ignore[attr-defined]
     if report["status"] != 0 or report["plugins"] != eps:
         session.error(
-            f"`dsh plugins` listed {report['plugins']} (exit {report['status']}), "
+            f"dsh-core discovered {report['plugins']} (exit {report['status']}), "
             f"expected exactly {eps}:\n{report['out']}"
         )
     _pytest(session, f"{PACKAGES[dist]['folder']}/tests")
@@ -387,7 +397,9 @@ def peers(session: nox.Session, peer: str) -> None:
 def demo(session: nox.Session) -> None:
     """The main job: the offline demo on embedded defaults (no network, no keys)."""
     _install_wheels(session, *PACKAGES, extra=())
-    session.run("dsh", "demo", *session.posargs, env={"DSH_HOME": session.create_tmp()})
+    session.run(
+        "dsh-subagents", "demo", *session.posargs, env={"DSH_SUBAGENTS_HOME": session.create_tmp()}
+    )
 
 
 if os.environ.get("NOX_LIST_PACKAGES"):  # pragma: no cover - a debugging aid

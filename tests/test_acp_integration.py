@@ -232,11 +232,11 @@ async def test_memory_store_offers_no_load(tmp_path: Path) -> None:
 
 
 def test_the_demo_runs_an_acp_child(monkeypatch: pytest.MonkeyPatch) -> None:
-    """acp 16.4: with everything installed, `dsh demo` also delegates to an ACP child (a
+    """acp 16.4: with everything installed, `dsh-subagents demo` also delegates to an ACP child (a
     dsh-acp-agent process) and reports its answer."""
     import io
 
-    from dsh_core.cli import main
+    from dsh_subagents.cli import main
 
     monkeypatch.delenv("DSH_PLUGINS", raising=False)
     monkeypatch.delenv("DSH_DISABLE_PLUGIN_AUTOLOAD", raising=False)

@@ -1,4 +1,5 @@
-"""`dsh run` and `dsh demo` under Ctrl-C, as a terminal delivers it (SIGINT to the process
+"""`dsh-subagents run` and `dsh-subagents demo` under Ctrl-C, as a terminal delivers it (SIGINT to
+the process
 group): a one-line notice, exit status 130, no traceback, nothing left running; even when
 the model never suspends (a script whose rule calls a missing tool on every request)."""
 
@@ -25,9 +26,9 @@ def _hear_sigint() -> None:
 def _interrupt(tmp_path: Path, *args: str) -> tuple[int, str, str]:
     """Run ``dsh ARGS`` until it shows a tool call, press Ctrl-C; its status, output, errors."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("DSH_")}
-    env["DSH_HOME"] = str(tmp_path / "home")
+    env["DSH_SUBAGENTS_HOME"] = str(tmp_path / "home")
     child = subprocess.Popen(
-        [sys.executable, "-m", "dsh_core.cli", *args],
+        [sys.executable, "-m", "dsh_subagents.cli", *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         env=env,
@@ -62,9 +63,9 @@ def _interrupt(tmp_path: Path, *args: str) -> tuple[int, str, str]:
 def test_ctrl_c_on_a_model_that_never_suspends_exits_130_without_a_traceback(
     tmp_path: Path, command: str
 ) -> None:
-    """dsh run/demo (configuration.md: 130 after Ctrl-C): a turn looping on a scripted model
-    whose every step is synchronous still hears Ctrl-C; the command says it was interrupted
-    on one line and exits 130, with no Python traceback."""
+    """dsh-subagents run/demo (configuration.md: 130 after Ctrl-C): a turn looping on a
+    scripted model whose every step is synchronous still hears Ctrl-C; the command says it was
+    interrupted on one line and exits 130, with no Python traceback."""
     script = tmp_path / "loop.toml"
     script.write_text(LOOP, encoding="utf-8")
     args = ["run", "--model", f"scripted:{script}", "go"]
@@ -73,5 +74,5 @@ def test_ctrl_c_on_a_model_that_never_suspends_exits_130_without_a_traceback(
     status, out, err = _interrupt(tmp_path, *args)
     assert "→ no_such_tool" in out
     assert "Traceback" not in err, err
-    assert err.strip().splitlines() == [f"dsh {command}: interrupted"], (status, err)
+    assert err.strip().splitlines() == [f"dsh-subagents {command}: interrupted"], (status, err)
     assert status == 130, err

@@ -44,7 +44,7 @@ def _tables() -> dict[str, set[str]]:
 
 
 def test_every_installed_plugin_and_config_key_is_documented() -> None:
-    """llm-openai 17.3, dx 12.5: each plugin `dsh plugins` can mount has a row in
+    """llm-openai 17.3, dx 12.5: each plugin `dsh-subagents plugins` can mount has a row in
     docs/configuration.md, and each key of its config class is listed under it."""
     specs = make_plugin_manager(autoload=True, environ={}).collect_plugin_specs()
     documented = _tables()

@@ -1,4 +1,4 @@
-"""`dsh demo` as a person runs it: a subprocess on every installed distribution, whose
+"""`dsh-subagents demo` as a person runs it: a subprocess on every installed distribution, whose
 transcript shows the tour of the subagent seam (tools 15.5)."""
 
 from __future__ import annotations
@@ -12,18 +12,18 @@ from pathlib import Path
 import pytest
 
 from dsh_core import Message, TextBlock, ToolCallDelta, user_message
-from dsh_core._demo import TOUR_SCRIPT, demo_store
 from dsh_core._llm import GenerateOptions
 from dsh_core.testing import ScriptedAdapter
+from dsh_subagents._demo import TOUR_SCRIPT, demo_store
 
 ID = r"session-[0-9a-f]+"
 
 
 def _demo(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("DSH_")}
-    env["DSH_HOME"] = str(tmp_path / "home")
+    env["DSH_SUBAGENTS_HOME"] = str(tmp_path / "home")
     return subprocess.run(
-        [sys.executable, "-m", "dsh_core.cli", "demo", *args],
+        [sys.executable, "-m", "dsh_subagents.cli", "demo", *args],
         capture_output=True,
         text=True,
         env=env,
@@ -35,7 +35,8 @@ def _demo(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 @pytest.fixture(scope="module")
 def tour(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
-    """One run of `dsh demo` with its default store: the transcript and $DSH_HOME."""
+    """One run of `dsh-subagents demo` with its default store: the transcript and
+    $DSH_SUBAGENTS_HOME."""
     tmp_path = tmp_path_factory.mktemp("demo")
     done = _demo(tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -131,16 +132,18 @@ def test_the_coordinator_lists_its_agents_answers_and_the_tree_is_printed(
 def test_the_demo_keeps_its_store_under_dsh_home_or_store(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """tools 15.5: the demo's JSONL store is `--store DIR`, else `$DSH_HOME/demo`, else
-    `~/.dsh/demo`."""
+    """tools 15.5, [cli] 1: the demo's JSONL store is `--store DIR`, else
+    `$DSH_SUBAGENTS_HOME/demo`, else `~/.dsh-subagents/demo` (never DeepSeek Harness's
+    `$DSH_HOME` or `~/.dsh`)."""
     done = _demo(tmp_path, "--store", "kept")
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"sessions are kept in {Path('kept')}" in done.stdout
     assert len(list((tmp_path / "kept").glob("*.jsonl"))) == 5  # the coordinator, 4 children
     assert demo_store("elsewhere") == Path("elsewhere")
-    monkeypatch.delenv("DSH_HOME", raising=False)
-    assert demo_store(None) == Path.home() / ".dsh" / "demo"
-    monkeypatch.setenv("DSH_HOME", str(tmp_path))
+    monkeypatch.delenv("DSH_SUBAGENTS_HOME", raising=False)
+    monkeypatch.setenv("DSH_HOME", str(tmp_path / "other-tool"))
+    assert demo_store(None) == Path.home() / ".dsh-subagents" / "demo"
+    monkeypatch.setenv("DSH_SUBAGENTS_HOME", str(tmp_path))
     assert demo_store(None) == tmp_path / "demo"
 
 
@@ -150,7 +153,7 @@ def test_the_embedded_script_is_a_valid_script() -> None:
 
 
 def test_the_coordinator_runs_on_a_script_file(tmp_path: Path) -> None:
-    """tools 15.5, dx 12.3: `dsh demo --model scripted:FILE --prompt TEXT` runs the tour's
+    """tools 15.5, dx 12.3: `dsh-subagents demo --model scripted:FILE --prompt TEXT` runs the tour's
     coordinator on the script; a coordinator that delegates nothing has no children."""
     example = Path(__file__).parents[1] / "docs" / "examples" / "scripted-model.toml"
     done = _demo(tmp_path, "--model", f"scripted:{example}", "--prompt", "hello")

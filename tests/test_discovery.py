@@ -16,7 +16,7 @@ from dsh_core.testing import scripted_host, write_distribution
 EVERY_ENTRY_POINT = {
     "core", "llm-openai", "acp-agent", "subagent", "subagent-spawn", "subagent-fork",
     "subagent-acp", "tool-subagent", "tool-subagent-control", "tool-subagent-report",
-    "tool-subagent-list-agents",
+    "tool-subagent-list-agents", "subagents-cli",
 }  # fmt: skip
 
 
@@ -28,20 +28,21 @@ def _dsh(
     # The script imports the code this test process imports (a checkout's sources come first).
     paths = [*([str(pythonpath)] if pythonpath is not None else []), *filter(None, sys.path)]
     env["PYTHONPATH"] = os.pathsep.join(paths)
-    script = Path(sys.executable).with_name("dsh")
+    script = Path(sys.executable).with_name("dsh-subagents")
     return subprocess.run(
         [str(script), *args], capture_output=True, text=True, env=env, timeout=60, check=False
     )
 
 
 def test_every_distribution_announces_itself() -> None:
-    """[foundation] All ten distributions declare an entry point in the `dsh` group."""
+    """[foundation] Every distribution declares an entry point in the `dsh` group."""
     names = {ep.name for ep in md.entry_points(group="dsh")}
     assert names >= EVERY_ENTRY_POINT
 
 
 def test_dsh_plugins_lists_everything_installed() -> None:
-    """[foundation] `dsh plugins` lists every installed plugin and exits 0 when all load."""
+    """[foundation] `dsh-subagents plugins` lists every installed plugin and exits 0 when all
+    load."""
     done = _dsh("plugins")
     assert done.returncode == 0, done.stdout + done.stderr
     listed = {line.split()[0] for line in done.stdout.splitlines()[1:] if line.strip()}

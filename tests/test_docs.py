@@ -28,8 +28,8 @@ from pathlib import Path
 import attrs
 import pytest
 
-from dsh_core.cli import main as dsh_main
 from dsh_subagent.testing import ProviderContract
+from dsh_subagents.cli import main as dsh_main
 
 ROOT = Path(__file__).resolve().parents[1]
 TIMEOUT = 120  # seconds per process; a hung example fails instead of hanging the suite
@@ -127,13 +127,13 @@ def write_files(doc_blocks: list[Block], folder: Path) -> list[Path]:
 
 
 def _env(folder: Path) -> dict[str, str]:
-    """The caller's environment, without plugin selection, with a private DSH_HOME."""
+    """The caller's environment, without plugin selection, with a private DSH_SUBAGENTS_HOME."""
     env = {
         k: v
         for k, v in os.environ.items()
         if k not in ("DSH_DISABLE_PLUGIN_AUTOLOAD", "DSH_PLUGINS")
     }
-    env["DSH_HOME"] = str(folder / ".dsh-home")
+    env["DSH_SUBAGENTS_HOME"] = str(folder / ".dsh-home")
     if (folder / "src").is_dir():
         env["PYTHONPATH"] = os.pathsep.join(
             p for p in (str(folder / "src"), env.get("PYTHONPATH")) if p
@@ -223,7 +223,7 @@ def test_python_blocks_run(doc: Path, tmp_path: Path) -> None:
     assert ran, f"{doc.name} has Python blocks but none of them runs"
 
 
-# -- the README's distribution table is what `dsh plugins` lists ---------------------------------
+# -- the README's distribution table is what `dsh-subagents plugins` lists ---------------------
 
 _ROW = re.compile(
     r"^\|\s*\[?`(dsh-[\w-]+)`\]?(?:\([^)]*\))?\s*\|\s*`([\w-]+)`\s*\|([^|]*)\|([^|]*)\|"
@@ -231,7 +231,8 @@ _ROW = re.compile(
 
 
 def test_readme_table_matches_dsh_plugins() -> None:
-    """dx 12.1, host-core §1: the README's table has one row per plugin `dsh plugins` lists,
+    """dx 12.1, host-core §1: the README's table has one row per plugin `dsh-subagents plugins`
+    lists,
     with the same distribution and mounts, and "placeholder" exactly where nothing is mounted."""
     out = io.StringIO()
     assert dsh_main(["plugins"], out=out) == 0, out.getvalue()
@@ -249,7 +250,15 @@ def test_readme_table_matches_dsh_plugins() -> None:
     assert set(table) == set(listed)
     for name, (dist, mounts) in listed.items():
         assert table[name][:2] == (dist, mounts), name
-        assert table[name][2].startswith("placeholder") == (mounts == "-"), name
+        placeholder = mounts == "-" and not _commands(dist)
+        assert table[name][2].startswith("placeholder") == placeholder, name
+
+
+def _commands(distribution: str) -> list[str]:
+    """The console scripts ``distribution`` installs: one that mounts nothing but ships a
+    command (dsh-subagents) is not a placeholder."""
+    entry_points = md.distribution(distribution).entry_points
+    return [ep.name for ep in entry_points if ep.group == "console_scripts"]
 
 
 # -- the provider guide builds into a distribution that passes the contract suite ---------------
@@ -263,7 +272,8 @@ def _venv_bin(venv: Path, name: str) -> Path:
 def test_provider_guide_builds_installs_and_passes_the_contract(tmp_path: Path) -> None:
     """dx 12.2 (the provider contract, SVC-1 and DRV-1 on): the files of
     docs/writing-a-provider.md build a wheel (hatchling) that installs into a fresh venv next to
-    dsh-core and dsh-subagent wheels built from this checkout; `dsh plugins` lists its entry
+    dsh-core and dsh-subagent wheels built from this checkout; `dsh-subagents plugins` lists its
+    entry
     point there, and its contract test passes."""
     guide = tmp_path / "guide"
     written = write_files(list(blocks(ROOT / "docs" / "writing-a-provider.md")), guide)
@@ -283,7 +293,7 @@ def test_provider_guide_builds_installs_and_passes_the_contract(tmp_path: Path) 
         for k, v in os.environ.items()
         if k not in ("PYTHONPATH", "VIRTUAL_ENV", "DSH_DISABLE_PLUGIN_AUTOLOAD", "DSH_PLUGINS")
     }
-    env["DSH_HOME"] = str(tmp_path / "home")
+    env["DSH_SUBAGENTS_HOME"] = str(tmp_path / "home")
 
     def run(*args: str | Path, cwd: Path = tmp_path) -> str:
         done = subprocess.run(
@@ -307,7 +317,7 @@ def test_provider_guide_builds_installs_and_passes_the_contract(tmp_path: Path) 
     run(python, "-m", "pip", "install", "-q", "--find-links", wheels, "dsh-subagent-terse[test]")
     where = run(python, "-c", "import dsh_subagent_terse; print(dsh_subagent_terse.__file__)")
     assert Path(where.strip()).is_relative_to(venv), where
-    plugins = run(_venv_bin(venv, "dsh"), "plugins")
+    plugins = run(python, "-c", _LIST_PLUGINS)
     assert any(
         line.split()[:2] == ["subagent-terse", "dsh-subagent-terse"]
         for line in plugins.splitlines()
@@ -315,6 +325,17 @@ def test_provider_guide_builds_installs_and_passes_the_contract(tmp_path: Path) 
     out = run(python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests", cwd=guide)
     checks = [name for name in dir(ProviderContract) if name.startswith("test_")]
     assert f"{len(checks)} passed" in out and "skipped" not in out, out
+
+
+#: The plugins a venv's dsh-core discovers, one ``ENTRY_POINT DISTRIBUTION`` per line (dsh-core
+#: is a library: the command that lists them belongs to dsh-subagents).
+_LIST_PLUGINS = """
+from dsh_core import make_plugin_manager
+pm = make_plugin_manager()
+pm.collect_plugin_specs()
+for d in pm.discovered:
+    print(d.name, d.distribution)
+"""
 
 
 def test_placeholder_readmes_say_so() -> None:
@@ -333,4 +354,5 @@ def test_placeholder_readmes_say_so() -> None:
     assert set(folders) <= set(mounting)
     for name, folder in folders.items():
         readme = (folder / "README.md").read_text(encoding="utf-8")
-        assert ("**Placeholder.**" in readme) == (not mounting[name]), name
+        placeholder = not mounting[name] and not _commands(name)
+        assert ("**Placeholder.**" in readme) == placeholder, name

@@ -1,4 +1,5 @@
-"""Root sessions of ``dsh run --store`` and ``dsh demo`` are written per turn: whenever an
+"""Root sessions of ``dsh-subagents run --store`` and ``dsh-subagents demo`` are written per turn:
+whenever an
 agent goes idle, every turn it ended is already in its file (read as bytes, as a process
 started after a kill -9 would find it), not only once the run ends and the session closes."""
 
@@ -12,10 +13,10 @@ from typing import Any
 import pytest
 
 from dsh_core import PluginSpec, hookimpl, make_plugin_manager
-from dsh_core import _demo as demo
 from dsh_core import plugin as core_plugin
 from dsh_core._host import PluginRow
-from dsh_core._run import RunOptions, run_agent
+from dsh_subagents import _demo as demo
+from dsh_subagents._run import RunOptions, run_agent
 
 
 def _probe(store: Path, seen: list[tuple[str, int, int]]) -> types.ModuleType:
@@ -45,7 +46,7 @@ def _probe(store: Path, seen: list[tuple[str, int, int]]) -> types.ModuleType:
 
 
 async def test_dsh_run_store_writes_the_turn_before_it_is_over(tmp_path: Path) -> None:
-    """DUR-40: `dsh run --store DIR`: when the agent goes idle, its ended turn is in its
+    """DUR-40: `dsh-subagents run --store DIR`: when the agent goes idle, its ended turn is in its
     file already (a kill right then loses nothing `--resume` would show)."""
     seen: list[tuple[str, int, int]] = []
     store = tmp_path / "store"
@@ -61,7 +62,8 @@ async def test_dsh_run_store_writes_the_turn_before_it_is_over(tmp_path: Path) -
 async def test_dsh_demo_writes_every_turn_before_it_is_over(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """DUR-40: `dsh demo`: whenever the coordinator or a child goes idle, every turn it ended
+    """DUR-40: `dsh-subagents demo`: whenever the coordinator or a child goes idle, every turn it
+    ended
     is in its file already."""
     seen: list[tuple[str, int, int]] = []
     store = tmp_path / "demo"

@@ -1,4 +1,5 @@
-"""`dsh run` across distributions: a real-model route on the loopback chat-completions server,
+"""`dsh-subagents run` across distributions: a real-model route on the loopback chat-completions
+server,
 and child runs shown as they happen (llm-openai 17.3)."""
 
 from __future__ import annotations
@@ -23,17 +24,18 @@ from dsh_core import (
     make_plugin_manager,
     text_blocks,
 )
-from dsh_core._run import RunOptions, run_agent
-from dsh_core.cli import main
 from dsh_llm_openai.testing import ChatCompletionsServer, Reply, chunk, text_reply
 from dsh_subagent import SubagentStartRequest
+from dsh_subagents._run import RunOptions, run_agent
+from dsh_subagents.cli import main
 
 
 def test_run_streams_a_model_on_an_openai_compatible_endpoint(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """llm-openai 17.3: a composition file's `llm-openai` row (base_url, the key from the
-    variable it names, `model`) is the route of `dsh run`; the answer streams to the terminal
+    variable it names, `model`) is the route of `dsh-subagents run`; the answer streams to the
+    terminal
     and the request carries the prompt."""
     monkeypatch.setenv("LOOPBACK_KEY", "sk-loopback")
     with ChatCompletionsServer(text_reply("Streamed from the endpoint.", pieces=5)) as server:
@@ -150,10 +152,10 @@ def test_ctrl_c_cancels_the_turn_and_closes_the_http_stream(tmp_path: Path) -> N
         encoding="utf-8",
     )
     env = {k: v for k, v in os.environ.items() if k not in ("DSH_PLUGINS",)}
-    env["DSH_HOME"] = str(tmp_path / "home")
+    env["DSH_SUBAGENTS_HOME"] = str(tmp_path / "home")
     with server:
         child = subprocess.Popen(
-            [sys.executable, "-m", "dsh_core.cli", "run", "--config", str(config), "go"],
+            [sys.executable, "-m", "dsh_subagents.cli", "run", "--config", str(config), "go"],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -164,9 +166,9 @@ def test_ctrl_c_cancels_the_turn_and_closes_the_http_stream(tmp_path: Path) -> N
             shown = b""
             while b"Partial" not in shown:  # the streamed text is on the terminal: interrupt
                 ready, _, _ = select.select([child.stdout], [], [], 60)
-                assert ready, "dsh run showed nothing within 60 s"
+                assert ready, "dsh-subagents run showed nothing within 60 s"
                 more = os.read(child.stdout.fileno(), 100)
-                assert more, f"dsh run ended early: {child.communicate()}"
+                assert more, f"dsh-subagents run ended early: {child.communicate()}"
                 shown += more
             child.send_signal(signal.SIGINT)
             rest, err = child.communicate(timeout=60)

@@ -122,10 +122,11 @@ def test_a_malformed_script_is_refused_when_loaded(tmp_path: Path) -> None:
 
 
 def test_the_demo_runs_on_the_example(monkeypatch: pytest.MonkeyPatch) -> None:
-    """dx 12.3: `dsh demo --model scripted:docs/examples/scripted-model.toml` answers from it."""
+    """dx 12.3: `dsh-subagents demo --model scripted:docs/examples/scripted-model.toml` answers
+    from it."""
     import io
 
-    from dsh_core.cli import main
+    from dsh_subagents.cli import main
 
     monkeypatch.setenv("DSH_PLUGINS", "core")
     out = io.StringIO()

@@ -1,5 +1,5 @@
 """The per-turn step limit across the stack: a child's run stopped at its step limit, as the
-parent's `subagent` tool result, a settlement notice, `list_agents` and `dsh run` show it
+parent's `subagent` tool result, a settlement notice, `list_agents` and `dsh-subagents run` show it
 (ROB-10..12, ROB-14)."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import Any
 
 from dsh_core import AgentOptions, PluginRow, ToolDefinition, blocks_text, make_plugin_manager
-from dsh_core._run import RunOptions, run_agent
 from dsh_core.testing import ScriptedReply, ScriptedRequest, scripted_host, tool_call_reply
 from dsh_subagent import SubagentStartRequest
 from dsh_subagent.in_process import child_agent_options
+from dsh_subagents._run import RunOptions, run_agent
 
 LOAD = (
     "dsh-subagent",
@@ -161,7 +161,7 @@ def test_a_child_takes_the_parents_step_limit_unless_its_request_sets_one() -> N
 
 
 async def test_dsh_run_says_the_turn_ended_at_its_step_limit(tmp_path: Path) -> None:
-    """ROB-14: `dsh run` on a model that calls tools for ever stops at the `agents` row's
+    """ROB-14: `dsh-subagents run` on a model that calls tools for ever stops at the `agents` row's
     `max_steps` and says so on standard error, exit status 1."""
     script = tmp_path / "loop.toml"
     script.write_text('default = { tool_calls = [{ name = "nothing" }] }\n', encoding="utf-8")
@@ -177,7 +177,7 @@ async def test_dsh_run_says_the_turn_ended_at_its_step_limit(tmp_path: Path) -> 
     status = await run_agent(options, make_plugin_manager(), out, err=err)
     assert status == 1
     assert (
-        "dsh run: the turn ended max-steps: the turn reached its step limit (2 steps) [MAX_STEPS]"
-        in err.getvalue()
+        "dsh-subagents run: the turn ended max-steps: the turn reached its step limit "
+        "(2 steps) [MAX_STEPS]" in err.getvalue()
     )
     assert out.getvalue().count("→ nothing") == 2

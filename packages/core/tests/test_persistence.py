@@ -835,25 +835,15 @@ async def test_jsonl_rejects_ids_that_are_not_file_names(jsonl: Env, bad: str) -
 
 
 def test_default_sessions_dir(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """host-core §5: $DSH_HOME/sessions, else the platform data directory."""
-    monkeypatch.setenv("DSH_HOME", str(tmp_path / "home"))
+    """host-core §5, [cli] 1: $DSH_SUBAGENTS_HOME/sessions, else ~/.dsh-subagents/sessions
+    (never DeepSeek Harness's $DSH_HOME or ~/.dsh)."""
+    monkeypatch.setenv("DSH_HOME", str(tmp_path / "other-tool"))
+    monkeypatch.setenv("DSH_SUBAGENTS_HOME", str(tmp_path / "home"))
     assert default_sessions_dir() == tmp_path / "home" / "sessions"
     assert JsonlSessionPersistence().root == tmp_path / "home" / "sessions"
-    monkeypatch.delenv("DSH_HOME")
+    monkeypatch.setenv("DSH_SUBAGENTS_HOME", "")  # empty: unset
     monkeypatch.setenv("HOME", str(tmp_path))
-    monkeypatch.setattr(sys, "platform", "linux")
-    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
-    assert default_sessions_dir() == tmp_path / "xdg" / "dsh" / "sessions"
-    monkeypatch.setenv("XDG_DATA_HOME", "relative")  # invalid per the XDG spec: ignored
-    assert default_sessions_dir() == tmp_path / ".local" / "share" / "dsh" / "sessions"
-    monkeypatch.delenv("XDG_DATA_HOME")
-    assert default_sessions_dir() == tmp_path / ".local" / "share" / "dsh" / "sessions"
-    monkeypatch.setattr(sys, "platform", "darwin")
-    expected = tmp_path / "Library" / "Application Support" / "dsh" / "sessions"
-    assert default_sessions_dir() == expected
-    monkeypatch.setattr(sys, "platform", "win32")
-    monkeypatch.setenv("LOCALAPPDATA", str(tmp_path / "local"))
-    assert default_sessions_dir() == tmp_path / "local" / "dsh" / "sessions"
+    assert default_sessions_dir() == tmp_path / ".dsh-subagents" / "sessions"
 
 
 # -- durability -----------------------------------------------------------------------------------

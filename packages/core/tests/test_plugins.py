@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import logging
 from pathlib import Path
 
@@ -10,7 +9,6 @@ import pytest
 
 from dsh_core import PluginError, PluginSpec, hookimpl, make_plugin_manager
 from dsh_core._host import boot_host
-from dsh_core.cli import main
 from dsh_core.testing import write_distribution
 
 GOOD = """
@@ -245,54 +243,3 @@ def test_duplicate_plugin_names_fail_loud(tmp_path: Path, monkeypatch: pytest.Mo
         pm.collect_plugin_specs()
     assert info.value.code == "PLUGIN_DUPLICATE"
     assert "'one'" in str(info.value) and "'two'" in str(info.value)
-
-
-def test_cli_plugins_lists_and_exits_nonzero_on_failure(
-    fake_plugins: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """[foundation] `dsh plugins` lists plugins with distribution and version; a failure -> 1."""
-    monkeypatch.setenv("DSH_PLUGINS", "alpha,beta,broken")
-    out = io.StringIO()
-    assert main(["plugins"], out=out) == 1
-    text = out.getvalue()
-    assert "alpha" in text and "dsh-alpha" in text and "1.2.3" in text
-    assert "broken (dsh-broken 0.0.9): import failed: ImportError" in text
-    monkeypatch.setenv("DSH_PLUGINS", "alpha,beta")
-    assert main(["plugins"], out=io.StringIO()) == 0
-
-
-def test_cli_demo_runs_one_offline_turn(monkeypatch: pytest.MonkeyPatch) -> None:
-    """[foundation], tools 15.5: `dsh demo` lists the plugins; without the tour's
-    distributions it names the missing plugins and runs one turn on the scripted model."""
-    monkeypatch.setenv("DSH_PLUGINS", "core")
-    out = io.StringIO()
-    assert main(["demo"], out=out) == 0
-    text = out.getvalue()
-    assert "mounts 'agents'" in text
-    assert "needs plugins that no installed distribution mounts: subagent (dsh-subagent)" in text
-    assert "tool-subagent-list-agents (dsh-tool-subagent-control)" in text
-    assert "assistant > hello from the demo" in text
-    assert "turn/start" in text and "turn/end" in text
-
-
-def test_cli_demo_runs_on_a_script_file(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """dx 12.3: `dsh demo --model scripted:FILE --prompt TEXT` answers from the script; a
-    script that cannot be read is a one-line error (exit 2), an unknown model a usage error."""
-    monkeypatch.setenv("DSH_PLUGINS", "core")
-    script = tmp_path / "script.toml"
-    script.write_text('default = "echo: {{last_user}}"\n[[rules]]\nwhen = { last_user = "hi" }\n'
-                      'reply = "scripted hello"\n')  # fmt: skip
-    out = io.StringIO()
-    assert main(["demo", "--model", f"scripted:{script}", "--prompt", "hi there"], out=out) == 0
-    assert "assistant > scripted hello" in out.getvalue()
-    out = io.StringIO()
-    assert main(["demo", "--model", "scripted", "--prompt", "plain"], out=out) == 0
-    assert "assistant > plain" in out.getvalue()
-    assert main(["demo", "--model", f"scripted:{tmp_path / 'missing.toml'}"], out=out) == 2
-    assert "[SCRIPT_INVALID]" in capsys.readouterr().err
-    with pytest.raises(SystemExit) as exc:
-        main(["demo", "--model", "openai:gpt"], out=out)
-    assert exc.value.code == 2
-    assert "unknown model 'openai:gpt'" in capsys.readouterr().err

@@ -33,7 +33,7 @@ class AgentServerConfig:
     ``config``, ``disabled``). ``model``: the route of every session (default: the scripted
     model's echo). ``store``: ``memory`` (default) or ``jsonl``; with ``jsonl``,
     ``session/load`` resumes sessions across processes (``store_root``, default
-    ``$DSH_HOME/sessions``).
+    ``$DSH_SUBAGENTS_HOME/sessions``).
     """
 
     load: tuple[str, ...] = ()

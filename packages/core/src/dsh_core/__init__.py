@@ -93,7 +93,7 @@ from ._events import (
     structure_header,
 )
 from ._fold import ConsumedWork, fold_consumed_work
-from ._host import HostRuntime, PluginRow, boot_host, load_composition
+from ._host import HostRuntime, PluginRow, boot_host, load_composition, structure_config
 from ._inbox import Inbox, InboxError, InboxTarget, replay_inbox
 from ._invariants import InvariantError, InvariantRegistry
 from ._jobs import Job, JobError, JobService, JobSettlement, JobStatus
@@ -315,7 +315,6 @@ __all__ = [
     "__version__",
     "assistant_message",
     "blocks_text",
-    "message_text",
     "boot_host",
     "check_balanced",
     "compile_schema",
@@ -334,6 +333,7 @@ __all__ = [
     "is_lossless_json",
     "load_composition",
     "make_plugin_manager",
+    "message_text",
     "new_id",
     "now_ms",
     "race_abort",
@@ -343,6 +343,7 @@ __all__ = [
     "replay_inbox",
     "require_initiator",
     "structure",
+    "structure_config",
     "structure_header",
     "text_blocks",
     "thaw_json",

@@ -19,26 +19,15 @@ if sys.platform != "win32":
 
 
 def default_sessions_dir() -> Path:
-    """Where JSONL logs live by default.
+    """Where JSONL logs live by default: ``$DSH_SUBAGENTS_HOME/sessions`` when
+    ``DSH_SUBAGENTS_HOME`` is set and not empty, else ``~/.dsh-subagents/sessions``.
 
-    ``$DSH_HOME/sessions`` when ``DSH_HOME`` is set; otherwise the platform data directory:
-    ``$XDG_DATA_HOME/dsh/sessions`` (or ``~/.local/share/dsh/sessions``) on Linux and other
-    POSIX systems, ``~/Library/Application Support/dsh/sessions`` on macOS,
-    ``%LOCALAPPDATA%\\dsh\\sessions`` on Windows.
+    The folder is the project's own home (the ``dsh-subagents`` command keeps its state
+    there too), named so that it never collides with another tool's (the DeepSeek Harness
+    runtime keeps its state under ``DSH_HOME`` / ``~/.dsh``).
     """
-    home = os.environ.get("DSH_HOME")
-    if home:
-        return Path(home) / "sessions"
-    if sys.platform == "win32":
-        local = os.environ.get("LOCALAPPDATA")
-        base = Path(local) if local else Path.home() / "AppData" / "Local"
-    elif sys.platform == "darwin":
-        base = Path.home() / "Library" / "Application Support"
-    else:
-        xdg = os.environ.get("XDG_DATA_HOME")
-        # The XDG spec says a relative value is invalid and must be ignored.
-        base = Path(xdg) if xdg and os.path.isabs(xdg) else Path.home() / ".local" / "share"
-    return base / "dsh" / "sessions"
+    home = os.environ.get("DSH_SUBAGENTS_HOME")
+    return (Path(home) if home else Path.home() / ".dsh-subagents") / "sessions"
 
 
 _NOFOLLOW: int = getattr(os, "O_NOFOLLOW", 0)

@@ -1,4 +1,4 @@
-"""``dsh run``: one agent on the composed plugins, its answer streamed to the terminal.
+"""``dsh-subagents run``: one agent on the composed plugins, its answer streamed to the terminal.
 
 The composition is a TOML file (``--config``, docs/configuration.md) or, without one, the core
 plugins plus every other installed plugin that mounts with no config. The model route is
@@ -18,13 +18,25 @@ from typing import Any, TextIO
 
 import attrs
 
-from ._agent import AgentOptions, CreateAgentOptions, ResumeAgentOptions
-from ._content import TextDelta, blocks_text, user_message
-from ._errors import DshError
-from ._events import AgentCancelCause, SessionMeta
-from ._host import PluginRow, boot_host, load_composition, structure_config
-from ._llm import LlmSeamError
-from ._plugins import DshPluginManager, PluginError, PluginSpec
+from dsh_core import (
+    AgentCancelCause,
+    AgentOptions,
+    CreateAgentOptions,
+    DshError,
+    DshPluginManager,
+    LlmSeamError,
+    PluginError,
+    PluginRow,
+    PluginSpec,
+    ResumeAgentOptions,
+    SessionMeta,
+    TextDelta,
+    blocks_text,
+    boot_host,
+    load_composition,
+    structure_config,
+    user_message,
+)
 
 __all__ = ["RunOptions", "compose_run", "run_agent"]
 
@@ -36,13 +48,14 @@ _PERSISTENCE = ("session-persistence-memory", "session-persistence-jsonl")
 _NOT_BY_DEFAULT = frozenset({"invariants", *_PERSISTENCE})
 #: A tool argument or result longer than this is cut when shown.
 _SHOWN = 200
-#: ``dsh run``'s exit status when its output closed: 128 + SIGPIPE, as a shell reports it.
+#: ``dsh-subagents run``'s exit status when its output closed: 128 + SIGPIPE, as a shell reports it.
 EXIT_OUTPUT_CLOSED = 141
 
 
 @attrs.frozen(kw_only=True)
 class RunOptions:
-    """What ``dsh run`` was asked: the prompt and its flags (``model`` is ``PROVIDER[:MODEL]``)."""
+    """What ``dsh-subagents run`` was asked: the prompt and its flags (``model`` is
+    ``PROVIDER[:MODEL]``)."""
 
     prompt: str
     model: str | None = None
@@ -192,9 +205,9 @@ class _Printer:
     tool call and result (a child's prefixed with its session id), each child run's start
     and end.
 
-    The first write that finds the output closed (``dsh run | head -1``) calls ``on_closed``
-    and makes every later write a no-op (ROB-44): the listener never raises, so the event
-    that carried the write is not logged as a failed listener, once per event.
+    The first write that finds the output closed (``dsh-subagents run | head -1``) calls
+    ``on_closed`` and makes every later write a no-op (ROB-44): the listener never raises, so
+    the event that carried the write is not logged as a failed listener, once per event.
     """
 
     def __init__(self, out: TextIO, root: str) -> None:
@@ -336,5 +349,5 @@ async def run_agent(
         if reason is None or reason.kind == "completed":
             return 0
         detail = f": {reason.error.message} [{reason.error.code}]" if reason.error else ""
-        print(f"dsh run: the turn ended {reason.kind}{detail}", file=err)
+        print(f"dsh-subagents run: the turn ended {reason.kind}{detail}", file=err)
         return 1

@@ -1,6 +1,8 @@
-"""`dsh run`: one agent on the composed plugins, streamed to the terminal (llm-openai 17.3).
+"""`dsh-subagents run`: one agent on the composed plugins, streamed to the terminal (llm-openai
+17.3).
 
-These runs use the scripted model only (no network); tests/test_run.py drives `dsh run` on the
+These runs use the scripted model only (no network); tests/test_run.py drives `dsh-subagents run`
+on the
 loopback chat-completions server and with child runs.
 """
 
@@ -12,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from dsh_core.cli import main
+from dsh_subagents.cli import main
 
 
 def run(*args: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
@@ -24,7 +26,8 @@ def run(*args: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
 def test_run_streams_the_answer_of_the_default_composition(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """llm-openai 17.3: with no flags `dsh run` composes the installed plugins on the offline
+    """llm-openai 17.3: with no flags `dsh-subagents run` composes the installed plugins on the
+    offline
     echo model, prints the answer and the session id, and exits 0."""
     status, out, err = run("hello there", capsys=capsys)
     assert (status, out) == (0, "hello there\n")
@@ -145,13 +148,14 @@ def test_a_route_nothing_answers_fails_before_the_turn(
     with a one-line error and its code; no turn runs."""
     status, out, err = run("--model", model, "hi", capsys=capsys)
     assert (status, out) == (2, "")
-    assert err.startswith("dsh run: error: ") and f"[{code}]" in err
+    assert err.startswith("dsh-subagents run: error: ") and f"[{code}]" in err
 
 
 def test_a_bad_config_in_the_row_that_sets_model_names_the_file_and_row(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """llm-openai 17.3 (config rule: errors name the row and the key): the row `dsh run` reads
+    """llm-openai 17.3 (config rule: errors name the row and the key): the row `dsh-subagents run`
+    reads
     for its route before it boots is checked like every row, so its error names the file and
     `plugins[i]`, not only the plugin."""
     config = tmp_path / "bad.toml"
@@ -194,7 +198,7 @@ def test_a_file_with_no_model_row_is_run_model_once_it_boots(
 def test_a_turn_that_fails_exits_1_with_the_reason(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """llm-openai 17.3: a model failure ends the turn `error`; `dsh run` prints why (the
+    """llm-openai 17.3: a model failure ends the turn `error`; `dsh-subagents run` prints why (the
     failure's message and code) and exits 1."""
     script = tmp_path / "fail.toml"
     script.write_text('default = { error = { message = "no luck", code = "X_FAIL" } }\n')

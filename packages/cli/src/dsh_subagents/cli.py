@@ -1,16 +1,18 @@
-"""The ``dsh`` command line.
+"""The ``dsh-subagents`` command line.
 
-``dsh plugins`` lists every discovered plugin with its distribution and version, and every one
-that failed to load (exit status 1 then). ``dsh demo`` runs the offline demo: the tour of the
-subagent seam on the embedded script or, with ``--model scripted:FILE``, on a script file
-(docs/scripted-model.md); its sessions go to ``--store DIR`` (default ``$DSH_HOME/demo``).
-``dsh run "prompt"`` runs one agent on the composed plugins and streams its answer
+``dsh-subagents plugins`` lists every discovered plugin with its distribution and version, and
+every one that failed to load (exit status 1 then). ``dsh-subagents demo`` runs the offline
+demo: the tour of the subagent seam on the embedded script or, with ``--model scripted:FILE``,
+on a script file (docs/scripted-model.md); its sessions go to ``--store DIR`` (default
+``$DSH_SUBAGENTS_HOME/demo``).
+``dsh-subagents run "prompt"`` runs one agent on the composed plugins and streams its answer
 (docs/configuration.md).
 
 At the process boundary (ROB-40..ROB-44): command-line arguments that are not UTF-8 are a
 usage error (exit 2) before anything runs; standard output and error replace what the
-terminal's encoding cannot carry instead of raising; an output that closes (``dsh run | head``)
-ends the command quietly with status 141, as a shell reports a process that SIGPIPE ended.
+terminal's encoding cannot carry instead of raising; an output that closes
+(``dsh-subagents run | head``) ends the command quietly with status 141, as a shell reports a
+process that SIGPIPE ended.
 """
 
 from __future__ import annotations
@@ -23,9 +25,9 @@ import sys
 from collections.abc import Sequence
 from typing import Any, TextIO, cast
 
+from dsh_core import DshError, DshPluginManager, PluginError, make_plugin_manager
+
 from .__about__ import __version__
-from ._errors import DshError
-from ._plugins import DshPluginManager, PluginError, make_plugin_manager
 
 __all__ = ["main"]
 
@@ -163,7 +165,7 @@ class _Output:
 
 def cmd_demo(args: argparse.Namespace, out: TextIO) -> int:
     """The offline demo: the tree of discovered plugins; then the tour of the subagent seam (a
-    coordinator on the scripted model through the real tools, ``dsh_core._demo``), or, when
+    coordinator on the scripted model through the real tools, ``dsh_subagents._demo``), or, when
     its distributions are not all installed, a note naming them and one plain offline turn;
     then the ACP child when it can run. No network, no keys. When the output closes, the
     tour (a bounded script) finishes unseen, the ACP child is skipped, and the status is 141."""
@@ -176,7 +178,7 @@ def _demo_on(args: argparse.Namespace, out: TextIO) -> int:
     from . import _demo
 
     pm, fatal = _discover()
-    print("dsh plugin tree", file=out)
+    print("dsh-subagents plugin tree", file=out)
     by_dist = sorted(pm.discovered, key=lambda d: (d.distribution or "", d.name))
     for i, d in enumerate(by_dist):
         last = i == len(by_dist) - 1
@@ -209,7 +211,7 @@ def _demo_on(args: argparse.Namespace, out: TextIO) -> int:
                 _demo.run_tour(out, pm, script=args.script, prompt=prompt, store=store)
             )
     except DshError as exc:  # a script that cannot be read or is malformed, say
-        print(f"dsh demo: error: {exc} [{exc.code}]", file=sys.stderr)
+        print(f"dsh-subagents demo: error: {exc} [{exc.code}]", file=sys.stderr)
         return 2
     if not status and not getattr(out, "gone", False) and _demo.acp_child_available(pm):
         acp_prompt = args.prompt or _PROMPT
@@ -246,7 +248,7 @@ def cmd_run(args: argparse.Namespace, out: TextIO) -> int:
     try:
         status = asyncio.run(run_agent(options, pm, out))
     except DshError as exc:
-        print(f"dsh run: error: {exc} [{exc.code}]", file=sys.stderr)
+        print(f"dsh-subagents run: error: {exc} [{exc.code}]", file=sys.stderr)
         return 2
     return status
 
@@ -270,8 +272,10 @@ def _add_run(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="dsh", description="dsh agent host")
-    parser.add_argument("--version", action="version", version=f"dsh {__version__}")
+    parser = argparse.ArgumentParser(
+        prog="dsh-subagents", description="run agents that delegate to subagents"
+    )
+    parser.add_argument("--version", action="version", version=f"dsh-subagents {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("plugins", help="list discovered plugins and load failures").set_defaults(
         run=cmd_plugins
@@ -295,7 +299,7 @@ def _parser() -> argparse.ArgumentParser:
         "--store",
         metavar="DIR",
         help="keep the tour's sessions as JSONL files under DIR "
-        "(default: $DSH_HOME/demo, else ~/.dsh/demo)",
+        "(default: $DSH_SUBAGENTS_HOME/demo, else ~/.dsh-subagents/demo)",
     )
     demo.set_defaults(run=cmd_demo)
     _add_run(sub)
@@ -303,7 +307,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
-    """Entry point of the ``dsh`` console script; returns the exit status.
+    """Entry point of the ``dsh-subagents`` console script; returns the exit status.
 
     Arguments that are not UTF-8 exit 2 (argparse's usage error) before anything runs.
     With ``out`` unset the process's own streams are used, made safe for the terminal.
@@ -319,9 +323,9 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     try:
         status: int = args.run(args, stream)
     except KeyboardInterrupt:  # Ctrl-C: whatever ran was cancelled and closed on the way out
-        print(f"\ndsh {args.command}: interrupted", file=sys.stderr)
+        print(f"\ndsh-subagents {args.command}: interrupted", file=sys.stderr)
         return 130
-    except BrokenPipeError:  # the reader went away (`dsh plugins | head -1`): quietly
+    except BrokenPipeError:  # the reader went away (`dsh-subagents plugins | head -1`): quietly
         status = EXIT_OUTPUT_CLOSED
     if status == EXIT_OUTPUT_CLOSED and out is None:
         _drop_stdout()

@@ -1,4 +1,5 @@
-"""``dsh demo``: the offline tour of the subagent seam, as a transcript a person can follow.
+"""``dsh-subagents demo``: the offline tour of the subagent seam, as a transcript a person
+can follow.
 
 A coordinator agent on the scripted model (the embedded :data:`TOUR_SCRIPT`, or a script
 file) runs through the real model-facing tools: it fans out continuable ``spawn`` children
@@ -27,12 +28,24 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final, TextIO
 
-from ._agent import Agent, AgentOptions, CreateAgentOptions
-from ._content import TextBlock, blocks_text, text_blocks, user_message
-from ._events import SessionEvent, SessionMeta
-from ._host import PluginRow, boot_host
-from ._plugins import DshPluginManager, make_plugin_manager
-from ._scripted import ScriptedAdapter
+from dsh_core import (
+    Agent,
+    AgentOptions,
+    CreateAgentOptions,
+    DshPluginManager,
+    PluginRow,
+    ScriptedAdapter,
+    SessionEvent,
+    SessionMeta,
+    TextBlock,
+    blocks_text,
+    boot_host,
+    make_plugin_manager,
+    text_blocks,
+    user_message,
+)
+
+from ._home import home
 
 __all__ = [
     "DEFAULT_PROMPT",
@@ -216,11 +229,9 @@ TOUR_SCRIPT: Final[Mapping[str, Any]] = {
 
 
 def demo_store(store: str | None) -> Path:
-    """The demo's JSONL store: ``store``, else ``$DSH_HOME/demo``, else ``~/.dsh/demo``."""
-    if store:
-        return Path(store)
-    home = os.environ.get("DSH_HOME")
-    return (Path(home) if home else Path.home() / ".dsh") / "demo"
+    """The demo's JSONL store: ``store``, else the home's ``demo`` folder
+    (``$DSH_SUBAGENTS_HOME/demo``, else ``~/.dsh-subagents/demo``)."""
+    return Path(store) if store else home() / "demo"
 
 
 def missing_tour_plugins(pm: DshPluginManager) -> list[str]:
@@ -451,7 +462,7 @@ async def _print_tree(out: TextIO, service: Any, root: str, transcript: _Transcr
 async def run_one_turn(out: TextIO, *, script: str | None, prompt: str) -> int:
     """One turn of an agent on the core plugins alone, on the scripted model (echo, or
     ``script``); 1 if anything broke."""
-    from . import plugin as core_plugin
+    from dsh_core import plugin as core_plugin
 
     pm = make_plugin_manager(autoload=False, plugins={"core": core_plugin})
     model = PluginRow(plugin="llm-scripted", config={"script": script} if script else {})

@@ -1,7 +1,7 @@
 """`dsh` at its process boundaries: input that is not UTF-8, output the terminal cannot carry,
 an output that closes early (ROB-40..ROB-49).
 
-Subprocess tests run the real console entry (``python -m dsh_core.cli``) with real bytes in
+Subprocess tests run the real console entry (``python -m dsh_subagents.cli``) with real bytes in
 argv, a real terminal encoding and a real pipe; every wait is bounded.
 """
 
@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from dsh_core.cli import main
+from dsh_subagents.cli import main
 
 #: A model that never stops on its own: every answer is a line of text and a tool call.
 LOOP = """
@@ -33,7 +33,7 @@ def dsh(
     *args: str | bytes, tmp_path: Path, env: dict[str, str] | None = None, timeout: float = 120
 ) -> subprocess.CompletedProcess[bytes]:
     return subprocess.run(
-        [sys.executable, "-m", "dsh_core.cli", *args],
+        [sys.executable, "-m", "dsh_subagents.cli", *args],
         capture_output=True,
         env=_env(tmp_path, env),
         timeout=timeout,
@@ -43,7 +43,7 @@ def dsh(
 
 def _env(tmp_path: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("DSH_PLUGINS", "PYTHONIOENCODING")}
-    env["DSH_HOME"] = str(tmp_path / "home")
+    env["DSH_SUBAGENTS_HOME"] = str(tmp_path / "home")
     env.update(extra or {})
     return env
 
@@ -115,7 +115,8 @@ def test_a_script_file_that_is_not_utf8_is_a_usage_error_naming_it(
 
 
 def test_an_ascii_terminal_gets_replacement_characters_not_an_error(tmp_path: Path) -> None:
-    """ROB-42: on a terminal whose encoding is ASCII, what `dsh run` prints is replaced where
+    """ROB-42: on a terminal whose encoding is ASCII, what `dsh-subagents run` prints is replaced
+    where
     it cannot be encoded; the run completes (exit 0), no UnicodeEncodeError."""
     done = dsh("run", "café → ok", tmp_path=tmp_path, env={"PYTHONIOENCODING": "ascii"})
     assert done.returncode == 0, done.stderr
@@ -124,7 +125,8 @@ def test_an_ascii_terminal_gets_replacement_characters_not_an_error(tmp_path: Pa
 
 
 def test_dsh_plugins_and_demo_print_on_an_ascii_terminal(tmp_path: Path) -> None:
-    """ROB-42: `dsh plugins` and `dsh demo` print their trees and arrows on an ASCII
+    """ROB-42: `dsh-subagents plugins` and `dsh-subagents demo` print their trees and arrows on an
+    ASCII
     terminal (LC_ALL=C with an ASCII stdout) as replacement characters, never a traceback."""
     env = {"PYTHONIOENCODING": "ascii", "LC_ALL": "C"}
     listed = dsh("plugins", tmp_path=tmp_path, env=env)
@@ -165,14 +167,15 @@ def test_a_lone_surrogate_from_the_model_is_shown_replaced(
 
 
 def test_a_closed_pipe_cancels_the_run_quietly_with_status_141(tmp_path: Path) -> None:
-    """ROB-44: `dsh run ... | head -1` on a model that would loop for ever: once its stdout
+    """ROB-44: `dsh-subagents run ... | head -1` on a model that would loop for ever: once its
+    stdout
     closes, the run is cancelled (no further model request), it exits 141 with no traceback,
     and the stored turn ended aborted."""
     script = tmp_path / "loop.toml"
     script.write_text(LOOP, encoding="utf-8")
     store = tmp_path / "sessions"
     child = subprocess.Popen(
-        [sys.executable, "-m", "dsh_core.cli", "run", "--model", f"scripted:{script}",
+        [sys.executable, "-m", "dsh_subagents.cli", "run", "--model", f"scripted:{script}",
          "--store", str(store), "go"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -184,9 +187,9 @@ def test_a_closed_pipe_cancels_the_run_quietly_with_status_141(tmp_path: Path) -
         deadline = time.monotonic() + 60
         while b"\n" not in shown:  # `head -1`: one line, then the pipe closes
             ready, _, _ = select.select([child.stdout], [], [], deadline - time.monotonic())
-            assert ready, "dsh run showed nothing within 60 s"
+            assert ready, "dsh-subagents run showed nothing within 60 s"
             more = os.read(child.stdout.fileno(), 1)
-            assert more, "dsh run ended early"
+            assert more, "dsh-subagents run ended early"
             shown += more
         child.stdout.close()
         status = child.wait(timeout=60)
@@ -248,13 +251,14 @@ def test_no_model_request_follows_the_write_that_failed(
 def test_every_command_stops_quietly_when_its_output_is_closed(
     tmp_path: Path, args: tuple[str, ...]
 ) -> None:
-    """ROB-44: `dsh plugins`, `dsh demo` and `dsh run` with a stdout whose reader is gone
+    """ROB-44: `dsh-subagents plugins`, `dsh-subagents demo` and `dsh-subagents run` with a stdout
+    whose reader is gone
     before they start exit 141 with nothing on stderr (no traceback, no ignored error)."""
     read, write = os.pipe()
     os.close(read)
     try:
         done = subprocess.run(
-            [sys.executable, "-m", "dsh_core.cli", *args],
+            [sys.executable, "-m", "dsh_subagents.cli", *args],
             stdout=write,
             stderr=subprocess.PIPE,
             env=_env(tmp_path),
@@ -270,13 +274,14 @@ def test_every_command_stops_quietly_when_its_output_is_closed(
 def test_a_working_directory_that_is_not_utf8_stops_the_run_before_it_logs(
     tmp_path: Path,
 ) -> None:
-    """ROB-45: `dsh run` from a directory whose path is not UTF-8 (the session header would
+    """ROB-45: `dsh-subagents run` from a directory whose path is not UTF-8 (the session header
+    would
     record it) is exit 2 with RUN_CWD naming the byte; nothing is stored."""
     where = os.fsencode(tmp_path) + b"/caf\xe9"
     os.mkdir(where)
     store = tmp_path / "sessions"
     done = subprocess.run(
-        [sys.executable, "-m", "dsh_core.cli", "run", "--store", str(store), "hi"],
+        [sys.executable, "-m", "dsh_subagents.cli", "run", "--store", str(store), "hi"],
         capture_output=True,
         cwd=where,
         env=_env(tmp_path),
@@ -291,14 +296,14 @@ def test_a_working_directory_that_is_not_utf8_stops_the_run_before_it_logs(
 
 
 def test_the_demo_stops_quietly_when_its_output_closes_mid_tour(tmp_path: Path) -> None:
-    """ROB-44: `dsh demo` whose reader goes away once the tour has begun: the transcript's
+    """ROB-44: `dsh-subagents demo` whose reader goes away once the tour has begun: the transcript's
     listeners log no failure per event; exit 141, nothing on stderr."""
     # The tour needs the subagent distributions; dsh-core alone shows one plain turn instead
     # (the run with every distribution installed, `nox -s all`, runs this test).
     pytest.importorskip("dsh_tool_subagent_report")
     pytest.importorskip("dsh_subagent_fork")
     child = subprocess.Popen(
-        [sys.executable, "-m", "dsh_core.cli", "demo"],
+        [sys.executable, "-m", "dsh_subagents.cli", "demo"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         env=_env(tmp_path),
@@ -309,9 +314,9 @@ def test_the_demo_stops_quietly_when_its_output_closes_mid_tour(tmp_path: Path) 
         deadline = time.monotonic() + 60
         while b"coordinator = session" not in shown:  # the tour began: its transcript follows
             ready, _, _ = select.select([child.stdout], [], [], deadline - time.monotonic())
-            assert ready, f"dsh demo showed no tour within 60 s: {shown!r}"
+            assert ready, f"dsh-subagents demo showed no tour within 60 s: {shown!r}"
             more = os.read(child.stdout.fileno(), 1)
-            assert more, f"dsh demo ended early: {shown!r}"
+            assert more, f"dsh-subagents demo ended early: {shown!r}"
             shown += more
         child.stdout.close()
         status = child.wait(timeout=120)
