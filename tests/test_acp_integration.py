@@ -231,17 +231,19 @@ async def test_memory_store_offers_no_load(tmp_path: Path) -> None:
         assert response.stop_reason == "end_turn"
 
 
-def test_the_demo_runs_an_acp_child(monkeypatch: pytest.MonkeyPatch) -> None:
-    """acp 16.4: with everything installed, `dsh-subagents demo` also delegates to an ACP child (a
-    dsh-acp-agent process) and reports its answer."""
+def test_the_demo_runs_an_acp_child(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """acp 16.4, CLI-62: with everything installed, the coordinator of `dsh-subagents demo`
+    delegates to an ACP child (a dsh-acp-agent process) through its `postcard` tool and gets
+    its answer as the tool's result."""
     import io
 
     from dsh_subagents.cli import main
 
     monkeypatch.delenv("DSH_PLUGINS", raising=False)
     monkeypatch.delenv("DSH_DISABLE_PLUGIN_AUTOLOAD", raising=False)
+    monkeypatch.setenv("DSH_SUBAGENTS_HOME", str(tmp_path))
     out = io.StringIO()
-    assert main(["demo", "--prompt", "hello, acp"], out=out) == 0, out.getvalue()
+    assert main(["demo"], out=out) == 0, out.getvalue()
     text = out.getvalue()
-    assert "acp child > hello, acp  [pid " in text
-    assert "stop reason completed" in text
+    assert "⇢ started: acp child (another process, over ACP)" in text
+    assert "← Lisbon, Friday to Sunday" in text

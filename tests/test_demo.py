@@ -17,11 +17,14 @@ from dsh_core.testing import ScriptedAdapter
 from dsh_subagents._demo import TOUR_SCRIPT, demo_store
 
 ID = r"session-[0-9a-f]+"
+#: A child's name in the transcript: a word of its label and its id's last four characters.
+NAME = r"[a-z0-9]+·[0-9a-f]{4}"
 
 
 def _demo(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("DSH_")}
     env["DSH_SUBAGENTS_HOME"] = str(tmp_path / "home")
+    env["COLUMNS"] = "80"
     return subprocess.run(
         [sys.executable, "-m", "dsh_subagents.cli", "demo", *args],
         capture_output=True,
@@ -51,21 +54,25 @@ def _lines(text: str, who: str, mark: str) -> list[str]:
 def test_the_coordinator_fans_out_three_continuable_children_in_one_response(
     tour: tuple[str, Path],
 ) -> None:
-    """tools 15.5, TOOL-9, TOOL-10: three `subagent` calls in one response each start a
-    continuable spawn child (`started subagent <id>`), shown with its label."""
+    """tools 15.5, TOOL-9, TOOL-10, CLI-60, CLI-61: three `subagent` calls in one response each
+    start a continuable spawn child (`started subagent <name>`), named by a word of its label
+    and its id's last characters; each child's lines follow the result that started it."""
     text, _ = tour
     lines = text.splitlines()
     calls = [i for i, line in enumerate(lines) if re.match(r"  coordinator\s+→ subagent ", line)]
     assert len(calls) == 3
     between = lines[calls[0] : calls[-1] + 1]  # nothing else happens between the three calls
-    assert all(re.match(r"  (coordinator\s+→ subagent|\s{15})", line) for line in between)
-    started = _lines(text, "coordinator", "←")
-    ids = [m.group(1) for m in (re.search(rf"started subagent ({ID})$", s) for s in started) if m]
-    assert len(ids) == 3
-    for n, label in enumerate(
-        ("Find Lisbon flights", "Find an Alfama hotel", "Check the weekend weather"), start=1
+    assert all(re.match(r"  (coordinator\s+→ subagent|\s{17})", line) for line in between)
+    for name, label in (
+        ("flights", "Find Lisbon flights"),
+        ("hotel", "Find an Alfama hotel"),
+        ("weather", "Check the weekend weather"),
     ):
-        assert re.search(rf'child {n}\s+⇢ started: spawn child {ID} "{label}"', text)
+        started = next(
+            i for i, line in enumerate(lines) if re.search(rf"← started subagent {name}·", line)
+        )
+        assert re.match(rf'  {name}·[0-9a-f]{{4}}\s+⇢ started: spawn child "{label}"',
+                        lines[started + 1]), lines[started : started + 2]  # fmt: skip
 
 
 def test_children_report_and_every_epoch_sends_a_settlement_notice(
@@ -74,10 +81,10 @@ def test_children_report_and_every_epoch_sends_a_settlement_notice(
     """tools 15.5, RPT-3, SET-1, SET-2: two children call `report` and the coordinator receives
     both reports; each of the four epochs that ended sends one settlement notice."""
     text, _ = tour
-    assert len([s for s in text.splitlines() if re.match(r"  child \d\s+→ report ", s)]) == 2
+    assert len([s for s in text.splitlines() if re.match(rf"  {NAME}\s+→ report ", s)]) == 2
     arrived = _lines(text, "coordinator", "⇐")
-    reports = [s for s in arrived if re.search(rf"Background subagent {ID} reported:$", s)]
-    notices = [s for s in arrived if re.search(rf"Background subagent {ID} finished", s)]
+    reports = [s for s in arrived if re.search(rf"Background subagent {NAME} reported:$", s)]
+    notices = [s for s in arrived if re.search(rf"Background subagent {NAME} finished", s)]
     assert len(reports) == 2
     assert len(notices) == 4  # three children, one of them twice
     assert text.count("Its closing message:") == 4
@@ -90,14 +97,16 @@ def test_the_coordinator_follows_up_with_a_settled_child_by_a_cold_resume(
     `send_message` brings it back in a second epoch from the store, and it answers."""
     text, home = tour
     (call,) = _lines(text, "coordinator", "→ send_message")
-    child = re.search(rf'"subagent_id": "({ID})"', call)
+    child = re.search(rf'"subagent_id": "({NAME})"', call)
     assert child is not None
-    first_notice = text.index(f"Background subagent {child.group(1)} finished")
+    name = child.group(1)
+    first_notice = text.index(f"Background subagent {name} finished")
     assert text.index("→ send_message") > first_notice  # it had settled: a cold resume
-    assert re.search(r"child 1\s+⇢ resumed \(epoch 2: a cold resume from the store\)", text)
-    assert f"message queued as the next turn for subagent {child.group(1)}" in text
+    assert re.search(rf"{name}\s+⇢ resumed \(epoch 2: a cold resume from the store\)", text)
+    assert f"message queued as the next turn for subagent {name}" in text
     assert "Return: TP1356" in text
-    assert (home / "demo" / f"{child.group(1)}.jsonl").is_file()
+    (full,) = re.findall(rf"^│ +(session-[0-9a-f]*{name[-4:]})$", text, re.MULTILINE)
+    assert (home / "demo" / f"{full}.jsonl").is_file()
 
 
 def test_a_fork_child_runs_in_the_foreground_seeded_with_completed_turns(
@@ -108,7 +117,7 @@ def test_a_fork_child_runs_in_the_foreground_seeded_with_completed_turns(
     tool result."""
     text, _ = tour
     assert _lines(text, "coordinator", "→ fork")
-    assert re.search(r"⇢ started: fork child .* \(seeded with the coordinator's completed", text)
+    assert re.search(r"⇢ started: fork child \(seeded with the coordinator's completed", text)
     assert re.search(r"  coordinator\s+← Within budget", text)
 
 
@@ -120,13 +129,40 @@ def test_the_coordinator_lists_its_agents_answers_and_the_tree_is_printed(
     lists four children, the flights child with two epochs."""
     text, _ = tour
     assert _lines(text, "coordinator", "→ list_agents")
-    assert len(re.findall(rf"{ID} \[ready\] — ", text)) == 3
+    assert len(re.findall(rf"{NAME} \[ready\] — ", text)) == 3
     answers = _lines(text, "coordinator", ">")
     assert answers[-1].split("> ", 1)[1].startswith("Your weekend in Lisbon")
     tree = text.split("the child tree, read back from the store", 1)[1]
-    assert re.search(r'child 1 "Find Lisbon flights": \S+ \(continuable, 2 epochs\)', tree)
-    assert re.search(r'child 4 "Review the plan\'s budget": \S+ \(one-shot\)', tree)
-    assert len(re.findall(r"^(├|└)── child \d", tree, re.MULTILINE)) == 4
+    assert re.search(r'flights·\w{4} "Find Lisbon flights" \(spawn, continuable, 2 epochs\)', tree)
+    assert re.search(r'fork·\w{4} "Review the plan\'s budget" \(fork, one-shot\)', tree)
+    assert len(re.findall(rf"^(├|└)── {NAME}", tree, re.MULTILINE)) == 5
+    assert len(re.findall(rf"^(│|\s)\s+({ID}|[0-9a-f]+)$", tree, re.MULTILINE)) == 5
+
+
+def test_an_acp_child_is_one_of_the_coordinators_children(tour: tuple[str, Path]) -> None:
+    """CLI-62: the coordinator's `postcard` tool (a `subagent` row for the `acp` provider)
+    runs a child in another process over ACP, in the transcript and in the tree; there is no
+    separate ACP section."""
+    text, _ = tour
+    assert _lines(text, "coordinator", "→ postcard")
+    assert re.search(r"  acp·\w{4}\s+⇢ started: acp child \(another process, over ACP\)", text)
+    assert re.search(r"  coordinator\s+← Lisbon, Friday to Sunday", text)
+    tree = text.split("the child tree, read back from the store", 1)[1]
+    assert re.search(r"── acp·\w{4} \(acp, one-shot, in another process", tree)
+    assert "one ACP child" not in text
+
+
+def test_the_demo_opens_with_one_line_about_plugins_and_fits_the_terminal(
+    tour: tuple[str, Path],
+) -> None:
+    """CLI-63: the demo says in one line how many plugins it found (the `plugins` command
+    lists them), and no line is wider than the terminal (COLUMNS=80)."""
+    text, _ = tour
+    first = text.splitlines()[0]
+    assert re.fullmatch(r"\d+ plugins from \d+ distributions \(`dsh-subagents plugins`.*\)", first)
+    assert "entry point" not in text
+    wide = [line for line in text.splitlines() if len(line) > 80]
+    assert wide == []
 
 
 def test_the_demo_keeps_its_store_under_dsh_home_or_store(
@@ -198,3 +234,41 @@ async def test_the_coordinator_reviews_only_once_every_notice_is_in() -> None:
     assert await _coordinator_calls(hotel, said, ret) == [""]  # the weather is still out
     assert await _coordinator_calls(hotel, said, ret, said, sun) == ["fork"]
     assert await _coordinator_calls(sun, hotel, said, ret) == ["fork"]
+
+
+def test_the_demo_runs_on_a_real_model_route(tmp_path: Path) -> None:
+    """CLI-65: `demo --model openai:MODEL` runs the coordinator and its children on that model
+    through dsh-llm-openai (here the loopback server): the coordinator's `subagent` call starts a
+    spawn child whose requests go to the same model with the researcher's persona; the tour ends
+    when everything settled."""
+    from dsh_llm_openai.testing import ChatCompletionsServer, Reply, chunk, text_reply
+
+    call = {
+        "index": 0,
+        "id": "c1",
+        "function": {
+            "name": "subagent",
+            "arguments": '{"description": "Find Lisbon flights", "prompt": "Find a flight."}',
+        },
+    }
+    first = Reply(chunks=(chunk(tool_calls=[call]), chunk(finish_reason="tool_calls")))
+    with ChatCompletionsServer(first, default=text_reply("Done.")) as server:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("DSH_", "OPENAI_"))}
+        env.update(
+            DSH_SUBAGENTS_HOME=str(tmp_path / "home"),
+            COLUMNS="80",
+            OPENAI_BASE_URL=server.base_url,
+            OPENAI_API_KEY="sk-loopback",
+        )
+        done = subprocess.run(
+            [sys.executable, "-m", "dsh_subagents.cli", "demo", "--model", "openai:loop-1"],
+            capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120, check=False,
+        )  # fmt: skip
+        requests = list(server.requests)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "on the model loop-1 (provider openai)" in done.stdout
+    assert re.search(r"  flights·\w{4}\s+⇢ started: spawn child", done.stdout)
+    assert {r.body["model"] for r in requests} == {"loop-1"}
+    systems = [str(r.body["messages"][0]["content"]) for r in requests]
+    assert any("travel researcher" in s for s in systems)  # the child's persona
+    assert len(requests) >= 3  # the coordinator, the child, the coordinator again

@@ -69,7 +69,7 @@ def test_cli_demo_runs_one_offline_turn(monkeypatch: pytest.MonkeyPatch) -> None
     out = io.StringIO()
     assert main(["demo"], out=out) == 0
     text = out.getvalue()
-    assert "mounts 'agents'" in text
+    assert text.startswith("1 plugin from 1 distribution (`dsh-subagents plugins` lists")
     assert "needs plugins that no installed distribution mounts: subagent (dsh-subagent)" in text
     assert "tool-subagent-list-agents (dsh-tool-subagent-control)" in text
     assert "assistant > hello from the demo" in text
@@ -94,6 +94,10 @@ def test_cli_demo_runs_on_a_script_file(
     assert main(["demo", "--model", f"scripted:{tmp_path / 'missing.toml'}"], out=out) == 2
     assert "[SCRIPT_INVALID]" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exc:
-        main(["demo", "--model", "openai:gpt"], out=out)
+        main(["demo", "--model", "anthropic:claude"], out=out)
     assert exc.value.code == 2
-    assert "unknown model 'openai:gpt'" in capsys.readouterr().err
+    assert "unknown model 'anthropic:claude'" in capsys.readouterr().err
+    # CLI-64: a real model the installed plugins cannot reach is an error, never an offline run
+    assert main(["demo", "--model", "openai:gpt-4o-mini"], out=out) == 2
+    err = capsys.readouterr().err
+    assert "llm-openai (dsh-llm-openai)" in err and "pip install" in err

@@ -7,12 +7,16 @@ with several ``subagent`` calls in one response, hears their reports and settlem
 follows up with a settled child (``send_message``: a cold resume from the demo's JSONL store),
 runs a ``fork`` child in the foreground, lists its agents (``list_agents``) and answers. The
 transcript is written from the session and subagent events as they happen, never from the
-script, and ends with the child tree read back from the store.
+script, and ends with the child tree read back from the store. One of the children is an ACP
+child: the coordinator's ``postcard`` tool (a ``subagent`` tool row for the ``acp`` provider)
+hands a task to a ``dsh-acp-agent`` process over the Agent Client Protocol.
 
-Core cannot import the tool distributions: the tour composes them by plugin name, and says
-which distributions are missing when they are not installed (then one plain offline turn runs
-instead). The ACP child, when ``dsh-subagent-acp`` and ``dsh-acp-agent`` are installed,
-delegates the prompt to a ``dsh-acp-agent`` process.
+Children are named by their label and the last characters of their id (``flights·0007``);
+full ids are in the final tree and in ``dsh-subagents sessions tree``. Lines appear in causal
+order: a continuable child's lines are held until its parent's tool result has named it.
+
+The tour composes the tool distributions by plugin name, and says which distributions are
+missing when they are not installed (then one plain offline turn runs instead).
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ import importlib
 import importlib.util
 import json
 import os
+import re
+import shutil
 import sys
 import textwrap
 from collections.abc import Mapping
@@ -41,7 +47,6 @@ from dsh_core import (
     blocks_text,
     boot_host,
     make_plugin_manager,
-    text_blocks,
     user_message,
 )
 
@@ -53,7 +58,6 @@ __all__ = [
     "TOUR_SCRIPT",
     "demo_store",
     "missing_tour_plugins",
-    "run_acp_child",
     "run_one_turn",
     "run_tour",
 ]
@@ -71,17 +75,24 @@ TOUR_PLUGINS: Final[Mapping[str, str]] = {
     "tool-subagent-control": "dsh-tool-subagent-control",
     "tool-subagent-list-agents": "dsh-tool-subagent-control",
     "tool-subagent-report": "dsh-tool-subagent-report",
+    "subagent-acp": "dsh-subagent-acp",
 }
 #: How long the tour may take before it is declared stuck (it takes well under a second).
 _TOUR_TIMEOUT: Final = 60.0
-#: The width text is wrapped to when shown.
-_SHOWN: Final = 96
+#: The narrowest an entry's text is wrapped to, however narrow the terminal.
+_NARROWEST: Final = 40
+#: The columns before an entry's text: two spaces, the agent's name, its mark.
+_GUTTER: Final = 2 + 14 + 1 + 2
 #: An entry of more lines than this is cut when shown.
 _LINES: Final = 8
 
 _COORDINATOR = "You coordinate a small team of helper agents."
 _RESEARCHER = "You are a travel researcher working for a coordinator."
 _REVIEWER = "You review a plan you were handed, and answer in one sentence."
+#: What the ACP child is asked (a dsh-acp-agent process on the echo model answers it back).
+_POSTCARD = (
+    "Lisbon, Friday to Sunday: TP1351 out, TP1356 back, Memmo Alfama, sun. About 760 EUR for two."
+)
 _NOTICE = r"^Background subagent (?P<child>\S+) finished"
 
 #: The embedded script of the tour (format: docs/scripted-model.md). Every agent runs on it;
@@ -155,8 +166,19 @@ TOUR_SCRIPT: Final[Mapping[str, Any]] = {
                 ]
             },
         },
-        {
+        {  # the review is in: an ACP child (another process) writes the postcard
             "when": {"system": "coordinate", "unanswered": "^Within budget"},
+            "reply": {
+                "tool_calls": [
+                    {
+                        "name": "postcard",
+                        "arguments": {"description": "Write the postcard", "prompt": _POSTCARD},
+                    }
+                ]
+            },
+        },
+        {
+            "when": {"system": "coordinate", "unanswered": "^Lisbon, Friday to Sunday"},
             "reply": {"tool_calls": [{"name": "list_agents", "arguments": {}}]},
         },
         {
@@ -240,8 +262,9 @@ def missing_tour_plugins(pm: DshPluginManager) -> list[str]:
     return [f"{name} ({dist})" for name, dist in TOUR_PLUGINS.items() if name not in specs]
 
 
-def _tour_rows(store: Path) -> list[PluginRow | str]:
-    return [
+def _tour_rows(store: Path, model: PluginRow | None) -> list[PluginRow | str]:
+    """The tour's composition; ``model`` is the ``llm-openai`` row of a real-model tour."""
+    rows: list[PluginRow | str] = [
         "sessions",
         PluginRow(plugin="session-persistence-jsonl", config={"root": str(store)}),
         "session-query",
@@ -255,6 +278,10 @@ def _tour_rows(store: Path) -> list[PluginRow | str]:
         "subagent-spawn",
         "subagent-fork",
         PluginRow(
+            plugin="subagent-acp",
+            config={"command": sys.executable, "args": ["-m", "dsh_acp_agent"]},
+        ),
+        PluginRow(
             plugin="tool-subagent",
             config={"provider": "spawn", "background_mode": "continuable", "persona": _RESEARCHER},
         ),
@@ -267,10 +294,22 @@ def _tour_rows(store: Path) -> list[PluginRow | str]:
                 "persona": _REVIEWER,
             },
         ),
+        PluginRow(  # a child in another process, over the Agent Client Protocol
+            plugin="tool-subagent",
+            config={
+                "provider": "acp",
+                "tool_name": "postcard",
+                "enable_run_in_background": False,
+                "max_depth": "provider-managed",  # the child's own host limits its depth
+            },
+        ),
         "tool-subagent-control",
         "tool-subagent-list-agents",
         "tool-subagent-report",
     ]
+    if model is not None:
+        rows.insert(4, model)
+    return rows
 
 
 def _text(content: Any) -> str:
@@ -278,9 +317,38 @@ def _text(content: Any) -> str:
     return "\n".join(b.text for b in content if isinstance(b, TextBlock))
 
 
+def _width() -> int:
+    """The columns an entry's text may take: the terminal's width (``COLUMNS``, else 80 when
+    the output is no terminal) less the gutter, never under :data:`_NARROWEST`."""
+    return max(_NARROWEST, shutil.get_terminal_size((80, 24)).columns - _GUTTER - 1)
+
+
+#: Words a label's name skips: what a task does, not what it is about.
+_FILLER = frozenset(
+    (
+        "a", "an", "the", "of", "for", "to", "in", "on", "and", "or", "with",
+        "find", "check", "get", "write", "review", "look", "make", "plan",
+    )
+)  # fmt: skip
+_WORD = re.compile(r"[a-z0-9]+")
+
+
+def short_name(label: str | None, provider: str, child_id: str) -> str:
+    """A child's name in the transcript: the label's last word that is not filler (else the
+    provider) and the id's last four characters: ``flights·0007``."""
+    words = [w for w in _WORD.findall((label or "").lower()) if w not in _FILLER]
+    return f"{(words[-1] if words else provider)[:10]}·{child_id[-4:]}"
+
+
 class _Transcript:
     """Writes the tour from events as they happen: who called which tool with what, what came
-    back, what each agent said, what reached the coordinator, and each child's epochs."""
+    back, what each agent said, what reached the coordinator, and each child's epochs.
+
+    Causal order: a continuable child starts inside its parent's tool call and may run before
+    the parent's result is logged (results are committed when the response's calls are done),
+    so its lines are held until a result in its parent's session names it (or the tour ends).
+    Ids in shown text are replaced by the children's names.
+    """
 
     def __init__(self, out: TextIO, agents: Any) -> None:
         self.out = out
@@ -288,25 +356,63 @@ class _Transcript:
         self.root: str | None = None
         self.names: dict[str, str] = {}
         self.epochs: dict[str, int] = {}
+        self.providers: dict[str, str] = {}
         self.open_runs = 0
         self.changed = asyncio.Event()
+        self.width = _width()
+        #: Lines held per child until its parent's result names it.
+        self.held: dict[str, list[str]] = {}
+        self._ids: re.Pattern[str] | None = None
 
-    def _line(self, who: str, mark: str, text: str) -> None:
+    def _entry(self, who: str, mark: str, text: str) -> list[str]:
         """One entry: its first line after ``who`` and ``mark``, the rest indented below it
-        (wrapped to :data:`_SHOWN` columns, at most :data:`_LINES` lines)."""
-        lines = [part for line in text.splitlines() for part in textwrap.wrap(line, _SHOWN)] or [""]
+        (wrapped to the terminal's width, at most :data:`_LINES` lines)."""
+        text = self._shorten(text)
+        lines = [
+            part for line in text.splitlines() for part in textwrap.wrap(line, self.width)
+        ] or [""]
         if len(lines) > _LINES:
             lines[_LINES - 1 :] = [f"… ({len(lines) - _LINES + 1} more lines)"]
-        print(f"  {who:<12} {mark} {lines[0]}", file=self.out)
-        for line in lines[1:]:
-            print(f"  {'':<12}   {line}", file=self.out)
+        first = f"  {who:<14} {mark} {lines[0]}"
+        return [first, *(f"  {'':<14}   {line}" for line in lines[1:])]
+
+    def _line(self, session_id: str, mark: str, text: str) -> None:
+        lines = self._entry(self.who(session_id), mark, text)
+        held = self.held.get(session_id)
+        if held is not None:
+            held.extend(lines)
+        else:
+            for line in lines:
+                print(line, file=self.out)
+
+    def _shorten(self, text: str) -> str:
+        if self._ids is None:
+            return text
+        return self._ids.sub(lambda m: self.names.get(m.group(0), m.group(0)), text)
+
+    def _release(self, text: str) -> None:
+        """Print the held lines of every child ``text`` (a parent's tool result) names."""
+        for child_id in [c for c in self.held if c in text]:
+            for line in self.held.pop(child_id):
+                print(line, file=self.out)
+
+    def release_all(self) -> None:
+        for child_id in list(self.held):
+            for line in self.held.pop(child_id):
+                print(line, file=self.out)
 
     def who(self, session_id: str) -> str:
         if session_id == self.root:
             return "coordinator"
-        name = self.names.get(session_id)
-        if name is None:
-            name = self.names[session_id] = f"child {len(self.names) + 1}"
+        return self.names.get(session_id) or self._name(session_id, None)
+
+    def _name(self, session_id: str, provider: str | None) -> str:
+        descriptor = self._descriptor(session_id)
+        label = descriptor.get("label") if descriptor else None
+        name = short_name(label if isinstance(label, str) else None, provider or "child",
+                          session_id)  # fmt: skip
+        self.names[session_id] = name
+        self._ids = re.compile("|".join(re.escape(i) for i in sorted(self.names, key=len)[::-1]))
         return name
 
     def on_session_event(self, session: Any, event: SessionEvent) -> None:
@@ -318,51 +424,57 @@ class _Transcript:
                 args = json.dumps(json.loads(data.arguments), ensure_ascii=False)
             except ValueError:
                 args = data.arguments
-            self._line(self.who(sid), "→", f"{data.name} {args}")
+            self._line(sid, "→", f"{data.name} {args}")
         elif kind == "tool/result":
             text = _text(b for block in data.message.content for b in getattr(block, "content", ()))
             failed = f"  (error {data.error.code})" if data.error is not None else ""
-            self._line(self.who(sid), "←", text + failed)
+            self._line(sid, "←", text + failed)
+            self._release(text)
         elif kind == "assistant/message":
             text = blocks_text(data.message.content)
             if text:
-                self._line(self.who(sid), ">", text)
+                self._line(sid, ">", text)
         elif kind == "user/message":
             source = data.source.kind
             text = _text(data.content)
             if sid == self.root:
-                mark = "<" if source == "user" else "⇐"
-                self._line("coordinator", mark, text)
+                self._line(sid, "<" if source == "user" else "⇐", text)
             elif source not in ("user", "plugin"):  # the prompt: in the call shown above
-                self._line(self.who(sid), "⇐", f"(from the {source}) {text}")
+                self._line(sid, "⇐", f"(from the {source}) {text}")
         self.changed.set()
 
     def on_start(self, info: Any) -> None:
         self.open_runs += 1
         n = self.epochs[info.id] = self.epochs.get(info.id, 0) + 1
+        self.providers[info.id] = info.provider
+        descriptor = self._descriptor(info.id)
+        if info.id not in self.names:
+            self._name(info.id, info.provider)
+            if descriptor and descriptor.get("mode") == "continuable":
+                self.held[info.id] = []  # until the parent's tool result names it
         what = "started" if n == 1 else f"resumed (epoch {n}: a cold resume from the store)"
-        label = self._label(info.id)
-        shown = f' "{label}"' if label else ""
+        label = descriptor.get("label") if descriptor else None
+        shown = f' "{label}"' if isinstance(label, str) else ""
         agent = self.agents.get(info.id)
         seeded = agent.session.header.seed_length if agent is not None else None
         if seeded:
             shown += f" (seeded with the coordinator's completed turns: {seeded} events)"
-        self._line(self.who(info.id), "⇢", f"{what}: {info.provider} child {info.id}{shown}")
+        where = "" if info.local else " (another process, over ACP)"
+        self._line(info.id, "⇢", f"{what}: {info.provider} child{where}{shown}")
         self.changed.set()
 
-    def _label(self, child_id: str) -> str | None:
-        """The child's durable label, from the descriptor already in its log (a continuable
-        child's is written before it starts; a one-shot child's in its first turn)."""
+    def _descriptor(self, child_id: str) -> Mapping[str, Any] | None:
+        """The child's durable descriptor, from its log (a continuable child's is written
+        before it starts; a one-shot child's in its first turn)."""
         agent = self.agents.get(child_id)
         for event in agent.session.events if agent is not None else ():
             if event.type == "subagent/descriptor" and isinstance(event.data, Mapping):
-                label = event.data.get("label")
-                return label if isinstance(label, str) else None
+                return event.data
         return None
 
     def on_end(self, info: Any) -> None:
         self.open_runs -= 1
-        self._line(self.who(info.id), "⇠", f"ended {info.stop_reason}")
+        self._line(info.id, "⇠", f"ended {info.stop_reason}")
         self.changed.set()
 
 
@@ -377,33 +489,45 @@ async def _until_quiet(transcript: _Transcript, coordinator: Agent) -> None:
 
 
 async def run_tour(
-    out: TextIO, pm: DshPluginManager, *, script: str | None, prompt: str, store: Path
+    out: TextIO,
+    pm: DshPluginManager,
+    *,
+    script: str | None,
+    prompt: str,
+    store: Path,
+    model: str | None = None,
 ) -> int:
     """The tour of the seam on ``pm``'s plugins (every :data:`TOUR_PLUGINS` installed); 0 when
-    the coordinator's last turn completed and no invariant broke, else 1."""
+    the coordinator's last turn completed and no invariant broke, else 1. ``model``
+    (``openai:MODEL``) runs the coordinator and its in-process children on a real model
+    through dsh-llm-openai instead of the script."""
     subagents: Any = importlib.import_module("dsh_subagent")
-    model = (
-        ScriptedAdapter.from_file(script, record=False)
-        if script
-        else ScriptedAdapter.from_data(TOUR_SCRIPT, record=False)
-    )
-    what = f"the script {script}" if script else "the embedded script"
-    print(f"\nthe subagent seam, on the offline scripted model ({what}):", file=out)
+    real = None
+    if model is not None:
+        provider, _, name = model.partition(":")
+        real = PluginRow(plugin="llm-openai", config={"provider": provider, "model": name})
+        route = AgentOptions(provider=provider, model=name)
+        what = f"the model {name} (provider {provider})"
+    else:
+        route = AgentOptions(provider="scripted", model="tour")
+        what = f"the offline scripted model (the script {script})" if script else (
+            "the offline scripted model (its embedded script)")  # fmt: skip
+    print(f"\nthe subagent seam, on {what}:", file=out)
     print(f"  sessions are kept in {store}", file=out)
-    print(
-        "  → a tool call   ← its result   > what an agent says   ⇐ a message it receives"
-        "   ⇢ ⇠ a child run starts, ends",
-        file=out,
-    )
-    async with await boot_host(_tour_rows(store), pm=pm) as host:
+    print("  → a tool call   ← its result   > what an agent says", file=out)
+    print("  ⇐ a message it receives   ⇢ ⇠ a child run starts, ends", file=out)
+    async with await boot_host(_tour_rows(store, real), pm=pm) as host:
         ctx = host.ctx
         transcript = _Transcript(out, ctx.agents)
-        ctx.llm.register_adapter("scripted", model)
-        handle = await ctx.agents.create(
-            CreateAgentOptions(
-                meta=SessionMeta(cwd=os.getcwd()),
-                agent_options=AgentOptions(provider="scripted", model="tour"),
+        if real is None:
+            scripted = (
+                ScriptedAdapter.from_file(script, record=False)
+                if script
+                else ScriptedAdapter.from_data(TOUR_SCRIPT, record=False)
             )
+            ctx.llm.register_adapter("scripted", scripted)
+        handle = await ctx.agents.create(
+            CreateAgentOptions(meta=SessionMeta(cwd=os.getcwd()), agent_options=route)
         )
         coordinator = handle.agent
         transcript.root = coordinator.id
@@ -419,6 +543,7 @@ async def run_tour(
         except TimeoutError:
             print(f"\n  the tour did not settle within {_TOUR_TIMEOUT:.0f} s", file=out)
             status = 1
+        transcript.release_all()
         ends = [e for e in coordinator.session.events if e.type == "turn/end"]
         if ends and ends[-1].data.reason.kind != "completed":
             print(f"\n  the coordinator's last turn ended {ends[-1].data.reason.kind}", file=out)
@@ -432,31 +557,44 @@ async def run_tour(
 
 
 async def _print_tree(out: TextIO, service: Any, root: str, transcript: _Transcript) -> None:
-    """The coordinator's child tree, read back from the store (``list_descendants``)."""
+    """The coordinator's child tree, read back from the store (``list_descendants``), with
+    the names the transcript used and, below each, the full id. A child that ran in another
+    process and left no session here (a one-shot ACP child) follows, marked as such."""
     rows = await service.list_descendants(root)
     print("\nthe child tree, read back from the store (list_descendants):", file=out)
-    print(f"coordinator: {root}", file=out)
-    if not rows:
-        print("└── (no children)", file=out)
-    open_levels: list[bool] = []  # per depth above the row: does a later sibling follow?
-    for i, row in enumerate(rows):
+    print(f"coordinator  {root}", file=out)
+    listed = {row.entry.id for row in rows}
+    elsewhere = [c for c in transcript.names if c not in listed]
+    lines: list[tuple[int, str, str]] = []  # (depth, first line, id)
+    for row in rows:
         entry = row.entry
-        later = rows[i + 1 :]
-        last = next((r.depth for r in later if r.depth <= row.depth), 0) < row.depth
-        del open_levels[row.depth - 1 :]
-        pad = "".join("│   " if more else "    " for more in open_levels)
-        open_levels.append(not last)
-        branch = pad + ("└── " if last else "├── ")
-        name = transcript.names.get(entry.id, entry.id)
+        name = transcript.names.get(entry.id, entry.id[-4:])
         if entry.kind == "child":
-            epochs = transcript.epochs.get(entry.id, 0)
-            detail = entry.mode
+            provider = transcript.providers.get(entry.id)
+            detail = f"{provider}, {entry.mode}" if provider else entry.mode
             if entry.mode == "continuable":
+                epochs = transcript.epochs.get(entry.id, 0)
                 detail += f", {epochs} epoch{'s' if epochs != 1 else ''}"
             label = f' "{entry.label}"' if entry.label else ""
-            print(f"{branch}{name}{label}: {entry.id} ({detail})", file=out)
+            lines.append((row.depth, f"{name}{label} ({detail})", entry.id))
         else:
-            print(f"{branch}{name}: {entry.id} [diagnostic: {entry.reason}]", file=out)
+            lines.append((row.depth, f"{name} [diagnostic: {entry.reason}]", entry.id))
+    for child_id in elsewhere:
+        provider = transcript.providers.get(child_id, "child")
+        first = (
+            f"{transcript.names[child_id]} ({provider}, one-shot, in another process: no log here)"
+        )
+        lines.append((1, first, child_id))
+    if not lines:
+        print("└── (no children)", file=out)
+    open_levels: list[bool] = []  # per depth above the row: does a later sibling follow?
+    for i, (depth, first, child_id) in enumerate(lines):
+        last = next((d for d, _, _ in lines[i + 1 :] if d <= depth), 0) < depth
+        del open_levels[depth - 1 :]
+        pad = "".join("│   " if more else "    " for more in open_levels)
+        open_levels.append(not last)
+        print(f"{pad}{'└── ' if last else '├── '}{first}", file=out)
+        print(f"{pad}{'    ' if last else '│   '}    {child_id}", file=out)
 
 
 async def run_one_turn(out: TextIO, *, script: str | None, prompt: str) -> int:
@@ -489,44 +627,3 @@ async def run_one_turn(out: TextIO, *, script: str | None, prompt: str) -> int:
     for v in broken:
         print(f"  invariant broken: {v}", file=out)
     return 1 if broken else 0
-
-
-def acp_child_available(pm: DshPluginManager) -> bool:
-    """Whether the ACP child can run: the ``acp`` provider and ``dsh-acp-agent`` installed."""
-    specs = pm.collect_plugin_specs()
-    return (
-        "subagent" in specs
-        and "subagent-acp" in specs
-        and importlib.util.find_spec("dsh_acp_agent") is not None
-    )
-
-
-async def run_acp_child(out: TextIO, pm: DshPluginManager, *, prompt: str) -> int:
-    """Delegate ``prompt`` to an ACP child: a ``dsh-acp-agent`` process on the echo model,
-    through the ``acp`` provider; 1 if it did not complete."""
-    subagent = importlib.import_module("dsh_subagent")
-    child = PluginRow(
-        plugin="subagent-acp",
-        config={"command": sys.executable, "args": ["-m", "dsh_acp_agent"]},
-    )
-    rows: list[PluginRow | str] = ["sessions", "session-persistence-memory", "llm",
-            "llm-scripted", "tools", "system-prompt", "agents", "subagent", child]  # fmt: skip
-    print("\none ACP child (a dsh-acp-agent process, over the Agent Client Protocol):", file=out)
-    async with await boot_host(rows, pm=pm) as host:
-        handle = await host.ctx.agents.create(
-            CreateAgentOptions(
-                meta=SessionMeta(cwd=os.getcwd()),
-                agent_options=AgentOptions(provider="scripted", model="echo"),
-            )
-        )
-        request = subagent.SubagentStartRequest(prompt=text_blocks(prompt), parent=handle.agent)
-        run = await host.ctx.subagents.start("acp", request)
-        try:
-            result = await run.result
-        finally:
-            await run.dispose()
-        print(f"  parent    > {prompt}", file=out)
-        print(f"  acp child > {blocks_text(result.output)}  [pid {run.pid}]", file=out)
-        print(f"  stop reason {result.stop_reason}; the process has exited", file=out)
-        await handle.dispose()
-    return 0 if result.stop_reason == "completed" else 1

@@ -164,11 +164,12 @@ class _Output:
 
 
 def cmd_demo(args: argparse.Namespace, out: TextIO) -> int:
-    """The offline demo: the tree of discovered plugins; then the tour of the subagent seam (a
-    coordinator on the scripted model through the real tools, ``dsh_subagents._demo``), or, when
-    its distributions are not all installed, a note naming them and one plain offline turn;
-    then the ACP child when it can run. No network, no keys. When the output closes, the
-    tour (a bounded script) finishes unseen, the ACP child is skipped, and the status is 141."""
+    """The offline demo: one line about the discovered plugins; then the tour of the subagent
+    seam (a coordinator on the scripted model through the real tools, one child an ACP
+    process: ``dsh_subagents._demo``), or, when its distributions are not all installed, a
+    note naming them and one plain offline turn. No network, no keys (unless ``--model
+    openai:MODEL``). When the output closes, the tour (bounded) finishes unseen and the status
+    is 141."""
     guarded = _Output(out)
     status = _demo_on(args, cast("TextIO", guarded))
     return EXIT_OUTPUT_CLOSED if guarded.gone else status
@@ -178,23 +179,30 @@ def _demo_on(args: argparse.Namespace, out: TextIO) -> int:
     from . import _demo
 
     pm, fatal = _discover()
-    print("dsh-subagents plugin tree", file=out)
-    by_dist = sorted(pm.discovered, key=lambda d: (d.distribution or "", d.name))
-    for i, d in enumerate(by_dist):
-        last = i == len(by_dist) - 1
-        label = f"{d.distribution or d.name} {d.version or ''}".rstrip()
-        print(f"{'└── ' if last else '├── '}{label}", file=out)
-        pad = "    " if last else "│   "
-        print(f"{pad}└── entry point {d.name!r} -> {d.value}", file=out)
-        for j, spec in enumerate(d.plugins):
-            branch = "└── " if j == len(d.plugins) - 1 else "├── "
-            print(f"{pad}    {branch}mounts {spec.name!r}", file=out)
+    dists = {d.distribution or d.name for d in pm.discovered}
+    n = len(pm.discovered)
+    print(
+        f"{n} plugin{'s' * (n != 1)} from {len(dists)} distribution{'s' * (len(dists) != 1)} "
+        "(`dsh-subagents plugins` lists them)",
+        file=out,
+    )
     _print_failures(pm, out)
     if fatal:
         print(f"\ndiscovery failed: {fatal}", file=out)
         return 1
+    script, route = args.model or (None, None)
     missing = _demo.missing_tour_plugins(pm)
+    if route is not None and "llm-openai" not in pm.collect_plugin_specs():
+        missing.append("llm-openai (dsh-llm-openai)")
     prompt = args.prompt or _demo.DEFAULT_PROMPT
+    if missing and route is not None:  # never an offline run in place of the model asked for
+        dists = sorted({m.split("(")[1].rstrip(")") for m in missing})
+        print(
+            f"dsh-subagents demo: error: --model {route} needs plugins that no installed "
+            f"distribution mounts: {', '.join(missing)} (pip install {' '.join(dists)})",
+            file=sys.stderr,
+        )
+        return 2
     try:
         if missing:
             print(
@@ -203,31 +211,32 @@ def _demo_on(args: argparse.Namespace, out: TextIO) -> int:
                 file=out,
             )
             status = asyncio.run(
-                _demo.run_one_turn(out, script=args.script, prompt=args.prompt or _PROMPT)
+                _demo.run_one_turn(out, script=script, prompt=args.prompt or _PROMPT)
             )
         else:
             store = _demo.demo_store(args.store)
             status = asyncio.run(
-                _demo.run_tour(out, pm, script=args.script, prompt=prompt, store=store)
+                _demo.run_tour(out, pm, script=script, prompt=prompt, store=store, model=route)
             )
     except DshError as exc:  # a script that cannot be read or is malformed, say
         print(f"dsh-subagents demo: error: {exc} [{exc.code}]", file=sys.stderr)
         return 2
-    if not status and not getattr(out, "gone", False) and _demo.acp_child_available(pm):
-        acp_prompt = args.prompt or _PROMPT
-        status = asyncio.run(_demo.run_acp_child(out, pm, prompt=acp_prompt))
     return 1 if pm.failures or status else 0
 
 
-def _model(value: str) -> str | None:
-    """``--model``: ``scripted`` (the echo model) or ``scripted:FILE``; the script's path."""
-    kind, sep, path = value.partition(":")
-    if kind != "scripted" or (sep and not path):
-        raise argparse.ArgumentTypeError(
-            f"unknown model {value!r}: the demo runs on 'scripted' (echo) or 'scripted:FILE' "
-            "(a script file, see docs/scripted-model.md)"
-        )
-    return path or None
+def _model(value: str) -> tuple[str | None, str | None]:
+    """``--model``: ``scripted`` (the tour's embedded script), ``scripted:FILE`` (a script
+    file) or ``openai:MODEL`` (a real model); ``(script, route)``."""
+    kind, sep, rest = value.partition(":")
+    if kind == "scripted" and not (sep and not rest):
+        return (rest or None), None
+    if kind == "openai" and rest:
+        return None, value
+    raise argparse.ArgumentTypeError(
+        f"unknown model {value!r}: the demo runs on 'scripted' (its embedded script), "
+        "'scripted:FILE' (a script file, see docs/scripted-model.md) or 'openai:MODEL' (a real "
+        "model through an OpenAI-compatible endpoint: OPENAI_API_KEY, OPENAI_BASE_URL)"
+    )
 
 
 def cmd_run(args: argparse.Namespace, out: TextIO) -> int:
@@ -283,17 +292,18 @@ def _parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="run the offline demo")
     demo.add_argument(
         "--model",
-        dest="script",
         type=_model,
         default=None,
-        metavar="scripted[:FILE]",
-        help="the offline model: 'scripted' (the default) is the demo's embedded script; "
-        "'scripted:FILE' answers from a TOML or JSON script (docs/scripted-model.md)",
+        metavar="MODEL",
+        help="'scripted' (the default): the scripted model, offline, on the tour's embedded "
+        "script; 'scripted:FILE': the scripted model on a TOML or JSON script "
+        "(docs/scripted-model.md); 'openai:MODEL': a real model for the coordinator and its "
+        "children, through an OpenAI-compatible endpoint (OPENAI_API_KEY, OPENAI_BASE_URL)",
     )
     demo.add_argument(
         "--prompt",
         default=None,
-        help="the coordinator's user message (and the ACP child's prompt)",
+        help="the coordinator's user message",
     )
     demo.add_argument(
         "--store",
