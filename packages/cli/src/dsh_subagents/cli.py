@@ -196,10 +196,10 @@ def _demo_on(args: argparse.Namespace, out: TextIO) -> int:
         missing.append("llm-openai (dsh-llm-openai)")
     prompt = args.prompt or _demo.DEFAULT_PROMPT
     if missing and route is not None:  # never an offline run in place of the model asked for
-        dists = sorted({m.split("(")[1].rstrip(")") for m in missing})
+        wanted = sorted({m.split("(")[1].rstrip(")") for m in missing})
         print(
             f"dsh-subagents demo: error: --model {route} needs plugins that no installed "
-            f"distribution mounts: {', '.join(missing)} (pip install {' '.join(dists)})",
+            f"distribution mounts: {', '.join(missing)} (pip install {' '.join(wanted)})",
             file=sys.stderr,
         )
         return 2
