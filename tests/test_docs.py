@@ -356,3 +356,25 @@ def test_placeholder_readmes_say_so() -> None:
         readme = (folder / "README.md").read_text(encoding="utf-8")
         placeholder = not mounting[name] and not _commands(name)
         assert ("**Placeholder.**" in readme) == placeholder, name
+
+
+#: A rule id as tests and code comments cite them (CONT-7, INT-1, REG-3): never in user docs.
+#: UTF-8 and UTF-16 are encodings, not rule ids.
+_RULE_ID = re.compile(
+    r"\b(?:CONT|ROB|SVC|TOOL|ACP|ACPC|DRV|CTL|DSC|REG|DRN|RPT|DUR|BUG|DEP|SET|INT|OUT|LIST|STR"
+    r"|FORK|ORDER|CLI|PKG|UTF)-\d+\b(?<!UTF-8)(?<!UTF-16)"
+)
+
+
+def test_user_docs_speak_plain_language() -> None:
+    """CLI-66: the pages under docs/ and every README cite no rule id and never talk about
+    "the reference" (the tests and code comments keep the rule ids)."""
+    pages = [*ROOT.glob("docs/**/*.md"), ROOT / "README.md", *ROOT.glob("packages/**/README.md")]
+    found = []
+    for page in pages:
+        if "fixtures" in page.parts:
+            continue
+        for n, line in enumerate(page.read_text(encoding="utf-8").splitlines(), 1):
+            for m in [*_RULE_ID.finditer(line), *re.finditer(r"(?i)\bthe reference\b", line)]:
+                found.append(f"{page.relative_to(ROOT)}:{n}: {m.group(0)}")
+    assert found == []

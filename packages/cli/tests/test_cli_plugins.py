@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from dsh_core.testing import write_distribution
+from dsh_subagents import _help
 from dsh_subagents.cli import main
 
 GOOD = """
@@ -101,3 +102,19 @@ def test_cli_demo_runs_on_a_script_file(
     assert main(["demo", "--model", "openai:gpt-4o-mini"], out=out) == 2
     err = capsys.readouterr().err
     assert "llm-openai (dsh-llm-openai)" in err and "pip install" in err
+
+
+@pytest.mark.parametrize("command", [[], ["plugins"], ["demo"], ["run"]])
+def test_every_help_ends_with_examples(
+    command: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """CLI-67: `--help` of the command and of every subcommand shows examples that start with
+    `dsh-subagents`, and the scripted model is described in the one set of words."""
+    with pytest.raises(SystemExit) as exc:
+        main([*command, "--help"], out=io.StringIO())
+    assert exc.value.code == 0
+    text = capsys.readouterr().out
+    examples = text.split("examples:\n", 1)[1]
+    assert examples.lstrip().startswith("dsh-subagents ") or "dsh-subagents" in examples
+    if command == ["demo"]:
+        assert " ".join(_help.SCRIPTED.split()) in " ".join(text.split())

@@ -27,6 +27,7 @@ from typing import Any, TextIO, cast
 
 from dsh_core import DshError, DshPluginManager, PluginError, make_plugin_manager
 
+from . import _help
 from .__about__ import __version__
 
 __all__ = ["main"]
@@ -263,7 +264,12 @@ def cmd_run(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _add_run(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    run = sub.add_parser("run", help="run one agent on a prompt and stream its answer")
+    run = sub.add_parser(
+        "run",
+        help="run one agent on a prompt and stream its answer",
+        epilog=_help.RUN_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     run.add_argument("prompt", help="the user message")
     run.add_argument(
         "--model",
@@ -282,23 +288,42 @@ def _add_run(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="dsh-subagents", description="run agents that delegate to subagents"
+        prog="dsh-subagents",
+        description="Run agents that delegate work to subagents, and tour the subagent seam.",
+        epilog=_help.MAIN_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"dsh-subagents {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("plugins", help="list discovered plugins and load failures").set_defaults(
-        run=cmd_plugins
+    sub.add_parser(
+        "plugins",
+        help="list discovered plugins and load failures",
+        description="List every discovered plugin: its entry point, distribution and version, "
+        "and what it mounts; then every plugin that failed to load.",
+        epilog=_help.PLUGINS_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    ).set_defaults(run=cmd_plugins)
+    demo = sub.add_parser(
+        "demo",
+        help="the offline tour of the subagent seam",
+        description=_help.paragraphs(
+            "A coordinator agent plans a weekend through the real model-facing tools: "
+            "continuable children, reports, a cold resume, a fork child, a child in another "
+            "process over ACP.",
+            f"The default model is {_help.SCRIPTED}.",
+        ),
+        epilog=_help.DEMO_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    demo = sub.add_parser("demo", help="run the offline demo")
     demo.add_argument(
         "--model",
         type=_model,
         default=None,
         metavar="MODEL",
-        help="'scripted' (the default): the scripted model, offline, on the tour's embedded "
-        "script; 'scripted:FILE': the scripted model on a TOML or JSON script "
-        "(docs/scripted-model.md); 'openai:MODEL': a real model for the coordinator and its "
-        "children, through an OpenAI-compatible endpoint (OPENAI_API_KEY, OPENAI_BASE_URL)",
+        help="'scripted' (the default): the tour's embedded script; 'scripted:FILE': a "
+        "TOML or JSON script file (docs/scripted-model.md); 'openai:MODEL': a real model "
+        "for the coordinator and its children, through an OpenAI-compatible endpoint "
+        "(OPENAI_API_KEY, OPENAI_BASE_URL)",
     )
     demo.add_argument(
         "--prompt",
