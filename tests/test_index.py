@@ -370,20 +370,21 @@ _FENCE = re.compile(r"^(`{3,})([\w+-]*)\s*$")
 _FILE = re.compile(r"^#\s+([\w./-]+\.[\w]+)\s*$")
 
 
-def _readme_blocks(name: str) -> list[tuple[str, str]]:
-    """The README's fenced blocks as (language, text)."""
+def _readme_blocks(name: str) -> list[tuple[str, str, str]]:
+    """The README's fenced blocks as (language, text, the last text line before it)."""
     lines = (PACKAGES[name]["folder"] / "README.md").read_text().split("\n")
-    found, i = [], 0
+    found, i, before = [], 0, ""
     while i < len(lines):
         opening = _FENCE.match(lines[i])
         if opening is None:
+            before = lines[i].strip() or before
             i += 1
             continue
         end = i + 1
         while end < len(lines) and lines[end].rstrip() != opening.group(1):
             end += 1
-        found.append((opening.group(2), "\n".join(lines[i + 1 : end]) + "\n"))
-        i = end + 1
+        found.append((opening.group(2), "\n".join(lines[i + 1 : end]) + "\n", before))
+        before, i = "", end + 1
     return found
 
 
@@ -406,14 +407,18 @@ def test_install_by_name_from_the_index(index: Index, name: str, tmp_path: Path)
     assert served == {_wheel_name(n) for n in more - closure}
     _check_installed(venv, more, served)
     blocks = _readme_blocks(name)
-    for lang, text in blocks:  # the files the example reads, as the README names them
+    for lang, text, _ in blocks:  # the files the example reads, as the README names them
         path = _FILE.match(text.split("\n", 1)[0])
         if path and lang != "python":
             (tmp_path / path.group(1)).write_text(text)
-    scripts = [text for lang, text in blocks if lang == "python" and not _FILE.match(text)]
-    assert scripts, f"{name}'s README has no runnable Python example"
-    for script in scripts:
-        venv.python_run(script)
+    ran, printed = 0, None
+    for lang, text, before in blocks:
+        if lang == "text" and before.endswith("prints:"):
+            assert printed == text, f"{name}'s README example printed {printed!r}"
+        elif lang == "python" and not _FILE.match(text.split("\n", 1)[0]):
+            printed = venv.python_run(text)
+            ran += 1
+    assert ran, f"{name}'s README has no runnable Python example"
 
 
 # The spawn provider as a user meets it: a host on the scripted echo model starts a child.
