@@ -352,6 +352,23 @@ def _check_installed(venv: Venv, names: set[str], served: set[str]) -> None:
 _PIP_INSTALL = re.compile(r'pip install ((?:"?[\w.-]+(?:\[[\w,]+\])?"? ?)+)')
 
 
+@pytest.fixture(scope="module")
+def venvs() -> dict[str, Venv]:
+    """The venvs made by the install test, by the distribution installed first: the
+    tests after it run there too rather than installing the same things again."""
+    return {}
+
+
+def _installed(venvs: dict[str, Venv], index: Index, tmp_path: Path, *names: str) -> Venv:
+    """The install test's venv of ``names[0]``; else a fresh venv with ``names`` installed
+    one after the other (when that test did not run)."""
+    if names[0] not in venvs:
+        venvs[names[0]] = Venv(tmp_path, index)
+        for name in names:
+            venvs[names[0]].install(name)
+    return venvs[names[0]]
+
+
 def _readme_install(name: str) -> list[str]:
     """Every requirement the README's `pip install` lines and phrases name, the first first."""
     text = (PACKAGES[name]["folder"] / "README.md").read_text()
@@ -390,11 +407,13 @@ def _readme_blocks(name: str) -> list[tuple[str, str, str]]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(PACKAGES))
-def test_install_by_name_from_the_index(index: Index, name: str, tmp_path: Path) -> None:
+def test_install_by_name_from_the_index(
+    index: Index, venvs: dict[str, Venv], name: str, tmp_path: Path
+) -> None:
     """PKG-14: in a fresh venv, `pip install NAME` from the index brings exactly NAME's dsh
     closure, each from the index's wheel of this checkout, and dsh-core discovers exactly
     their entry points; then the README's install line and its Python example work there."""
-    venv = Venv(tmp_path, index)
+    venv = venvs[name] = Venv(tmp_path, index)
     closure = _closure(name)
     served = venv.install(name)
     assert served == {_wheel_name(n) for n in closure}
@@ -450,11 +469,12 @@ asyncio.run(main())
 
 
 @pytest.mark.slow
-def test_a_spawn_child_runs_after_install_by_name(index: Index, tmp_path: Path) -> None:
+def test_a_spawn_child_runs_after_install_by_name(
+    index: Index, venvs: dict[str, Venv], tmp_path: Path
+) -> None:
     """PKG-15: after `pip install dsh-subagent-spawn` from the index, a host started on the
     installed entry points runs a spawn child to completion."""
-    venv = Venv(tmp_path, index)
-    venv.install("dsh-subagent-spawn")
+    venv = _installed(venvs, index, tmp_path, "dsh-subagent-spawn")
     assert venv.python_run(_SPAWN_CHILD) == "completed ping\n"
 
 
@@ -495,12 +515,12 @@ asyncio.run(main())
 
 
 @pytest.mark.slow
-def test_the_subagent_tool_runs_a_child_after_install_by_name(index: Index, tmp_path: Path) -> None:
+def test_the_subagent_tool_runs_a_child_after_install_by_name(
+    index: Index, venvs: dict[str, Venv], tmp_path: Path
+) -> None:
     """PKG-16: after `pip install dsh-tool-subagent` and then `pip install dsh-subagent-spawn`
-    from the index (the second brings only itself), a scripted model's `subagent` call runs a
-    spawn child and gets its answer."""
-    venv = Venv(tmp_path, index)
-    venv.install("dsh-tool-subagent")
-    assert venv.install("dsh-subagent-spawn") == {_wheel_name("dsh-subagent-spawn")}
+    from the index (the install test checks that the second brings only itself), a scripted
+    model's `subagent` call runs a spawn child and gets its answer."""
+    venv = _installed(venvs, index, tmp_path, "dsh-tool-subagent", "dsh-subagent-spawn")
     out = venv.python_run(_TOOL_CHILD)
     assert out.startswith("child said: ") and "ping" in out, out
