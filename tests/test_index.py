@@ -4,11 +4,12 @@ Runs in ``nox -s package`` (marker ``index``; a plain ``pytest`` deselects it). 
 hands over the ``dist/`` of the run (``DSH_DIST``) and the uv it found (``DSH_UV``); without
 them the distributions are built here with hatchling, and pip fills the venvs.
 
-A pypiserver app serves ``dist/`` on a free loopback port from a thread of this process, so
-the test knows every request it answered. It holds only the dsh distributions: for any other
-name it redirects the installer to the index pip is configured with (``PIP_INDEX_URL``, else
-PyPI; ``DSH_INDEX_UPSTREAM`` overrides both), so third-party dependencies come from where they
-always do and a dsh name can come from nowhere but ``dist/``.
+pypiserver serves ``dist/`` on a free loopback port, in a process the tests start and stop,
+and logs every request before answering it, so a test knows which files an install fetched.
+It holds only the dsh distributions: for any other name it redirects the installer to the
+index pip is configured with (``PIP_INDEX_URL``, else PyPI; ``DSH_INDEX_UPSTREAM`` overrides
+both), so third-party dependencies come from where they always do and a dsh name can come from
+nowhere but ``dist/``.
 
 Every distribution found under ``packages/`` is covered, so a new one needs no change here.
 """
@@ -339,9 +340,9 @@ def _report(venv: Venv) -> dict[str, Any]:
     return report
 
 
-def _check_installed(venv: Venv, names: set[str], served: set[str]) -> None:
-    """Exactly ``names`` (with their versions) installed, each from this index's wheel,
-    and dsh-core discovers exactly their entry points, without a failure."""
+def _check_installed(venv: Venv, names: set[str]) -> None:
+    """Exactly ``names`` (at this checkout's versions) installed in the venv, and dsh-core
+    discovers exactly their entry points, without a failure."""
     report = _report(venv)
     assert report["dists"] == {n: PACKAGES[n]["version"] for n in names}
     assert Path(report["where"]).is_relative_to(venv.where), report["where"]
@@ -417,14 +418,14 @@ def test_install_by_name_from_the_index(
     closure = _closure(name)
     served = venv.install(name)
     assert served == {_wheel_name(n) for n in closure}
-    _check_installed(venv, closure, served)
+    _check_installed(venv, closure)
 
     wanted = _readme_install(name)
     assert wanted[0] == name, wanted
     more = _closure(*map(_bare, wanted))
     served = venv.install(*wanted)
     assert served == {_wheel_name(n) for n in more - closure}
-    _check_installed(venv, more, served)
+    _check_installed(venv, more)
     blocks = _readme_blocks(name)
     for lang, text, _ in blocks:  # the files the example reads, as the README names them
         path = _FILE.match(text.split("\n", 1)[0])
