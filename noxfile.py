@@ -29,7 +29,7 @@ nox.needs_version = ">=2025.5.1"
 nox.options.default_venv_backend = "uv|virtualenv"  # uv where it is installed, else virtualenv
 nox.options.download_python = "never"  # the matrix is the Pythons installed here: never fetch one
 nox.options.error_on_missing_interpreters = False  # a missing Python is skipped, not failed
-nox.options.sessions = ["tests", "all", "lint", "typecheck"]
+nox.options.sessions = ["tests", "all", "lint", "typecheck", "package"]
 
 ROOT = Path(__file__).parent
 DIST = ROOT / "dist"
@@ -253,6 +253,20 @@ def all(session: nox.Session) -> None:
     """Every distribution in one venv: the cross-package tests, then every package's tests."""
     _install_wheels(session, *PACKAGES)
     _pytest(session, *_every_test_folder())
+
+
+@nox.session(requires=["build"])
+def package(session: nox.Session) -> None:
+    """What users get from an index: `twine check --strict` on every artifact, every sdist
+    rebuilt into the same wheel, and every distribution installed by name from a local
+    pypiserver into a fresh venv (tests/test_index.py, marker ``index``)."""
+    _install_wheels(
+        session, "dsh-core", extra=(*TEST_REQUIREMENTS, "hatchling", "twine", "pypiserver")
+    )
+    uv = nox.virtualenv.UV if session.venv_backend == "uv" else ""
+    _pytest(
+        session, "-m", "index", "tests/test_index.py", env={"DSH_DIST": str(DIST), "DSH_UV": uv}
+    )
 
 
 @nox.session

@@ -375,6 +375,6 @@ def test_user_docs_speak_plain_language() -> None:
         if "fixtures" in page.parts:
             continue
         for n, line in enumerate(page.read_text(encoding="utf-8").splitlines(), 1):
-            for m in [*_RULE_ID.finditer(line), *re.finditer(r"(?i)\bthe reference\b", line)]:
-                found.append(f"{page.relative_to(ROOT)}:{n}: {m.group(0)}")
+            hits = [*_RULE_ID.finditer(line), *re.finditer(r"(?i)\bthe reference\b", line)]
+            found.extend(f"{page.relative_to(ROOT)}:{n}: {m.group(0)}" for m in hits)
     assert found == []
