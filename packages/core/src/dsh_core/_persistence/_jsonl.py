@@ -274,47 +274,26 @@ class JsonlSessionPersistence(JsonlListing):
 
     def _sync_later(
         self, handles: list[_Handle], owed: list[tuple[_Handle, object]]
-    ) -> Callable[[], list[tuple[_Handle, Exception]]]:
+    ) -> list[Callable[[], list[tuple[_Handle, Exception]]]]:
         # A duplicate of each live session's descriptor: a close of the session meanwhile never
         # leaves the sync a closed (or reused) descriptor, and never waits for it. A disposed
         # session's descriptor is the sync's own already (see _hand_over).
         held: list[tuple[_FileHandle, int]] = []
-        failures: list[tuple[_Handle, Exception]] = []
+        refused: list[tuple[_Handle, Exception]] = []
         for handle in handles:
             assert isinstance(handle, _FileHandle)
             try:
                 held.append((handle, os.dup(handle.fd)))
             except OSError as exc:
-                failures.append((handle, exc))
+                refused.append((handle, exc))
         for handle, fd in owed:
             assert isinstance(handle, _FileHandle) and isinstance(fd, int)
             held.append((handle, fd))
-
-        def sync() -> list[tuple[_Handle, Exception]]:
-            # Each new file's folder is synced once for all the files created in it.
-            folders: dict[Path, list[_FileHandle]] = {}
-            for handle, fd in held:
-                try:
-                    written = handle.written
-                    os.fsync(fd)
-                    handle.synced = max(handle.synced, written)
-                    if not handle.dir_synced:
-                        folders.setdefault(handle.path.parent, []).append(handle)
-                except Exception as exc:
-                    failures.append((handle, exc))
-                finally:
-                    os.close(fd)
-            for folder, created in folders.items():
-                try:
-                    _fsync_dir(folder)
-                except Exception as exc:
-                    failures.extend((handle, exc) for handle in created)
-                    continue
-                for handle in created:
-                    handle.dir_synced = True
-            return failures
-
-        return sync
+        jobs = max(1, min(self._commit_jobs, len(held)))
+        works = [_syncer(held[i::jobs]) for i in range(jobs)]
+        if refused:
+            works.append(lambda: refused)
+        return works
 
     def _sync_failed(self, handle: _Handle, exc: Exception) -> None:
         assert isinstance(handle, _FileHandle)
@@ -374,6 +353,39 @@ class JsonlSessionPersistence(JsonlListing):
         handle.size += len(data)
         if failed:
             raise _unwritten(handle.path, failed)
+
+
+def _syncer(
+    held: list[tuple[_FileHandle, int]],
+) -> Callable[[], list[tuple[_Handle, Exception]]]:
+    """A group commit's job: sync each of ``held`` (closing the descriptor), then once each
+    folder in which one of them was created; the failures, by handle."""
+
+    def sync() -> list[tuple[_Handle, Exception]]:
+        failures: list[tuple[_Handle, Exception]] = []
+        folders: dict[Path, list[_FileHandle]] = {}
+        for handle, fd in held:
+            try:
+                written = handle.written
+                os.fsync(fd)
+                handle.synced = max(handle.synced, written)
+                if not handle.dir_synced:
+                    folders.setdefault(handle.path.parent, []).append(handle)
+            except Exception as exc:
+                failures.append((handle, exc))
+            finally:
+                os.close(fd)
+        for folder, created in folders.items():
+            try:
+                _fsync_dir(folder)
+            except Exception as exc:
+                failures.extend((handle, exc) for handle in created)
+                continue
+            for handle in created:
+                handle.dir_synced = True
+        return failures
+
+    return sync
 
 
 # -- installation ---------------------------------------------------------------------------------

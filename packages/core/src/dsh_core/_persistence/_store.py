@@ -168,6 +168,12 @@ class SessionPersistence:
     #: Whether a disposed session's deferred sync joins the next group commit (one worker job
     #: for every sync of the window) rather than taking a worker job of its own.
     _batch_let_go = False
+    #: The most disposed sessions waiting for a group commit (each holds a descriptor); past
+    #: it, a disposal's sync takes a worker job of its own, as without batching.
+    _owed_limit = 256
+    #: How many worker jobs one group commit spreads its syncs over (a file system commits
+    #: concurrent syncs together); the other workers stay free for flushes.
+    _commit_jobs = max(1, _workers // 2)
 
     def __init__(self) -> None:
         self._ctx: Context | None = None
@@ -367,7 +373,7 @@ class SessionPersistence:
     def _let_go_later(self, rec: _Tracked) -> None:
         """Release ``rec``'s hold now and start its deferred sync, if the backend has one
         (with :attr:`_batch_let_go`: have the next group commit run it)."""
-        if self._batch_let_go and not self._closed:
+        if self._batch_let_go and not self._closed and len(self._owed) < self._owed_limit:
             owed = self._hand_over(rec.handle)
             if owed is None:
                 return
@@ -384,13 +390,14 @@ class SessionPersistence:
                 sync()
                 raise
         self._syncs.add(fut)
+        sid = rec.session.header.id  # not the session: its events need not wait for the sync
 
         def synced(fut: asyncio.Future[None]) -> None:
             self._syncs.discard(fut)
             if not fut.cancelled() and fut.exception() is not None:
                 _log.error(
                     "the last events of session %r were written but not synced: %s",
-                    rec.session.header.id,
+                    sid,
                     fut.exception(),
                 )
 
@@ -589,7 +596,7 @@ class SessionPersistence:
         if not handles and not owed:
             return
         waiting = {handle: fut for handle, _, fut in owed}
-        work = self._sync_later(handles, [(handle, kept) for handle, kept, _ in owed])
+        works = self._sync_later(handles, [(handle, kept) for handle, kept, _ in owed])
 
         def report(failures: builtins.list[tuple[_Handle, Exception]]) -> None:
             for handle, exc in failures:
@@ -602,40 +609,44 @@ class SessionPersistence:
                 if not fut.done():
                     fut.set_result(None)
 
-        try:
-            job = self._committing = self._submit(work)
-        except BaseException:  # no worker thread to be had: sync here rather than never
-            self._committing = None
-            report(work())
+        jobs: builtins.list[asyncio.Future[builtins.list[tuple[_Handle, Exception]]]] = []
+        inline: builtins.list[tuple[_Handle, Exception]] = []
+        for work in works:
+            try:
+                jobs.append(self._submit(work))
+            except BaseException:  # no worker thread to be had: sync here rather than never
+                inline.extend(work())
+        if not jobs:
+            report(inline)
             return
+        job = self._committing = asyncio.gather(*jobs, return_exceptions=True)
         self._syncs.add(job)
 
-        def done(job: asyncio.Future[builtins.list[tuple[_Handle, Exception]]]) -> None:
+        def done(job: asyncio.Future[builtins.list[Any]]) -> None:
             self._syncs.discard(job)
             self._committing = None
             if self._owed or (self._unsynced and not self._closed):
                 # Written or disposed while this one ran: the next round.
                 self._commit_timer = asyncio.get_running_loop().call_soon(self._group_commit)
-            if job.cancelled():
-                failures: builtins.list[tuple[_Handle, Exception]] = []
-            elif job.exception() is not None:
-                exc = cast("Exception", job.exception())
-                failures = [(handle, exc) for handle in (*handles, *waiting)]
-            else:
-                failures = job.result()
+            failures = inline
+            outcomes = [] if job.cancelled() else job.result()
+            for outcome in outcomes:
+                if isinstance(outcome, BaseException):
+                    exc = outcome if isinstance(outcome, Exception) else RuntimeError(outcome)
+                    failures = [(handle, exc) for handle in (*handles, *waiting)]
+                    break
+                failures.extend(outcome)
             report(failures)
 
-        if job.done():
-            done(job)
-        else:
-            job.add_done_callback(done)
+        job.add_done_callback(done)
 
     def _sync_later(
         self, handles: builtins.list[_Handle], owed: builtins.list[tuple[_Handle, object]]
-    ) -> Callable[[], builtins.list[tuple[_Handle, Exception]]]:
-        """On the loop: what a worker thread runs to sync ``handles`` and the disposed
-        sessions ``owed`` (each with what :meth:`_hand_over` kept for it), returning the
-        failures, by handle; it holds on the loop whatever that needs to outlive a close."""
+    ) -> builtins.list[Callable[[], builtins.list[tuple[_Handle, Exception]]]]:
+        """On the loop: what worker threads run (at most :attr:`_commit_jobs` jobs, side by
+        side) to sync ``handles`` and the disposed sessions ``owed`` (each with what
+        :meth:`_hand_over` kept for it), each job returning its failures, by handle; it holds
+        on the loop whatever that needs to outlive a close."""
         raise NotImplementedError
 
     def _sync_failed(self, handle: _Handle, exc: Exception) -> None:
