@@ -289,8 +289,14 @@ class JsonlSessionPersistence(JsonlListing):
         for handle, fd in owed:
             assert isinstance(handle, _FileHandle) and isinstance(fd, int)
             held.append((handle, fd))
+        # Each new file's folder is synced once for all the files created in it (by the first
+        # job: the name and the lines are two syncs, in either order).
+        folders: dict[Path, list[_FileHandle]] = {}
+        for handle, _ in held:
+            if not handle.dir_synced:
+                folders.setdefault(handle.path.parent, []).append(handle)
         jobs = max(1, min(self._commit_jobs, len(held)))
-        works = [_syncer(held[i::jobs]) for i in range(jobs)]
+        works = [_syncer(held[i::jobs], folders if i == 0 else {}) for i in range(jobs)]
         if refused:
             works.append(lambda: refused)
         return works
@@ -356,21 +362,18 @@ class JsonlSessionPersistence(JsonlListing):
 
 
 def _syncer(
-    held: list[tuple[_FileHandle, int]],
+    held: list[tuple[_FileHandle, int]], folders: dict[Path, list[_FileHandle]]
 ) -> Callable[[], list[tuple[_Handle, Exception]]]:
-    """A group commit's job: sync each of ``held`` (closing the descriptor), then once each
-    folder in which one of them was created; the failures, by handle."""
+    """A group commit's job: sync each of ``held`` (closing the descriptor), then each of
+    ``folders``, once, for the files created in it; the failures, by handle."""
 
     def sync() -> list[tuple[_Handle, Exception]]:
         failures: list[tuple[_Handle, Exception]] = []
-        folders: dict[Path, list[_FileHandle]] = {}
         for handle, fd in held:
             try:
                 written = handle.written
                 os.fsync(fd)
                 handle.synced = max(handle.synced, written)
-                if not handle.dir_synced:
-                    folders.setdefault(handle.path.parent, []).append(handle)
             except Exception as exc:
                 failures.append((handle, exc))
             finally:
