@@ -584,3 +584,80 @@ async def test_a_disposal_never_waits_for_a_group_commit(
         syncs.gate.set()
         await asyncio.wait_for(h.aclose(), 30)
     assert spliced_ids(tmp_path / "s.jsonl")
+
+
+# -- syncs of disposed sessions and folders, batched --------------------------------------------
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="the lock test is POSIX-only")
+async def test_disposals_sync_in_the_group_commit_and_a_bounded_number_wait(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """DUR-41: with sync = "batch" a disposed session's last sync waits for the next group
+    commit (the disposal returns with its file unlocked); at most the bound of disposals wait
+    (each holds a descriptor), past it a disposal syncs on its own; closing the host syncs
+    every one that waits."""
+    import fcntl
+
+    h = await TestHost.start(
+        store="jsonl",
+        store_root=tmp_path,
+        config={"session-persistence-jsonl": {"root": str(tmp_path)}},
+    )
+    persistence = h.ctx.session_persistence
+    persistence._owed_limit = 2
+    keeper = await h.create_agent(session_id="keeper")
+    handles = [await h.create_agent(session_id=f"s{i}") for i in range(3)]
+    syncs = Syncs(monkeypatch)
+    syncs.gate.clear()
+    keeper.agent.inject(user_message("x"))
+    await syncs.wait()  # a group commit's sync is held: the next one waits for it
+    try:
+        for handle in handles:
+            handle.agent.inject(user_message("y"))
+            await asyncio.wait_for(handle.dispose(), 10)
+            fd = os.open(tmp_path / f"{handle.agent.session.header.id}.jsonl", os.O_RDONLY)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released: not SESSION_LOCKED
+            finally:
+                os.close(fd)
+        assert [owed.id for owed, _, _ in persistence._owed] == ["s0", "s1"]
+    finally:
+        syncs.gate.set()
+        await asyncio.wait_for(h.aclose(), 30)
+    assert not persistence._owed and not persistence._syncs
+    for i in range(3):
+        assert spliced_ids(tmp_path / f"s{i}.jsonl")
+
+
+async def test_a_group_commit_syncs_a_folder_once_for_the_files_created_in_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """DUR-42: with sync = "batch" one group commit syncs each new file it covers, spread over
+    its jobs, and the folder they were created in once."""
+    import stat
+
+    async with jsonl_host(tmp_path) as h:
+        persistence = h.ctx.session_persistence
+        persistence._commit_window = 3600  # the test runs the commit itself
+        persistence._commit_jobs = 2
+        agents = [(await h.create_agent()).agent for _ in range(4)]
+        calls: list[str] = []
+        real = os.fsync
+
+        def counting(fd: int) -> None:
+            calls.append("dir" if stat.S_ISDIR(os.fstat(fd).st_mode) else "file")
+            real(fd)
+
+        monkeypatch.setattr(os, "fsync", counting)
+        for agent in agents:
+            agent.inject(user_message("x"))
+        persistence._commit_timer.cancel()
+        persistence._group_commit()
+        job = persistence._committing
+        assert job is not None
+        done, _ = await asyncio.wait({job}, timeout=30)
+        assert done
+        assert sorted(calls) == ["dir", "file", "file", "file", "file"]
+        tracked = persistence._tracked
+        assert not any(persistence._dirty(tracked[a.session.header.id].handle) for a in agents)

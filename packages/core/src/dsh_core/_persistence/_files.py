@@ -89,12 +89,18 @@ def _open_stat(path: Path | str, flags: int) -> tuple[int, os.stat_result]:
 
 
 class _FileHandle(_Handle):
-    __slots__ = ("dir_synced", "fd", "lost", "path", "size", "synced", "written")
+    __slots__ = ("dir_synced", "fd", "ident", "lost", "name", "path", "size", "synced", "written")
 
-    def __init__(self, id: str, path: Path, fd: int, *, created: bool) -> None:
+    def __init__(
+        self, id: str, path: Path, fd: int, *, created: bool, ident: tuple[int, int]
+    ) -> None:
         super().__init__(id, created=created)
         self.path = path
+        self.name = str(path)  # what each write's check stats (no path conversion per write)
         self.fd = fd
+        #: The open file's ``(st_ino, st_dev)``: fixed for the descriptor's life, so checking
+        #: that the name still denotes the file takes one ``lstat`` of the name per write.
+        self.ident = ident
         self.size = 0  # bytes of complete, valid lines; a torn tail lies beyond
         self.dir_synced = not created
         # Writes so far, and how many of them an fsync has covered (a sync in a worker thread
@@ -184,6 +190,17 @@ def _being_created(fd: int) -> bool:
         return False
     fcntl.flock(fd, fcntl.LOCK_UN)
     return False
+
+
+def _still_named(handle: _FileHandle) -> bool:
+    """Whether ``handle``'s path still names its open file (not deleted, not replaced, by a
+    symlink either: the name is not followed). One ``lstat``: the file's own identity was
+    taken when it was opened."""
+    try:
+        named = os.lstat(handle.name)
+    except FileNotFoundError:
+        return False
+    return (named.st_ino, named.st_dev) == handle.ident
 
 
 def _same_file(fd: int, path: Path) -> bool:

@@ -25,8 +25,9 @@ from ._files import (
     _FileHandle,
     _fsync_dir,
     _lock,
-    _open_file,
+    _open_stat,
     _same_file,
+    _still_named,
     _sync,
     _write_all,
 )
@@ -69,6 +70,8 @@ class JsonlSessionPersistence(JsonlListing):
         #: by the next group commit, ``"detach"``: checkpoints write nothing (flush, detach).
         self.sync: SyncMode = sync
         self._checkpointing = sync != "detach"
+        # With group commits running anyway, a disposed session's sync joins them.
+        self._batch_let_go = sync == "batch"
         self._line_encoders: dict[str, Callable[[SessionEvent], str]] = {}
 
     # -- holding ---------------------------------------------------------------------------------
@@ -106,12 +109,12 @@ class JsonlSessionPersistence(JsonlListing):
             try:
                 if create:
                     try:
-                        fd = _open_file(path, flags | os.O_CREAT | os.O_EXCL)
+                        fd, held = _open_stat(path, flags | os.O_CREAT | os.O_EXCL)
                         created = True
                     except FileExistsError:
-                        fd = _open_file(path, flags)
+                        fd, held = _open_stat(path, flags)
                 else:
-                    fd = _open_file(path, flags)
+                    fd, held = _open_stat(path, flags)
             except FileNotFoundError:
                 if create:
                     continue  # removed between the two opens: try again
@@ -119,7 +122,8 @@ class JsonlSessionPersistence(JsonlListing):
             try:
                 _lock(fd, path)
                 if _same_file(fd, path):
-                    return _FileHandle(id, path, fd, created=created)
+                    ident = (held.st_ino, held.st_dev)
+                    return _FileHandle(id, path, fd, created=created, ident=ident)
             except BaseException:
                 os.close(fd)
                 raise
@@ -173,7 +177,9 @@ class JsonlSessionPersistence(JsonlListing):
             finally:
                 os.close(fd)
 
-    def _let_go(self, handle: _Handle) -> Callable[[], None] | None:
+    def _hand_over(self, handle: _Handle) -> int | None:
+        """Unlock a disposed session's file and keep its descriptor for the sync still owed
+        (``None``: everything written is synced, the file is closed)."""
         assert isinstance(handle, _FileHandle)
         if handle.fd < 0 or (handle.synced == handle.written and handle.dir_synced):
             self._release(handle, discard=False)
@@ -185,6 +191,13 @@ class JsonlSessionPersistence(JsonlListing):
         except BaseException:
             os.close(fd)
             raise
+        return fd
+
+    def _let_go(self, handle: _Handle) -> Callable[[], None] | None:
+        assert isinstance(handle, _FileHandle)
+        fd = self._hand_over(handle)
+        if fd is None:
+            return None
 
         def sync() -> None:
             try:
@@ -259,29 +272,34 @@ class JsonlSessionPersistence(JsonlListing):
         assert isinstance(handle, _FileHandle)
         return handle.fd >= 0 and (handle.synced != handle.written or not handle.dir_synced)
 
-    def _sync_later(self, handles: list[_Handle]) -> Callable[[], list[tuple[_Handle, Exception]]]:
-        # A duplicate of each descriptor: a close of the session meanwhile never leaves the
-        # sync a closed (or reused) descriptor, and never waits for it.
+    def _sync_later(
+        self, handles: list[_Handle], owed: list[tuple[_Handle, object]]
+    ) -> list[Callable[[], list[tuple[_Handle, Exception]]]]:
+        # A duplicate of each live session's descriptor: a close of the session meanwhile never
+        # leaves the sync a closed (or reused) descriptor, and never waits for it. A disposed
+        # session's descriptor is the sync's own already (see _hand_over).
         held: list[tuple[_FileHandle, int]] = []
-        failures: list[tuple[_Handle, Exception]] = []
+        refused: list[tuple[_Handle, Exception]] = []
         for handle in handles:
             assert isinstance(handle, _FileHandle)
             try:
                 held.append((handle, os.dup(handle.fd)))
             except OSError as exc:
-                failures.append((handle, exc))
-
-        def sync() -> list[tuple[_Handle, Exception]]:
-            for handle, fd in held:
-                try:
-                    _sync(handle, fd)
-                except Exception as exc:
-                    failures.append((handle, exc))
-                finally:
-                    os.close(fd)
-            return failures
-
-        return sync
+                refused.append((handle, exc))
+        for handle, fd in owed:
+            assert isinstance(handle, _FileHandle) and isinstance(fd, int)
+            held.append((handle, fd))
+        # Each new file's folder is synced once for all the files created in it (by the first
+        # job: the name and the lines are two syncs, in either order).
+        folders: dict[Path, list[_FileHandle]] = {}
+        for handle, _ in held:
+            if not handle.dir_synced:
+                folders.setdefault(handle.path.parent, []).append(handle)
+        jobs = max(1, min(self._commit_jobs, len(held)))
+        works = [_syncer(held[i::jobs], folders if i == 0 else {}) for i in range(jobs)]
+        if refused:
+            works.append(lambda: refused)
+        return works
 
     def _sync_failed(self, handle: _Handle, exc: Exception) -> None:
         assert isinstance(handle, _FileHandle)
@@ -318,7 +336,7 @@ class JsonlSessionPersistence(JsonlListing):
         if lost is not None:
             raise SessionError(str(lost), code=lost.code)
         try:
-            if data and not _same_file(fd, handle.path):
+            if data and not _still_named(handle):
                 handle.lost = SessionError(
                     f"session file {handle.path} was deleted or replaced while this host was "
                     "writing it; nothing more is written to it",
@@ -341,6 +359,36 @@ class JsonlSessionPersistence(JsonlListing):
         handle.size += len(data)
         if failed:
             raise _unwritten(handle.path, failed)
+
+
+def _syncer(
+    held: list[tuple[_FileHandle, int]], folders: dict[Path, list[_FileHandle]]
+) -> Callable[[], list[tuple[_Handle, Exception]]]:
+    """A group commit's job: sync each of ``held`` (closing the descriptor), then each of
+    ``folders``, once, for the files created in it; the failures, by handle."""
+
+    def sync() -> list[tuple[_Handle, Exception]]:
+        failures: list[tuple[_Handle, Exception]] = []
+        for handle, fd in held:
+            try:
+                written = handle.written
+                os.fsync(fd)
+                handle.synced = max(handle.synced, written)
+            except Exception as exc:
+                failures.append((handle, exc))
+            finally:
+                os.close(fd)
+        for folder, created in folders.items():
+            try:
+                _fsync_dir(folder)
+            except Exception as exc:
+                failures.extend((handle, exc) for handle in created)
+                continue
+            for handle in created:
+                handle.dir_synced = True
+        return failures
+
+    return sync
 
 
 # -- installation ---------------------------------------------------------------------------------

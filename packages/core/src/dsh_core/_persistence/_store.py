@@ -165,6 +165,15 @@ class SessionPersistence:
     _inline_close_limit = 64 * 1024
     #: Worker threads of a threaded backend (flushes of different sessions run side by side).
     _workers = min(32, (os.cpu_count() or 1) + 4)
+    #: Whether a disposed session's deferred sync joins the next group commit (one worker job
+    #: for every sync of the window) rather than taking a worker job of its own.
+    _batch_let_go = False
+    #: The most disposed sessions waiting for a group commit (each holds a descriptor); past
+    #: it, a disposal's sync takes a worker job of its own, as without batching.
+    _owed_limit = 256
+    #: How many worker jobs one group commit spreads its syncs over (a file system commits
+    #: concurrent syncs together); the other workers stay free for flushes.
+    _commit_jobs = max(1, _workers // 2)
 
     def __init__(self) -> None:
         self._ctx: Context | None = None
@@ -182,6 +191,9 @@ class SessionPersistence:
         self._commit_timer: asyncio.Handle | None = None
         #: The group commit under way (one at a time: flushes keep the other worker threads).
         self._committing: asyncio.Future[Any] | None = None
+        #: Disposed sessions whose sync waits for the next group commit: the handle, what the
+        #: backend kept to sync it (see _hand_over), and the future that reports it (in _syncs).
+        self._owed: builtins.list[tuple[_Handle, object, asyncio.Future[None]]] = []
 
     # -- wiring ----------------------------------------------------------------------------------
 
@@ -359,23 +371,33 @@ class SessionPersistence:
                     del self._closing[sid]
 
     def _let_go_later(self, rec: _Tracked) -> None:
-        """Release ``rec``'s hold now and start its deferred sync, if the backend has one."""
-        sync = self._let_go(rec.handle)
-        if sync is None:
-            return
-        try:
-            fut = self._submit(sync)
-        except BaseException:  # no worker thread to be had: sync here rather than never
-            sync()
-            raise
+        """Release ``rec``'s hold now and start its deferred sync, if the backend has one
+        (with :attr:`_batch_let_go`: have the next group commit run it)."""
+        if self._batch_let_go and not self._closed and len(self._owed) < self._owed_limit:
+            owed = self._hand_over(rec.handle)
+            if owed is None:
+                return
+            fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._owed.append((rec.handle, owed, fut))
+            self._schedule_commit()
+        else:
+            sync = self._let_go(rec.handle)
+            if sync is None:
+                return
+            try:
+                fut = self._submit(sync)
+            except BaseException:  # no worker thread to be had: sync here rather than never
+                sync()
+                raise
         self._syncs.add(fut)
+        sid = rec.session.header.id  # not the session: its events need not wait for the sync
 
         def synced(fut: asyncio.Future[None]) -> None:
             self._syncs.discard(fut)
             if not fut.cancelled() and fut.exception() is not None:
                 _log.error(
                     "the last events of session %r were written but not synced: %s",
-                    rec.session.header.id,
+                    sid,
                     fut.exception(),
                 )
 
@@ -434,6 +456,8 @@ class SessionPersistence:
         batch = rec.pending()
         if not batch and not rec.unsynced and not self._dirty(rec.handle):
             return None
+        if sync:
+            self._unsynced.discard(rec)  # this write syncs it: the group commit need not
         loop = asyncio.get_running_loop()
         writing: asyncio.Future[None] = loop.create_future()
         reported: asyncio.Future[None] = loop.create_future()
@@ -490,6 +514,8 @@ class SessionPersistence:
         if timer is not None:
             timer.cancel()  # each close below syncs what its session left unsynced
         self._unsynced.clear()
+        if self._owed and self._committing is None:
+            self._group_commit()  # the deferred syncs of disposed sessions, now
         tracked = list(self._tracked.values())
         self._tracked.clear()
         for rec in tracked:
@@ -533,6 +559,11 @@ class SessionPersistence:
         """Have ``rec``'s written lines synced by the next group commit (in a worker thread,
         :attr:`_commit_window` seconds from now, or once the one under way is over)."""
         self._unsynced.add(rec)
+        self._schedule_commit()
+
+    def _schedule_commit(self) -> None:
+        """Start the group commit timer, unless one is set or a commit is under way (its end
+        starts the next round)."""
         if self._commit_timer is None and self._committing is None:
             loop = asyncio.get_running_loop()
             self._commit_timer = loop.call_later(self._commit_window, self._group_commit)
@@ -541,56 +572,81 @@ class SessionPersistence:
     _commit_window = 0.02
 
     def _group_commit(self) -> None:
-        """Sync every tracked session a checkpoint left unsynced, in one worker job.
+        """Sync every tracked session a checkpoint left unsynced, and every disposed session
+        whose sync was deferred to it, in one worker job.
 
         Nothing waits for the job but the shutdown: a flush syncs on its own, and a close
         neither waits for it nor pulls a file from under it (the backend syncs what
-        :meth:`_sync_later` held for it, not the session's own handle). A failed sync is
-        logged and fails every later checkpoint of that session (its lines may not be on the
-        disk).
+        :meth:`_sync_later` held for it, not the session's own handle). A failed sync of a
+        tracked session is logged and fails every later checkpoint of that session (its lines
+        may not be on the disk); one of a disposed session is logged.
         """
         self._commit_timer = None
         unsynced = self._unsynced
-        if self._closed:
-            unsynced.clear()
-            return
-        tracked = self._tracked
-        handles = [
-            rec.handle
-            for rec in unsynced
-            if tracked.get(rec.session.header.id) is rec and self._dirty(rec.handle)
-        ]
+        owed, self._owed = self._owed, []
+        handles: builtins.list[_Handle] = []
+        if not self._closed:
+            tracked = self._tracked
+            handles = [
+                rec.handle
+                for rec in unsynced
+                if tracked.get(rec.session.header.id) is rec and self._dirty(rec.handle)
+            ]
         unsynced.clear()
-        if not handles:
+        if not handles and not owed:
             return
-        job = self._committing = self._submit(self._sync_later(handles))
+        waiting = {handle: fut for handle, _, fut in owed}
+        works = self._sync_later(handles, [(handle, kept) for handle, kept, _ in owed])
+
+        def report(failures: builtins.list[tuple[_Handle, Exception]]) -> None:
+            for handle, exc in failures:
+                fut = waiting.pop(handle, None)
+                if fut is None:
+                    self._sync_failed(handle, exc)
+                elif not fut.done():
+                    fut.set_exception(exc)
+            for fut in waiting.values():
+                if not fut.done():
+                    fut.set_result(None)
+
+        jobs: builtins.list[asyncio.Future[builtins.list[tuple[_Handle, Exception]]]] = []
+        inline: builtins.list[tuple[_Handle, Exception]] = []
+        for work in works:
+            try:
+                jobs.append(self._submit(work))
+            except BaseException:  # no worker thread to be had: sync here rather than never
+                inline.extend(work())
+        if not jobs:
+            report(inline)
+            return
+        job = self._committing = asyncio.gather(*jobs, return_exceptions=True)
         self._syncs.add(job)
 
-        def done(job: asyncio.Future[builtins.list[tuple[_Handle, Exception]]]) -> None:
+        def done(job: asyncio.Future[builtins.list[Any]]) -> None:
             self._syncs.discard(job)
             self._committing = None
-            if self._unsynced and not self._closed:  # written while this one ran: next round
+            if self._owed or (self._unsynced and not self._closed):
+                # Written or disposed while this one ran: the next round.
                 self._commit_timer = asyncio.get_running_loop().call_soon(self._group_commit)
-            if job.cancelled():
-                failures: builtins.list[tuple[_Handle, Exception]] = []
-            elif job.exception() is not None:
-                exc = cast("Exception", job.exception())
-                failures = [(handle, exc) for handle in handles]
-            else:
-                failures = job.result()
-            for handle, exc in failures:
-                self._sync_failed(handle, exc)
+            failures = inline
+            outcomes = [] if job.cancelled() else job.result()
+            for outcome in outcomes:
+                if isinstance(outcome, BaseException):
+                    exc = outcome if isinstance(outcome, Exception) else RuntimeError(outcome)
+                    failures = [(handle, exc) for handle in (*handles, *waiting)]
+                    break
+                failures.extend(outcome)
+            report(failures)
 
-        if job.done():
-            done(job)
-        else:
-            job.add_done_callback(done)
+        job.add_done_callback(done)
 
     def _sync_later(
-        self, handles: builtins.list[_Handle]
-    ) -> Callable[[], builtins.list[tuple[_Handle, Exception]]]:
-        """On the loop: what a worker thread runs to sync ``handles`` (returning the
-        failures, by handle), holding on the loop whatever that needs to outlive a close."""
+        self, handles: builtins.list[_Handle], owed: builtins.list[tuple[_Handle, object]]
+    ) -> builtins.list[Callable[[], builtins.list[tuple[_Handle, Exception]]]]:
+        """On the loop: what worker threads run (at most :attr:`_commit_jobs` jobs, side by
+        side) to sync ``handles`` and the disposed sessions ``owed`` (each with what
+        :meth:`_hand_over` kept for it), each job returning its failures, by handle; it holds
+        on the loop whatever that needs to outlive a close."""
         raise NotImplementedError
 
     def _sync_failed(self, handle: _Handle, exc: Exception) -> None:
@@ -929,6 +985,12 @@ class SessionPersistence:
     def _let_go(self, handle: _Handle) -> Callable[[], None] | None:
         """Release a disposed session's hold now (another holder may take it at once) and
         return what must still run off the loop to make its writes durable, if anything."""
+        self._release(handle, discard=False)
+        return None
+
+    def _hand_over(self, handle: _Handle) -> object | None:
+        """:meth:`_let_go` for a backend with :attr:`_batch_let_go`: release the hold now and
+        return what :meth:`_sync_later` needs to sync the session later (``None``: nothing)."""
         self._release(handle, discard=False)
         return None
 
