@@ -159,6 +159,15 @@ from ._tools import (
     ToolRestriction,
     ToolRunContext,
     compile_schema,
+    schema_error_text,
+)
+from ._words import (
+    check_positive_int,
+    invalid_arguments_text,
+    quote_name,
+    quote_names,
+    shown_id,
+    unknown_fields_text,
 )
 
 __all__ = [
@@ -348,4 +357,11 @@ __all__ = [
     "thaw_json",
     "unstructure",
     "user_message",
+    "check_positive_int",
+    "invalid_arguments_text",
+    "quote_name",
+    "quote_names",
+    "schema_error_text",
+    "shown_id",
+    "unknown_fields_text",
 ]

@@ -105,7 +105,15 @@ _READ_FAILURES: dict[str, _Reason] = {
 
 def _cancelled(signal: AbortSignal | None) -> None:
     if signal is not None and signal.aborted:
-        raise SubagentError(f"subagent listing was cancelled: {signal.reason!r}", code="CANCELLED")
+        raise SubagentError(
+            f"subagent listing was cancelled: {_reason(signal.reason)}", code="CANCELLED"
+        )
+
+
+def _reason(reason: object) -> str:
+    """An abort reason in a sentence: its text, never its ``repr``."""
+    text = str(reason) if isinstance(reason, str | BaseException) else ""
+    return text or "no reason given"
 
 
 def _query(ctx: Context, signal: AbortSignal | None) -> SessionQuery:
