@@ -166,6 +166,7 @@ from ._words import (
     invalid_arguments_text,
     quote_name,
     quote_names,
+    reason_text,
     shown_id,
     unknown_fields_text,
 )
@@ -361,6 +362,7 @@ __all__ = [
     "invalid_arguments_text",
     "quote_name",
     "quote_names",
+    "reason_text",
     "schema_error_text",
     "shown_id",
     "unknown_fields_text",

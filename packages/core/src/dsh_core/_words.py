@@ -25,6 +25,7 @@ __all__ = [
     "json_syntax_text",
     "quote_name",
     "quote_names",
+    "reason_text",
     "shown_id",
     "unknown_fields_text",
 ]
@@ -74,6 +75,13 @@ def shown_id(value: object) -> str:
     if isinstance(value, str) and _PLAIN_ID.fullmatch(value):
         return value
     return quote_name(value)
+
+
+def reason_text(reason: object) -> str:
+    """An abort or cancel reason in a sentence: its text (a string, or an exception's
+    message), never its ``repr``; ``no reason given`` otherwise."""
+    text = str(reason) if isinstance(reason, str | BaseException) else ""
+    return text or "no reason given"
 
 
 def invalid_arguments_text(tool: str, problem: str, todo: str | None = None) -> str:

@@ -14,7 +14,14 @@ from __future__ import annotations
 import operator
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
-from dsh_core import AbortSignal, Context, SessionQuery, SessionQueryError, SessionScan
+from dsh_core import (
+    AbortSignal,
+    Context,
+    SessionQuery,
+    SessionQueryError,
+    SessionScan,
+    reason_text,
+)
 
 from ._descriptor import (
     DESCRIPTOR_EVENT,
@@ -106,14 +113,8 @@ _READ_FAILURES: dict[str, _Reason] = {
 def _cancelled(signal: AbortSignal | None) -> None:
     if signal is not None and signal.aborted:
         raise SubagentError(
-            f"subagent listing was cancelled: {_reason(signal.reason)}", code="CANCELLED"
+            f"subagent listing was cancelled: {reason_text(signal.reason)}", code="CANCELLED"
         )
-
-
-def _reason(reason: object) -> str:
-    """An abort reason in a sentence: its text, never its ``repr``."""
-    text = str(reason) if isinstance(reason, str | BaseException) else ""
-    return text or "no reason given"
 
 
 def _query(ctx: Context, signal: AbortSignal | None) -> SessionQuery:
