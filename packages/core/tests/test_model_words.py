@@ -157,11 +157,12 @@ def test_missing_and_unknown_fields_are_named(missing: set[str], extra: dict[str
 
 
 @pytest.mark.parametrize(
-    "name", ["a'b", "['x']", "\x00\x01", "\\x41", "é" * 500, "Traceback <class 'x'>"]
+    "name", ["a'b", "['x']", "\x00\x01", "\\x41", "é" * 500, "Traceback <class 'x'>", "a\ud800"]
 )
 async def test_a_hostile_name_is_shown_json_quoted_and_bounded(name: str) -> None:
     """ROB-92: a name the model chose (an unknown tool, an unknown field) is repeated only
-    JSON-quoted (control characters escaped, never repr's \\x) and cut after 64 characters."""
+    JSON-quoted (control characters and lone surrogates escaped, never repr's \\x) and cut
+    after 64 characters."""
     async with scripted_host() as h:
         h.ctx.tools.register(
             ToolDefinition(name="probe", description="p", parameters=SCHEMA, execute=_never)
@@ -175,6 +176,7 @@ async def test_a_hostile_name_is_shown_json_quoted_and_bounded(name: str) -> Non
             )
         )
     shown = json.dumps(name if len(name) <= 64 else name[:64] + "…", ensure_ascii=False)
+    shown = shown.replace("\ud800", "\\ud800")  # a lone surrogate is escaped: valid UTF-8
     text = blocks_text(unknown_tool.content)
     assert text == f"Error: unknown tool {shown}; call only the tools you have been given"
     assert repr_markers(text) == []

@@ -37,18 +37,27 @@ _PLAIN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@/+-]{0,63}")
 
 
 def quote_name(name: object, limit: int = NAME_LIMIT) -> str:
-    """``name`` as a JSON string (double quotes; control characters as ``\\n``/``\\u0001``),
-    cut to ``limit`` characters with ``…`` when longer. Not a string: its JSON text, or its
-    type in words."""
-    if not isinstance(name, str):
+    """``name`` as a JSON string (double quotes; control characters and lone surrogates
+    escaped, ``\\n``, ``\\u0001``, ``\\ud800``), cut to ``limit`` characters with ``…`` when
+    longer. Not a string: its JSON text (bounded alike), or its type in words."""
+    if isinstance(name, str):
+        text = json.dumps(name if len(name) <= limit else name[:limit] + "…", ensure_ascii=False)
+    else:
         try:
             text = json.dumps(name, ensure_ascii=False, allow_nan=False)
         except (TypeError, ValueError):
             return f"a value of type {type(name).__name__}"
-        return text if len(text) <= limit else text[:limit] + "…"
-    if len(name) > limit:
-        name = name[:limit] + "…"
-    return json.dumps(name, ensure_ascii=False)
+        text = text if len(text) <= limit else text[:limit] + "…"
+    return _SURROGATE.sub(_escape, text) if _SURROGATE.search(text) else text
+
+
+#: A surrogate code point in a ``str`` is a lone one (a pair is one code point): escaped, so the
+#: text stays valid UTF-8 for every model endpoint.
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _escape(match: re.Match[str]) -> str:
+    return f"\\u{ord(match.group()):04x}"
 
 
 #: The most names :func:`quote_names` spells out (then ``and N more``).
