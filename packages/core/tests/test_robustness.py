@@ -84,7 +84,9 @@ async def test_deeply_nested_arguments_are_invalid_args_and_the_turn_goes_on(dep
         assert await host.run(agent, "go") == "done"
         results = _results(agent.session.events)
         assert results["deep"].error.code == "INVALID_ARGS"
-        assert f"JSON nested deeper than {MAX_ARGUMENT_NESTING} levels" in _text(results["deep"])
+        assert f"arguments are nested deeper than {MAX_ARGUMENT_NESTING} levels" in _text(
+            results["deep"]
+        )
         assert results["fine"].error is None
         assert _end(agent).kind == "completed"
 

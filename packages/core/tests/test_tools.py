@@ -532,8 +532,10 @@ async def test_invalid_args_from_the_model_are_a_result_and_the_turn_goes_on() -
         assert await h.run(handle.agent, "go") == "recovered"
         second = h.model.requests[1]
         assert second.messages[-1].role == "tool"
-        assert "Error: arguments are not valid JSON" in blocks_text(
-            second.messages[-1].content[0].content  # type: ignore[attr-defined]
+        assert blocks_text(second.messages[-1].content[0].content) == (  # type: ignore[attr-defined]
+            "Error: invalid arguments for read: the arguments are not valid JSON: a property "
+            "name in double quotes was expected at line 1, column 2. Call read again with its "
+            "arguments as one JSON object."
         )
         ends = [e.data.reason.kind for e in handle.agent.session.events if e.type == "turn/end"]
         assert ends == ["completed"]

@@ -159,6 +159,16 @@ from ._tools import (
     ToolRestriction,
     ToolRunContext,
     compile_schema,
+    schema_error_text,
+)
+from ._words import (
+    check_positive_int,
+    invalid_arguments_text,
+    quote_name,
+    quote_names,
+    reason_text,
+    shown_id,
+    unknown_fields_text,
 )
 
 __all__ = [
@@ -349,4 +359,12 @@ __all__ = [
     "thaw_json",
     "unstructure",
     "user_message",
+    "check_positive_int",
+    "invalid_arguments_text",
+    "quote_name",
+    "quote_names",
+    "reason_text",
+    "schema_error_text",
+    "shown_id",
+    "unknown_fields_text",
 ]

@@ -78,6 +78,7 @@ from ._json import MAX_NESTING, JsonValue, NotJsonError, freeze_json
 from ._llm import BlockAssembler, GenerateOptions, failure_of
 from ._prompt import AssembleContext, PromptAssembly
 from ._tools import ToolExecutionInput, ToolExecutionResult, ToolRegistry, failure
+from ._words import check_positive_int, not_json_text
 
 if TYPE_CHECKING:
     from ._persistence import SessionPreparation
@@ -169,8 +170,8 @@ DEFAULT_MAX_STEPS = 100
 
 
 def _positive(attribute: attrs.Attribute[Any], value: int | None) -> None:
-    if value is not None and (value.__class__ is not int or value < 1):
-        raise ValueError(f"{attribute.name} must be an int of at least 1, got {value!r}")
+    if value is not None:
+        check_positive_int(attribute.name, value)
 
 
 # -- values ---------------------------------------------------------------------------------------
@@ -974,8 +975,9 @@ class Agent:
             else:
                 session.append("tool/result", data, source_event_seqs=(seq,))
         except (SessionError, NotJsonError, TypeError, ValueError) as exc:
+            why = not_json_text(exc, "the result") if isinstance(exc, NotJsonError) else exc
             refused = failure(
-                f"the tool's result could not be logged: {exc}", "INVALID_TOOL_OUTPUT"
+                f"the tool's result could not be logged: {why}", "INVALID_TOOL_OUTPUT"
             )
             session._append_vouched(
                 "tool/result",

@@ -25,6 +25,7 @@ import attrs
 from ._abort import AbortController, AbortSignal
 from ._errors import DshError
 from ._tools import ToolDefinition, ToolError, ToolRunContext
+from ._words import shown_id
 
 if TYPE_CHECKING:
     from ._agent import Agent
@@ -180,9 +181,16 @@ class JobService:
         """The job ``job_id``; with ``owner``, only that owner's."""
         job = self.jobs.get(job_id)
         if job is None:
-            raise JobError(f"unknown job {job_id!r}", code="UNKNOWN_JOB")
+            raise JobError(
+                f"unknown job {shown_id(job_id)}; use a job id you were given when a job started",
+                code="UNKNOWN_JOB",
+            )
         if owner is not None and job.owner_id != owner.id:
-            raise JobError(f"job {job_id!r} belongs to another agent", code="UNAUTHORIZED")
+            raise JobError(
+                f"job {shown_id(job_id)} belongs to another agent; you can read and stop only "
+                "your own jobs",
+                code="UNAUTHORIZED",
+            )
         return job
 
     def kill(self, job_id: str, reason: str | None = None, *, owner: Agent | None = None) -> Job:

@@ -43,20 +43,23 @@ JsonValue: TypeAlias = Any
 
 
 class NotJsonError(DshError, TypeError):
-    """A value is not lossless JSON; ``path`` names where (``$.a[2]``)."""
+    """A value is not lossless JSON; ``path`` names where (``$.a[2]``), ``kind`` what is wrong:
+    ``nesting``, ``not-finite``, ``negative-zero``, ``big-int``, ``key`` (an object key that
+    is not a string) or ``type`` (a value of no JSON type)."""
 
     code = "NOT_JSON"
 
-    def __init__(self, message: str, *, path: str) -> None:
+    def __init__(self, message: str, *, path: str, kind: str = "type") -> None:
         super().__init__(f"{message} at {path}")
         self.path = path
+        self.kind = kind
 
 
 def _check_float(value: float, path: str) -> None:
     if not math.isfinite(value):
-        raise NotJsonError(f"{value!r} is not finite JSON", path=path)
+        raise NotJsonError(f"{value!r} is not finite JSON", path=path, kind="not-finite")
     if value == 0.0 and math.copysign(1.0, value) < 0:
-        raise NotJsonError("-0.0 does not survive JSON", path=path)
+        raise NotJsonError("-0.0 does not survive JSON", path=path, kind="negative-zero")
 
 
 def freeze_json(value: object, path: str = "$") -> JsonValue:
@@ -133,12 +136,16 @@ def _freeze_at(value: object, path: str, depth: int) -> JsonValue:
     if t is int:
         if _INT_LO < value < _INT_HI:
             return value
-        raise NotJsonError(f"an integer of more than {MAX_INT_DIGITS} digits", path=path)
+        raise NotJsonError(
+            f"an integer of more than {MAX_INT_DIGITS} digits", path=path, kind="big-int"
+        )
     if t is float:
         _check_float(value, path)  # type: ignore[arg-type]
         return value
     if (t is list or t is tuple or isinstance(value, dict | Mapping)) and depth < 1:
-        raise NotJsonError(f"JSON nested deeper than {MAX_NESTING} levels", path=path)
+        raise NotJsonError(
+            f"JSON nested deeper than {MAX_NESTING} levels", path=path, kind="nesting"
+        )
     depth -= 1
     if t is list or t is tuple:
         items: list[object] | tuple[object, ...] = value  # type: ignore[assignment]
@@ -147,7 +154,11 @@ def _freeze_at(value: object, path: str, depth: int) -> JsonValue:
         out: dict[str, JsonValue] = {}
         for k, v in value.items():
             if type(k) is not str:
-                raise NotJsonError(f"object key {k!r} is not a string", path=path)
+                raise NotJsonError(
+                    f"an object key of type {type(k).__name__} is not a string",
+                    path=path,
+                    kind="key",
+                )
             out[k] = _freeze_at(v, f"{path}.{k}", depth)
         return MappingProxyType(out)
     raise NotJsonError(f"{type(value).__name__} is not JSON", path=path)

@@ -22,6 +22,7 @@ from ._errors import DshError
 from ._events import SessionError, SessionEvent, SessionHeader
 from ._log_checker import LogInvariantError, SessionLogChecker
 from ._persistence import DamagedSession, StoredScan, kept_until
+from ._words import reason_text, shown_id
 
 if TYPE_CHECKING:
     from ._context import Context
@@ -120,7 +121,7 @@ class SessionQueryListing:
 def _aborted(signal: AbortSignal | None) -> None:
     if signal is not None and signal.aborted:
         raise SessionQueryError(
-            f"session query aborted: {signal.reason!r}", code="SESSION_QUERY_ABORTED"
+            f"session query aborted: {reason_text(signal.reason)}", code="SESSION_QUERY_ABORTED"
         )
 
 
@@ -260,7 +261,8 @@ class SessionQuery:
                     stamps = getattr(found, "stamps", None)
             except AbortedError as exc:
                 raise SessionQueryError(
-                    f"session query aborted: {exc.reason!r}", code="SESSION_QUERY_ABORTED"
+                    f"session query aborted: {reason_text(exc.reason)}",
+                    code="SESSION_QUERY_ABORTED",
                 ) from exc
             except Exception as exc:
                 raise SessionQueryError(
@@ -315,11 +317,12 @@ class SessionQuery:
             for damaged in corpus.damaged:
                 if damaged.id == id:
                     raise SessionQueryError(
-                        f"session {id!r} is stored but damaged: {damaged.message}",
+                        f"session {shown_id(id)} is stored but damaged: {damaged.message}",
                         code="SESSION_QUERY_PERSISTENCE_FAILED",
                     )
             raise SessionQueryError(
-                f"no live or persisted session {id!r}", code="SESSION_QUERY_SESSION_NOT_FOUND"
+                f"no live or persisted session {shown_id(id)}",
+                code="SESSION_QUERY_SESSION_NOT_FOUND",
             )
         ancestors: list[SessionRecord] = []
         seen = {id}
@@ -332,7 +335,7 @@ class SessionQuery:
                     looped = parent
                     break
                 raise SessionQueryError(
-                    f"the lineage of session {id!r} loops through {parent!r}",
+                    f"the lineage of session {shown_id(id)} loops through {shown_id(parent)}",
                     code="SESSION_QUERY_INVALID_LINEAGE",
                 )
             if parent not in headers:
@@ -443,7 +446,7 @@ class SessionQuery:
             if persistence is None:
                 for i in cold:
                     out[i] = SessionQueryError(
-                        f"no live session {records[i].id!r} and no session persistence",
+                        f"no live session {shown_id(records[i].id)} and no session persistence",
                         code="SESSION_QUERY_SESSION_NOT_FOUND",
                     )
             else:
@@ -509,7 +512,8 @@ class SessionQuery:
         for chunk, result in zip(chunks, results, strict=True):
             if isinstance(result, AbortedError):
                 raise SessionQueryError(
-                    f"session query aborted: {result.reason!r}", code="SESSION_QUERY_ABORTED"
+                    f"session query aborted: {reason_text(result.reason)}",
+                    code="SESSION_QUERY_ABORTED",
                 ) from result
             if isinstance(result, BaseException):
                 if not isinstance(result, Exception):
@@ -533,28 +537,29 @@ class SessionQuery:
             persistence = ctx.get("session_persistence")
             if persistence is None:
                 raise SessionQueryError(
-                    f"no live session {id!r} and no session persistence",
+                    f"no live session {shown_id(id)} and no session persistence",
                     code="SESSION_QUERY_SESSION_NOT_FOUND",
                 )
             try:
                 header, events = await persistence.inspect(id, signal)
             except AbortedError as exc:
                 raise SessionQueryError(
-                    f"session query aborted: {exc.reason!r}", code="SESSION_QUERY_ABORTED"
+                    f"session query aborted: {reason_text(exc.reason)}",
+                    code="SESSION_QUERY_ABORTED",
                 ) from exc
             except SessionError as exc:
                 if exc.code in ("SESSION_NOT_FOUND", "SESSION_INVALID_ID"):
                     raise SessionQueryError(
-                        f"no live or persisted session {id!r}",
+                        f"no live or persisted session {shown_id(id)}",
                         code="SESSION_QUERY_SESSION_NOT_FOUND",
                     ) from exc
                 raise SessionQueryError(
-                    f"reading session {id!r} failed: {exc}",
+                    f"reading session {shown_id(id)} failed: {exc}",
                     code="SESSION_QUERY_PERSISTENCE_FAILED",
                 ) from exc
             except Exception as exc:
                 raise SessionQueryError(
-                    f"reading session {id!r} failed: {exc}",
+                    f"reading session {shown_id(id)} failed: {exc}",
                     code="SESSION_QUERY_PERSISTENCE_FAILED",
                 ) from exc
             _aborted(signal)
@@ -562,7 +567,7 @@ class SessionQuery:
             SessionLogChecker().replay(events)
         except LogInvariantError as exc:
             raise SessionQueryError(
-                f"session {id!r} does not replay: {exc}", code="SESSION_QUERY_INVALID_LOG"
+                f"session {shown_id(id)} does not replay: {exc}", code="SESSION_QUERY_INVALID_LOG"
             ) from exc
         return header, events
 
@@ -575,13 +580,14 @@ def _scan_error(id: str, exc: BaseException) -> SessionQueryError:
     """The per-session error of a failed stored read (its cause chained)."""
     if isinstance(exc, SessionError) and exc.code == "SESSION_NOT_FOUND":
         error = SessionQueryError(
-            f"no live or persisted session {id!r}", code="SESSION_QUERY_SESSION_NOT_FOUND"
+            f"no live or persisted session {shown_id(id)}", code="SESSION_QUERY_SESSION_NOT_FOUND"
         )
     else:
         if not isinstance(exc, SessionError):
             _log.warning("reading session %r failed", id, exc_info=exc)
         error = SessionQueryError(
-            f"reading session {id!r} failed: {exc}", code="SESSION_QUERY_PERSISTENCE_FAILED"
+            f"reading session {shown_id(id)} failed: {exc}",
+            code="SESSION_QUERY_PERSISTENCE_FAILED",
         )
     error.__cause__ = exc
     return error

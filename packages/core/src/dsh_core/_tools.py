@@ -26,6 +26,14 @@ from ._errors import DshError
 from ._events import ToolSchema
 from ._frozen import builder, speed_up_inits
 from ._json import MAX_NESTING, JsonValue, NotJsonError, dumps, freeze_json, thaw_json
+from ._words import (
+    NAME_LIMIT,
+    invalid_arguments_text,
+    json_syntax_text,
+    not_json_text,
+    quote_name,
+    quote_names,
+)
 
 if TYPE_CHECKING:
     from ._agent import Agent
@@ -46,6 +54,7 @@ __all__ = [
     "MAX_ARGUMENT_NESTING",
     "VALIDATOR_CACHE_SIZE",
     "compile_schema",
+    "schema_error_text",
 ]
 
 
@@ -519,12 +528,16 @@ class ToolRegistry:
         visible = self._own()[1] if scope is self._scope else svc.visible(scope)
         entry = visible.get(call.name)
         if entry is None:
-            return failure(f"unknown tool {call.name!r}", "UNKNOWN_TOOL")
+            return failure(_unknown_tool(call.name), "UNKNOWN_TOOL")
         raw = call.arguments
         if isinstance(raw, str) and len(raw) > MAX_ARGUMENT_CHARS:
             return failure(
-                f"the arguments are {len(raw)} characters long; the limit is "
-                f"{MAX_ARGUMENT_CHARS} characters",
+                invalid_arguments_text(
+                    call.name,
+                    f"the arguments are {len(raw)} characters long; the limit is "
+                    f"{MAX_ARGUMENT_CHARS} characters",
+                    f"Call {call.name} again with shorter arguments.",
+                ),
                 "INVALID_ARGS",
             )
         try:
@@ -532,12 +545,19 @@ class ToolRegistry:
             arguments = freeze_json(parsed)
         except RecursionError:  # the parser ran out of stack: far deeper than the limit
             return failure(
-                f"arguments are not valid JSON: JSON nested deeper than {MAX_ARGUMENT_NESTING} "
-                "levels",
+                invalid_arguments_text(
+                    call.name,
+                    f"the arguments are nested deeper than {MAX_ARGUMENT_NESTING} levels",
+                ),
                 "INVALID_ARGS",
             )
-        except (ValueError, NotJsonError) as exc:  # nesting: "JSON nested deeper than ..."
-            return failure(f"arguments are not valid JSON: {exc}", "INVALID_ARGS")
+        except NotJsonError as exc:
+            return failure(
+                invalid_arguments_text(call.name, not_json_text(exc, "the arguments")),
+                "INVALID_ARGS",
+            )
+        except ValueError as exc:  # the text is not JSON (ROB-90: never the parser's words)
+            return failure(_not_json_arguments(call.name, raw, exc), "INVALID_ARGS")
         try:
             entry.validate(parsed if isinstance(raw, str) else thaw_json(arguments))
         except fastjsonschema.JsonSchemaException as exc:
@@ -592,7 +612,10 @@ class ToolRegistry:
         try:
             frozen = freeze_json(value)
         except NotJsonError as exc:
-            return failure(f"tool returned a non-JSON value: {exc}", "INVALID_TOOL_OUTPUT")
+            return failure(
+                f"tool returned a non-JSON value: {not_json_text(exc, 'the value')}",
+                "INVALID_TOOL_OUTPUT",
+            )
         if entry.validate_output is not None:
             try:
                 entry.validate_output(thaw_json(frozen))
@@ -628,10 +651,23 @@ plain_result: ToolExecutionResult | None = None
 def _invalid_arguments(tool: str, exc: Exception) -> str:
     """The model's text for arguments that break ``tool``'s schema: what is wrong, where, and
     what to do (ROB-80)."""
-    return (
-        f"invalid arguments for {tool}: {schema_error_text(exc, 'the arguments')}. Call {tool} "
-        "again with arguments that match its parameters."
-    )
+    return invalid_arguments_text(tool, schema_error_text(exc, "the arguments"))
+
+
+def _not_json_arguments(tool: str, raw: Any, exc: ValueError) -> str:
+    """The model's text for argument text that is not JSON: what the parser expected, at which
+    line and column, and what to send instead (ROB-90)."""
+    todo = f"Call {tool} again with its arguments as one JSON object."
+    if isinstance(raw, str) and not raw.strip():
+        return invalid_arguments_text(
+            tool, "the arguments are empty", todo[:-1] + " ({} for none)."
+        )
+    return invalid_arguments_text(tool, json_syntax_text(exc, "the arguments"), todo)
+
+
+def _unknown_tool(name: object) -> str:
+    """UNKNOWN_TOOL's text: the name as the model sent it (quoted, bounded) and what to do."""
+    return f"unknown tool {quote_name(name)}; call only the tools you have been given"
 
 
 _JSON_TYPES = {
@@ -662,12 +698,7 @@ def _json_type(value: Any) -> str:
     return "an object"
 
 
-def _quoted(names: Iterable[Any], conjunction: str = "and") -> str:
-    """``"a"``, ``"a" and "b"``, ``"a", "b" and "c"`` (JSON-quoted)."""
-    items = [json.dumps(n, ensure_ascii=False) for n in names]
-    if len(items) == 1:
-        return items[0]
-    return f"{', '.join(items[:-1])} {conjunction} {items[-1]}"
+_quoted = quote_names
 
 
 def _plural(n: Any, word: str) -> str:
@@ -685,7 +716,7 @@ def schema_error_text(exc: Exception, root: str = "the arguments") -> str:
     limit = getattr(exc, "rule_definition", None)
     value = getattr(exc, "value", None)
     field = "".join(f"[{p}]" if p.isdigit() else f".{p}" for p in map(str, path[1:])).lstrip(".")
-    where = json.dumps(field, ensure_ascii=False) if field else root
+    where = quote_name(field, 2 * NAME_LIMIT) if field else root
     if rule == "required" and isinstance(value, Mapping) and isinstance(limit, list | tuple):
         missing = [k for k in limit if k not in value]
         noun = "property" if len(missing) == 1 else "properties"

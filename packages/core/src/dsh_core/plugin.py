@@ -39,6 +39,7 @@ from ._prompt import PERSONA_SECTION, AssembleContext, PromptSection, SystemProm
 from ._scripted import ScriptedAdapter
 from ._sessions import SessionStoreService
 from ._tools import ToolRegistryService
+from ._words import check_positive_int
 
 if TYPE_CHECKING:
     from ._persistence import SyncMode
@@ -100,6 +101,10 @@ def _at_least_one(instance: object, attribute: attrs.Attribute[int], value: int)
         raise ValueError(f"key {attribute.name!r} must be at least 1, got {value!r}")
 
 
+def _positive_key(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
+    check_positive_int(f"key {attribute.name!r}", value)
+
+
 @attrs.frozen(kw_only=True)
 class JobsConfig:
     """``jobs``: unfinished jobs allowed per owner (at least 1)."""
@@ -112,7 +117,7 @@ class AgentsConfig:
     """``agents``: the step limit of a turn (model requests, at least 1) for every agent whose
     own ``AgentOptions.max_steps`` is unset."""
 
-    max_steps: int = attrs.field(default=DEFAULT_MAX_STEPS, validator=_at_least_one)
+    max_steps: int = attrs.field(default=DEFAULT_MAX_STEPS, validator=_positive_key)
 
 
 def _sessions(ctx: Context, _: None) -> None:

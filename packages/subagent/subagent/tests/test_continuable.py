@@ -383,7 +383,7 @@ async def test_start_checks_run_in_order_before_the_provider() -> None:
         assert caught.value.code == "NO_PROVIDER"
         with pytest.raises(SubagentError, match="provided by dsh-subagent-spawn") as caught:
             await b.start(provider="spawn")
-        assert "registered providers: 'local', 'oneshot'" in str(caught.value)
+        assert 'registered providers: "local", "oneshot"' in str(caught.value)
         with pytest.raises(SubagentError) as caught:
             await b.start(provider="oneshot")
         assert caught.value.code == "UNSUPPORTED_CAPABILITY"

@@ -863,8 +863,8 @@ async def test_no_provider_lists_the_registered_ones() -> None:
         with pytest.raises(SubagentError) as caught:
             await b.svc.start("nobody", b.request())
         message = str(caught.value)
-        assert message.startswith("no subagent provider is registered as 'nobody'")
-        assert "registered providers: 'alpha', 'beta'" in message
+        assert message.startswith('no subagent provider is registered as "nobody"')
+        assert 'registered providers: "alpha", "beta"' in message
         assert "dsh-subagent" not in message
 
 
@@ -885,4 +885,4 @@ async def test_no_provider_names_the_distribution_of_a_known_name(
         with pytest.raises(SubagentError) as caught:
             await b.svc.start(name, b.request())
         assert caught.value.code == "NO_PROVIDER"
-        assert f"'{name}' is provided by {distribution}" in str(caught.value)
+        assert f'"{name}" is provided by {distribution}' in str(caught.value)

@@ -3,13 +3,14 @@ loop (CTL-1, CTL-2, CTL-3, INT-1, INT-2)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
 from dsh_core import blocks_text, thaw_json
-from dsh_core.testing import tool_call_reply
+from dsh_core.testing import repr_markers, tool_call_reply
 from dsh_subagent import CoordinatorMessageSource
 from dsh_tool_subagent_control import INTERRUPT_AGENT_DESCRIPTION, SEND_MESSAGE_DESCRIPTION
 
@@ -290,6 +291,21 @@ async def test_odd_and_huge_ids_on_a_file_store(kit: SimpleNamespace, tmp_path: 
             assert "unavailable" in kit.text(sent)
             assert (await b.call("interrupt_agent", {"agent_id": odd})).ok
         assert _files(tmp_path) == before
+
+
+@pytest.mark.parametrize("odd", ["", "../escape", "a\nb", "\x00", "['x']", "x" * 100_000])
+async def test_a_hostile_id_is_repeated_quoted_and_bounded(
+    kit: SimpleNamespace, tmp_path: Path, odd: str
+) -> None:
+    """ROB-95: an id the model made up is repeated in the refusal JSON-quoted and cut after
+    64 characters (never raw control characters, never 100 000 characters back), the seam's
+    words kept around it."""
+    async with kit.boot(store_root=tmp_path) as b:
+        sent = await b.call("send_message", {"subagent_id": odd, "message": "hi"})
+    text = kit.text(sent)
+    shown = json.dumps(odd if len(odd) <= 64 else odd[:64] + "…", ensure_ascii=False)
+    assert text.startswith(f"Error: subagent {shown} is unavailable; check the subagent_id")
+    assert repr_markers(text) == [] and len(text) < 300
 
 
 def _files(root: Path) -> list[str]:

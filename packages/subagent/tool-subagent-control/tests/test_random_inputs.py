@@ -14,7 +14,8 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dsh_core import AbortController
+from dsh_core import AbortController, blocks_text
+from dsh_core.testing import repr_markers
 from dsh_core.testing.strategies import json_values
 
 #: Codes a call may fail with: core's argument and abort checks, the tools' own refusals and
@@ -84,6 +85,9 @@ async def _drive(kit: SimpleNamespace, data: st.DataObject, tool: str) -> None:
                     result = await b.call(tool, arguments, agent=caller, signal=controller.signal)
                 assert result.ok or result.error.code in DOCUMENTED, result.error
                 assert result.content  # the model always reads something
+                if not result.ok:  # ROB-94: in plain words, a hostile id quoted and bounded
+                    text = blocks_text(result.content)
+                    assert repr_markers(text) == [] and HUGE not in text, result.error
 
 
 _SETTINGS = settings(

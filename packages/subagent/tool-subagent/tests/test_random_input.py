@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 import dsh_subagent.plugin
 import dsh_tool_subagent.plugin
 from dsh_core import AbortSignal, PluginRow, TextBlock, ToolExecutionInput, blocks_text
-from dsh_core.testing import scripted_host
+from dsh_core.testing import repr_markers, scripted_host
 from dsh_subagent import (
     ResolvedSubagentStartRequest,
     SubagentCapabilities,
@@ -60,8 +60,14 @@ json_values = st.recursive(
     max_leaves=8,
 )
 fields = st.sampled_from(["description", "prompt", "run_in_background", "extra"])
+#: Well-formed calls carrying fields the tool does not take (a type, a model).
+with_extras = st.fixed_dictionaries(
+    {"description": st.text(max_size=8), "prompt": st.text(max_size=8)},
+    optional={"extra": json_values, "model": st.text(max_size=8), "subagent_type": json_values},
+)
 arguments = (
-    st.dictionaries(fields, json_values | st.text(max_size=2000), max_size=4)
+    with_extras
+    | st.dictionaries(fields, json_values | st.text(max_size=2000), max_size=4)
     | json_values
     | st.text(max_size=40)  # raw (often invalid) JSON text
 )
@@ -77,7 +83,8 @@ def test_random_input_is_a_result_never_a_raise(
 ) -> None:
     """TOOL-4..8, tools 15 (bad input): whatever the model sends, with or without a calling
     agent, the call ends within the bound as an ok result or an errored one with a documented
-    code; it never raises out of execute."""
+    code, in plain words (ROB-94: no repr, no validator or parser wording); it never raises out
+    of execute."""
 
     async def scenario() -> None:
         row = PluginRow(
@@ -106,6 +113,7 @@ def test_random_input_is_a_result_never_a_raise(
                 else:
                     assert result.error.code in DOCUMENTED, result.error
                     assert blocks_text(result.content).startswith("Error: ")
+                    assert repr_markers(blocks_text(result.content)) == [], result.error
                     assert result.content == (TextBlock(text=blocks_text(result.content)),)
 
     asyncio.run(scenario())

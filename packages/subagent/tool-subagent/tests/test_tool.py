@@ -486,9 +486,9 @@ async def test_forced_background_when_disabled_fails_without_calling_the_provide
 @pytest.mark.parametrize(
     ("config", "fields"),
     [
-        ({}, "description, prompt and run_in_background"),
-        ({"background_mode": "continuable"}, "description, prompt and run_in_background"),
-        ({"enable_run_in_background": False}, "description and prompt"),
+        ({}, '"description", "prompt" and "run_in_background"'),
+        ({"background_mode": "continuable"}, '"description", "prompt" and "run_in_background"'),
+        ({"enable_run_in_background": False}, '"description" and "prompt"'),
     ],
 )
 async def test_an_unknown_field_is_an_errored_result_and_starts_nothing(
@@ -496,14 +496,16 @@ async def test_an_unknown_field_is_an_errored_result_and_starts_nothing(
 ) -> None:
     """Input schema ("there is no provider or type parameter"), tools 15 (extra fields are
     bad input): a field the tool does not take, such as a subagent type, is INVALID_ARGS
-    naming it and the fields there are; the provider is never called."""
+    naming it and the fields there are, in the schema check's words (ROB-90); the provider is
+    never called."""
     provider = LocalProvider()
     async with boot(row(**config), provider=provider) as b:
         result = await b.execute(args(subagent_type="Explore", model="big"))
         assert result.error is not None and result.error.code == "INVALID_ARGS"
         assert text(result) == (
-            "Error: invalid arguments for subagent: unknown fields 'model', 'subagent_type'; "
-            f"subagent takes only {fields}"
+            'Error: invalid arguments for subagent: unknown properties "subagent_type" and '
+            f'"model"; the allowed properties are {fields}. Call subagent again with arguments '
+            "that match its parameters."
         )
         assert provider.requests == [] and provider.prepared == []
         assert len(b.host.ctx.agents.list()) == 1

@@ -12,8 +12,10 @@ from ._distributions import write_distribution
 from ._entry_points import check_entry_point
 from ._host import SCRIPTED, TestHost, default_options, last_answer, scripted_host
 from ._replies import held_reply, max_tokens_reply, model_error_reply, tool_call_reply
+from ._words import REPR_MARKERS, repr_markers
 
 __all__ = [
+    "REPR_MARKERS",
     "SCRIPTED",
     "ScriptedAdapter",
     "ScriptedReply",
@@ -26,6 +28,7 @@ __all__ = [
     "last_answer",
     "max_tokens_reply",
     "model_error_reply",
+    "repr_markers",
     "scripted_host",
     "tool_call_reply",
     "write_distribution",

@@ -61,7 +61,9 @@ from dsh_core import (
     UserSource,
     fold_consumed_work,
     new_id,
+    quote_name,
     race_abort,
+    shown_id,
     user_message,
 )
 
@@ -853,7 +855,7 @@ class ContinuationManager:
         prepare = getattr(provider, "prepare_continuable", None)
         if prepare is None:
             raise _error(
-                f"subagent provider {name!r} cannot create continuable children",
+                f"subagent provider {quote_name(name)} cannot create continuable children",
                 "UNSUPPORTED_CAPABILITY",
             )
         _throw_if_aborted(signal)
@@ -896,7 +898,7 @@ class ContinuationManager:
     def _authorize_parent(self, registry: AgentRegistry, parent: Agent, child_id: str) -> None:
         if registry.get(parent.id) is not parent:
             raise _error(
-                f"follow-up to subagent {child_id} requires the exact live parent agent",
+                f"follow-up to subagent {shown_id(child_id)} requires the exact live parent agent",
                 "UNAUTHORIZED",
             )
 
@@ -917,7 +919,7 @@ class ContinuationManager:
             )
         lineage = self.lineage_of(parent)
         self.check_admission((*lineage,))
-        with self._admitted(lineage, f"subagent {child_id} was not resumed") as admitted:
+        with self._admitted(lineage, f"subagent {shown_id(child_id)} was not resumed") as admitted:
             async with self._child_lock(child_id):
                 if child_id in self.activations or child_id in self.retiring:
                     return None
@@ -938,8 +940,8 @@ class ContinuationManager:
                     descriptor = fold_descriptor(events, header.seed_length).descriptor
                     if not isinstance(descriptor, ContinuableDescriptor):
                         raise _error(
-                            f"subagent {child_id} has no supported continuation state and "
-                            "cannot be resumed; do not retry send_message with this id",
+                            f"subagent {shown_id(child_id)} has no supported continuation state "
+                            "and cannot be resumed; do not retry send_message with this id",
                             "NOT_RESUMABLE",
                         )
                     found.append(descriptor)
@@ -953,7 +955,9 @@ class ContinuationManager:
                 except Exception as exc:
                     if refused and exc is refused[0]:  # the judgement's own error, as it is
                         raise
-                    raise _error(f"subagent {child_id} is unavailable", "NOT_RESUMABLE") from exc
+                    raise _error(
+                        f"subagent {shown_id(child_id)} is unavailable", "NOT_RESUMABLE"
+                    ) from exc
                 try:  # until agents.resume owns the preparation, it is disposed here
                     _throw_if_aborted(signal)
                     self.check_admission(self.lineage_of(parent))
@@ -988,7 +992,8 @@ class ContinuationManager:
                     raise
                 except Exception as exc:
                     raise _error(
-                        f"subagent {child_id} could not be resumed: {exc}", "NOT_RESUMABLE"
+                        f"subagent {shown_id(child_id)} could not be resumed: {exc}",
+                        "NOT_RESUMABLE",
                     ) from exc
                 act = self._install(
                     handle,
@@ -1045,7 +1050,9 @@ class ContinuationManager:
 
 
 def _foreign(child_id: str) -> SubagentError:
-    return _error(f"subagent {child_id} belongs to another parent session", "UNAUTHORIZED")
+    return _error(
+        f"subagent {shown_id(child_id)} belongs to another parent session", "UNAUTHORIZED"
+    )
 
 
 def _teardown_failed(what: str, failures: Sequence[BaseException]) -> SubagentError:

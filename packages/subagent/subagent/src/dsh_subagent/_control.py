@@ -33,6 +33,7 @@ from dsh_core import (
     ServiceKey,
     SessionError,
     TextBlock,
+    shown_id,
     user_message,
 )
 
@@ -190,10 +191,11 @@ def interrupt(
         parent_session = None
         if registry.get(authority.agent.id) is not authority.agent:
             raise _error(
-                f"interrupting {target_id} requires the exact live ancestor agent", "UNAUTHORIZED"
+                f"interrupting {shown_id(target_id)} requires the exact live ancestor agent",
+                "UNAUTHORIZED",
             )
         if authority.agent.id == target_id:
-            raise _error(f"agent {target_id} cannot interrupt itself", "UNAUTHORIZED")
+            raise _error(f"agent {shown_id(target_id)} cannot interrupt itself", "UNAUTHORIZED")
     else:
         caller = None
         parent_session = authority.parent_session_id

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from dsh_core import DshError
+from dsh_core import DshError, quote_name
 
 __all__ = [
     "DepthOverflowError",
@@ -81,12 +81,12 @@ _KNOWN_PROVIDERS = {
 
 def no_provider(name: str, registered: Iterable[str]) -> str:
     """NO_PROVIDER's text: what is registered, and where a well-known name comes from."""
-    message = f"no subagent provider is registered as {name!r}; registered providers: "
-    message += ", ".join(map(repr, registered)) or "none"
+    message = f"no subagent provider is registered as {quote_name(name)}; registered providers: "
+    message += ", ".join(map(quote_name, registered)) or "none"
     distribution = _KNOWN_PROVIDERS.get(name)
     if distribution is not None:
         message += (
-            f". {name!r} is provided by {distribution}: install it and mount its plugin "
+            f". {quote_name(name)} is provided by {distribution}: install it and mount its plugin "
             f"{distribution.removeprefix('dsh-')}"
         )
     return message

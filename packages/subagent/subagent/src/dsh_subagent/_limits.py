@@ -26,6 +26,8 @@ from typing import Any
 
 import attrs
 
+from dsh_core import check_positive_int
+
 from ._depth import MAX_SAFE_INTEGER
 from ._errors import SubagentError
 
@@ -62,10 +64,7 @@ class SubagentLimitError(SubagentError):
 
 
 def _check_cap(instance: object, attribute: attrs.Attribute[Any], value: int) -> None:
-    if not 1 <= value <= MAX_SAFE_INTEGER:
-        raise ValueError(
-            f"key {attribute.name!r} must be an integer from 1 to {MAX_SAFE_INTEGER}, got {value!r}"
-        )
+    check_positive_int(f"key {attribute.name!r}", value, limit=MAX_SAFE_INTEGER)
 
 
 @attrs.frozen(kw_only=True)

@@ -14,7 +14,14 @@ from __future__ import annotations
 import operator
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
-from dsh_core import AbortSignal, Context, SessionQuery, SessionQueryError, SessionScan
+from dsh_core import (
+    AbortSignal,
+    Context,
+    SessionQuery,
+    SessionQueryError,
+    SessionScan,
+    reason_text,
+)
 
 from ._descriptor import (
     DESCRIPTOR_EVENT,
@@ -105,7 +112,9 @@ _READ_FAILURES: dict[str, _Reason] = {
 
 def _cancelled(signal: AbortSignal | None) -> None:
     if signal is not None and signal.aborted:
-        raise SubagentError(f"subagent listing was cancelled: {signal.reason!r}", code="CANCELLED")
+        raise SubagentError(
+            f"subagent listing was cancelled: {reason_text(signal.reason)}", code="CANCELLED"
+        )
 
 
 def _query(ctx: Context, signal: AbortSignal | None) -> SessionQuery:

@@ -23,6 +23,7 @@ from dsh_core import (
     Context,
     ServiceKey,
     ToolRestriction,
+    quote_name,
 )
 
 from . import _control
@@ -174,7 +175,7 @@ class SubagentService:
         for field, flag in _CAPABILITY_ORDER:
             if getattr(request, field) is not None and not getattr(caps, flag):
                 raise SubagentError(
-                    f"subagent provider {name!r} does not support {field}",
+                    f"subagent provider {quote_name(name)} does not support {field}",
                     code="UNSUPPORTED_CAPABILITY",
                 )
         if request.max_depth is not None:

@@ -23,6 +23,7 @@ from dsh_core import (
     ToolError,
     ToolOutput,
     ToolRunContext,
+    invalid_arguments_text,
 )
 from dsh_subagent import SubagentError, SubagentReportOptions, SubagentService
 
@@ -117,7 +118,10 @@ def _definition(subagents: SubagentService, delivery: ReportDelivery) -> ToolDef
             )
         output = arguments.get("output") if isinstance(arguments, Mapping) else None
         if not isinstance(output, str):  # validated by the schema already: a direct call
-            raise ToolError("report needs `output`, a string", code="INVALID_ARGS")
+            raise ToolError(
+                invalid_arguments_text("report", '"output" must be a string'),
+                code="INVALID_ARGS",
+            )
         options = SubagentReportOptions(delivery=delivery, signal=run.signal)
         try:
             message_id = await subagents.report_from(agent, (TextBlock(text=output),), options)

@@ -31,7 +31,9 @@ from dsh_core import (
     ToolRestriction,
     ToolRunContext,
     blocks_text,
+    invalid_arguments_text,
     text_blocks,
+    unknown_fields_text,
     unstructure,
 )
 from dsh_subagent import (
@@ -392,7 +394,7 @@ class SubagentTool:
         parent = run.agent
         if parent is None:
             raise ToolError(NO_AGENT, code="NO_AGENT")
-        unknown = sorted(key for key in args if key not in _FIELDS)
+        unknown = [key for key in args if key not in _FIELDS]
         if unknown:
             raise ToolError(self._unknown_fields(unknown), code="INVALID_ARGS")
         forced = args.get("run_in_background")
@@ -422,18 +424,14 @@ class SubagentTool:
     def _unknown_fields(self, unknown: list[str]) -> str:
         """Extra fields are bad input, not ignored: a model passing a subagent type or a
         model would otherwise believe it chose one (the schema stays open, so that
-        ``run_in_background`` reaches TOOL-4's own refusal when background is disabled)."""
-        names = ", ".join(repr(key) for key in unknown)
+        ``run_in_background`` reaches TOOL-4's own refusal when background is disabled). The
+        words are the schema check's own for an unknown property (ROB-90)."""
         takes = (
-            "description, prompt and run_in_background"
+            ("description", "prompt", "run_in_background")
             if self.config.enable_run_in_background
-            else "description and prompt"
+            else ("description", "prompt")
         )
-        return (
-            f"invalid arguments for {self.config.tool_name}: unknown "
-            f"field{'s' if len(unknown) > 1 else ''} {names}; "
-            f"{self.config.tool_name} takes only {takes}"
-        )
+        return invalid_arguments_text(self.config.tool_name, unknown_fields_text(unknown, takes))
 
     def _request(
         self, parent: Any, label: str, prompt: tuple[TextBlock, ...], signal: Any
