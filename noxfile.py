@@ -241,7 +241,11 @@ def _test_weight(name: str) -> int:
 @nox.session(python=PYTHONS, requires=["build"], allow_parallel=True)
 @nox.parametrize("dist", sorted(PACKAGES, key=_test_weight, reverse=True))
 def tests(session: nox.Session, dist: str) -> None:
-    """One distribution alone in a fresh venv: only its declared dependencies, then its tests."""
+    """One distribution alone in a fresh venv: only its declared dependencies, then its tests.
+
+    A property test draws 60 examples here (Hypothesis profile ``ci``) unless it sets its own
+    count: the three Pythons search with seeds of their own, and ``thorough`` draws 2000.
+    """
     _install_wheels(session, dist)
     report = json.loads(session.run("python", "-c", _INSTALLED, silent=True) or "{}")
     expected = sorted(_closure(dist))
@@ -253,7 +257,8 @@ def tests(session: nox.Session, dist: str) -> None:
             f"`dsh plugins` listed {report['plugins']} (exit {report['status']}), "
             f"expected exactly {eps}:\n{report['out']}"
         )
-    _pytest(session, f"{PACKAGES[dist]['folder']}/tests")
+    profile = os.environ.get("HYPOTHESIS_PROFILE", "ci")  # 60 examples a property, per Python
+    _pytest(session, f"{PACKAGES[dist]['folder']}/tests", env={"HYPOTHESIS_PROFILE": profile})
 
 
 @nox.session(requires=["build"], allow_parallel=True)
@@ -267,7 +272,8 @@ def all(session: nox.Session) -> None:
     _install_wheels(session, *PACKAGES)
     folders = _every_test_folder()
     _pytest(session, folders[0])
-    _pytest(session, *folders[1:], env={"HYPOTHESIS_PROFILE": "rerun"})
+    profile = os.environ.get("HYPOTHESIS_PROFILE", "rerun")
+    _pytest(session, *folders[1:], env={"HYPOTHESIS_PROFILE": profile})
 
 
 @nox.session(allow_parallel=True)
