@@ -265,15 +265,26 @@ def tests(session: nox.Session, dist: str) -> None:
 def all(session: nox.Session) -> None:
     """Every distribution in one venv: the cross-package tests, then every package's tests.
 
-    The package tests ran in the ``tests`` sessions already, each property test searching its
-    full count of examples there; here they prove that installing everything changes no
-    outcome, so their property tests draw a few examples each (Hypothesis profile ``rerun``).
+    The package tests ran in the ``tests`` sessions already, where their property tests search
+    on three Pythons; here they prove that installing everything changes no outcome, so their
+    property tests draw a few examples each (Hypothesis profile ``rerun``). Both parts run even
+    when the first fails.
     """
     _install_wheels(session, *PACKAGES)
-    folders = _every_test_folder()
-    _pytest(session, folders[0])
+    cross, *packages = _every_test_folder()
     profile = os.environ.get("HYPOTHESIS_PROFILE", "rerun")
-    _pytest(session, *folders[1:], env={"HYPOTHESIS_PROFILE": profile})
+    parts = {
+        "the cross-package tests": ([cross], {}),
+        "the package tests": (packages, {"HYPOTHESIS_PROFILE": profile}),
+    }
+    failed = []
+    for name, (folders, env) in parts.items():
+        try:
+            _pytest(session, *folders, env=env)
+        except nox.command.CommandFailed:  # the other part still runs; the session fails after
+            failed.append(name)
+    if failed:
+        session.error(f"{' and '.join(failed)} failed")
 
 
 @nox.session(allow_parallel=True)
