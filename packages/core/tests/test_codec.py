@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 import attrs
 import pytest
-from hypothesis import assume, given
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from dsh_core import (
@@ -491,6 +491,7 @@ def test_a_checker_passes_a_tag_only_as_its_own_plain_string(tag: Any) -> None:
         check(Message(id="m", role="user", content=(_replace(block, "type", tag),)), MAX_NESTING)
 
 
+@settings(suppress_health_check=[HealthCheck.filter_too_much])  # chunks are a share of a log
 @given(odd_payloads(only=AssistantChunkData))
 def test_a_checked_builder_vouches_exactly_as_the_class_checker(case: tuple[type, Any]) -> None:
     """hardening 11.1, host-core §3: the chunk payload's checked builder (one call for the
