@@ -1,6 +1,7 @@
 """Development sessions: per-distribution isolated tests, cross-package tests, lint, types, demo.
 
-``nox`` runs the default set (everything CI runs); ``nox -s demo`` runs the offline demo;
+``nox`` runs the default set (everything CI runs), one session per CPU at a time after the
+build (``nox -j 1``: one after another); ``nox -s demo`` runs the offline demo;
 ``nox -s thorough``, ``nox -s interop``, ``nox -s crash`` and ``nox -s continuable_machine`` are
 the slow tiers, never part of the default set.
 Every test venv installs wheels built from this checkout (``dist/``, made once per run by the
@@ -25,11 +26,14 @@ from pathlib import Path
 
 import nox
 
-nox.needs_version = ">=2025.5.1"
+nox.needs_version = ">=2026.8.10"  # --parallel
 nox.options.default_venv_backend = "uv|virtualenv"  # uv where it is installed, else virtualenv
 nox.options.download_python = "never"  # the matrix is the Pythons installed here: never fetch one
 nox.options.error_on_missing_interpreters = False  # a missing Python is skipped, not failed
-nox.options.sessions = ["tests", "all", "lint", "typecheck", "package"]
+# The default set, biggest session first: the sessions that allow it run one per CPU at a time
+# (`-j 1` runs them one after another), each printing its output in one block when it ends.
+nox.options.sessions = ["all", "tests", "package", "typecheck", "lint"]
+nox.options.parallel = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else "auto"
 
 ROOT = Path(__file__).parent
 DIST = ROOT / "dist"
@@ -203,37 +207,55 @@ print(json.dumps({"dists": dists, "plugins": listed, "status": status, "out": ou
 """
 
 
+# Runs in the build venv: each distribution's sdist and wheel from its folder through its
+# build backend's PEP 517 hooks, all in this one process (a build frontend started per
+# distribution costs far more than the builds themselves).
+_BUILD = """
+import importlib, os, sys, tomllib
+out = sys.argv[1]
+for folder in sys.argv[2:]:
+    with open(os.path.join(folder, "pyproject.toml"), "rb") as file:
+        backend = importlib.import_module(tomllib.load(file)["build-system"]["build-backend"])
+    os.chdir(folder)
+    backend.build_sdist(out)
+    backend.build_wheel(out)
+"""
+
+
 @nox.session
 def build(session: nox.Session) -> None:
     """Every distribution's wheel and sdist into dist/ (the local stand-in for an index).
 
     The other sessions require this one, and nox runs a required session once per invocation,
     however many sessions require it. The build runs without isolation, in this session's venv
-    that holds the build backend: `uv build` where uv is the backend, `python -m build` else.
+    that holds the build backend (hatchling), one process for every distribution.
     """
     if DIST.exists():
         shutil.rmtree(DIST)
-    python = str(Path(session.bin) / "python")
-    if session.venv_backend == "uv":
-        _install(session, "hatchling")
-        command = ["uv", "build", "--quiet", "--no-build-isolation", f"--python={python}"]
-        command += ["--sdist", "--wheel", f"--out-dir={DIST}"]
-    else:
-        _install(session, "build", "hatchling")
-        command = ["python", "-m", "build", "--no-isolation", "--sdist", "--wheel"]
-        command += ["--outdir", str(DIST)]
-    for info in PACKAGES.values():
-        session.run(*command, str(info["folder"]), silent=True)
+    DIST.mkdir()
+    _install(session, "hatchling")
+    folders = [str(ROOT / str(info["folder"])) for info in PACKAGES.values()]
+    session.run("python", "-c", _BUILD, str(DIST), *folders, silent=True)
     session.log(
         f"built {len(list(DIST.glob('*.whl')))} wheels and "
         f"{len(list(DIST.glob('*.tar.gz')))} sdists into dist/"
     )
 
 
-@nox.session(python=PYTHONS, requires=["build"])
-@nox.parametrize("dist", list(PACKAGES))
+def _test_weight(name: str) -> int:
+    """The size of a distribution's tests: the default set starts the biggest first."""
+    folder = ROOT / str(PACKAGES[name]["folder"]) / "tests"
+    return sum(path.stat().st_size for path in folder.rglob("*.py"))
+
+
+@nox.session(python=PYTHONS, requires=["build"], allow_parallel=True)
+@nox.parametrize("dist", sorted(PACKAGES, key=_test_weight, reverse=True))
 def tests(session: nox.Session, dist: str) -> None:
-    """One distribution alone in a fresh venv: only its declared dependencies, then its tests."""
+    """One distribution alone in a fresh venv: only its declared dependencies, then its tests.
+
+    A property test draws 60 examples here (Hypothesis profile ``ci``) unless it sets its own
+    count: the three Pythons search with seeds of their own, and ``thorough`` draws 2000.
+    """
     _install_wheels(session, dist)
     report = json.loads(session.run("python", "-c", _INSTALLED, silent=True) or "{}")
     expected = sorted(_closure(dist))
@@ -245,17 +267,37 @@ def tests(session: nox.Session, dist: str) -> None:
             f"dsh-core discovered {report['plugins']} (exit {report['status']}), "
             f"expected exactly {eps}:\n{report['out']}"
         )
-    _pytest(session, f"{PACKAGES[dist]['folder']}/tests")
+    profile = os.environ.get("HYPOTHESIS_PROFILE", "ci")  # 60 examples a property, per Python
+    _pytest(session, f"{PACKAGES[dist]['folder']}/tests", env={"HYPOTHESIS_PROFILE": profile})
 
 
-@nox.session(requires=["build"])
+@nox.session(requires=["build"], allow_parallel=True)
 def all(session: nox.Session) -> None:
-    """Every distribution in one venv: the cross-package tests, then every package's tests."""
+    """Every distribution in one venv: the cross-package tests, then every package's tests.
+
+    The package tests ran in the ``tests`` sessions already, where their property tests search
+    on three Pythons; here they prove that installing everything changes no outcome, so their
+    property tests draw a few examples each (Hypothesis profile ``rerun``). Both parts run even
+    when the first fails.
+    """
     _install_wheels(session, *PACKAGES)
-    _pytest(session, *_every_test_folder())
+    cross, *packages = _every_test_folder()
+    profile = os.environ.get("HYPOTHESIS_PROFILE", "rerun")
+    parts = {
+        "the cross-package tests": ([cross], {}),
+        "the package tests": (packages, {"HYPOTHESIS_PROFILE": profile}),
+    }
+    failed = []
+    for name, (folders, env) in parts.items():
+        try:
+            _pytest(session, *folders, env=env)
+        except nox.command.CommandFailed:  # the other part still runs; the session fails after
+            failed.append(name)
+    if failed:
+        session.error(f"{' and '.join(failed)} failed")
 
 
-@nox.session(requires=["build"])
+@nox.session(requires=["build"], allow_parallel=True)
 def package(session: nox.Session) -> None:
     """What users get from an index: `twine check --strict` on every artifact, every sdist
     rebuilt into the same wheel, and every distribution installed by name from a local
@@ -269,7 +311,7 @@ def package(session: nox.Session) -> None:
     )
 
 
-@nox.session
+@nox.session(allow_parallel=True)
 def lint(session: nox.Session) -> None:
     """ruff check and ruff format --check over the whole tree."""
     _install(session, *nox.project.dependency_groups(PYPROJECT, "lint"))
@@ -277,7 +319,7 @@ def lint(session: nox.Session) -> None:
     session.run("ruff", "format", "--check", ".")
 
 
-@nox.session(requires=["build"])
+@nox.session(requires=["build"], allow_parallel=True)
 def typecheck(session: nox.Session) -> None:
     """mypy --strict over every distribution's src/ (configured in pyproject.toml)."""
     _install_wheels(session, *PACKAGES)
