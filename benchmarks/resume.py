@@ -17,8 +17,8 @@ and the slowest. Target: 10,000 events accepted in <= 50 ms.
 
 ``--make N --root DIR`` only writes a store (printing the child's id), for
 ``instructions.sh TREE resume``, which counts the instructions per event of the follow-up.
-``--profile N`` runs one measurement of the N-event log under cProfile instead (the
-store's worker-thread reads inlined, so the profile sees them; ``--sort tottime``).
+``--profile N`` runs one measurement of the N-event log under cProfile instead, through the
+notice (the store's worker-thread reads inlined, so the profile sees them; ``--sort tottime``).
 """
 
 from __future__ import annotations
