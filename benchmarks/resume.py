@@ -178,7 +178,11 @@ def _fresh(root: Path, child_id: str, profile_out: str | None) -> dict[str, floa
     cmd = [sys.executable, __file__, "--child", child_id, "--root", str(root)]
     if profile_out:
         cmd += ["--profile-out", profile_out]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}  # same code
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),  # the same code
+        "DSH_DISABLE_PLUGIN_AUTOLOAD": "1",  # plugins by module only, as the other scripts
+    }
     done = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if done.returncode:
         raise SystemExit(done.stderr)
