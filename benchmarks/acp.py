@@ -17,7 +17,8 @@ Three figures, each against the bare SDK doing the same work:
    children live throughout, so what slows the machine for a while slows both sides of a
    pair alike.
 3. **concurrent children**: ``--children`` one-shot ``acp`` runs started at once through
-   ``ctx.subagents.start()`` (spawn, prompt, answer, dispose), each a dsh-acp-agent process.
+   ``ctx.subagents.start()`` (spawn, prompt, answer, dispose), each a dsh-acp-agent process;
+   the median wall time of ``--batches`` such batches, one after another.
 
     python benchmarks/acp.py                     # all three
     python benchmarks/acp.py --prompts 500 --children 20 --spawns 5
@@ -261,6 +262,7 @@ def main() -> None:
         "--prompts", type=int, default=200, help="sequential prompts per timed block"
     )
     parser.add_argument("--children", type=int, default=20, help="concurrent acp children")
+    parser.add_argument("--batches", type=int, default=3, help="batches of --children (median)")
     parser.add_argument(
         "--only",
         choices=("imports", "spawn", "prompts", "children"),
@@ -288,9 +290,17 @@ def main() -> None:
         if "prompts" in parts:
             _per_prompt(ours, raw, args.prompts, args.warm, args.rounds)
         if "children" in parts:
-            wall, done = asyncio.run(_children(args.children))
-            print(f"\n{args.children} concurrent acp children (spawn, prompt, answer, dispose):")
-            print(f"  wall                   {wall * 1000:7.0f} ms ({done} completed)")
+            runs = [asyncio.run(_children(args.children)) for _ in range(args.batches)]
+            walls = sorted(wall for wall, _ in runs)
+            print(
+                f"\n{args.children} concurrent acp children (spawn, prompt, answer, dispose; "
+                f"median of {args.batches} batches):"
+            )
+            print(
+                f"  wall                   {statistics.median(walls) * 1000:7.0f} ms "
+                f"({walls[0] * 1000:.0f} to {walls[-1] * 1000:.0f}; "
+                f"{sum(done for _, done in runs)} of {args.children * args.batches} completed)"
+            )
 
 
 def _imports(runs: int) -> None:
