@@ -228,7 +228,13 @@ async def _children(n: int) -> tuple[float, int]:
     from dsh_core.testing import scripted_host
     from dsh_subagent import SUBAGENTS, SubagentStartRequest
 
-    config = {"command": sys.executable, "args": ["-P", "-m", "dsh_acp_agent"]}
+    config = {
+        "command": sys.executable,
+        "args": ["-P", "-m", "dsh_acp_agent"],
+        # n children importing at once on a small or busy machine can take longer than the
+        # default 30 s to answer; this measures their wall time, not the provider's timeout
+        "start_timeout_ms": 600_000,
+    }
     modules = {"subagent": dsh_subagent.plugin, "subagent-acp": dsh_subagent_acp.plugin}
     async with scripted_host(
         "subagent", "subagent-acp", modules=modules, config={"subagent-acp": config}
