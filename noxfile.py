@@ -419,34 +419,50 @@ def interop(session: nox.Session) -> None:
     )
 
 
+#: The peers' pinned requirements, all installed beside ours in the ``peers`` session's venv.
 PEERS = {
-    "openai-agents": (["openai-agents==0.24.0"], "bench_oai.py"),
-    "pydantic-ai": (["pydantic-ai-slim==2.68.0"], "bench_pydai.py"),
-    "deepagents": (["deepagents==0.7.32"], "bench_deep.py"),
+    "openai-agents": ["openai-agents==0.24.0"],
+    "pydantic-ai": ["pydantic-ai-slim==2.68.0"],
+    "deepagents": ["deepagents==0.7.32"],
 }
+#: What ``benchmarks/delegation.py`` imports (the ``peers`` session installs only these of ours).
+DELEGATION = ("dsh-tool-subagent", "dsh-subagent-spawn", "dsh-subagent-fork")
 
 
 @nox.session(requires=["build"])
 def bench(session: nox.Session) -> None:
     """Our benchmarks (never timed assertions): a turn, delegation, continuable children, the
-    session log, listing, ACP, and the OpenAI-compatible adapter against its loopback server."""
+    session log, cold resume, the OpenAI-compatible adapter against its loopback server,
+    listing, and ACP children. Every script in benchmarks/README.md runs, with its defaults;
+    ``nox -s bench -- ARGS`` passes ARGS to ``delegation.py``."""
     _install_wheels(session, *PACKAGES, extra=())
-    session.run("python", "benchmarks/turn.py")
-    session.run("python", "benchmarks/delegation.py", *session.posargs)
-    session.run("python", "benchmarks/continuable.py")
-    session.run("python", "benchmarks/sessions.py")
-    session.run("python", "benchmarks/resume.py")
-    session.run("python", "benchmarks/llm_openai.py")
-    session.run("python", "benchmarks/listing.py")
+    env = {"DSH_HOME": session.create_tmp()}
+    session.run("python", "benchmarks/turn.py", env=env)
+    session.run("python", "benchmarks/delegation.py", *session.posargs, env=env)
+    # its resume part is resume.py's measurement, which runs below: not twice
+    session.run(
+        "python", "benchmarks/continuable.py", "--only", "roundtrip", "--only", "fanout", env=env
+    )
+    session.run("python", "benchmarks/sessions.py", env=env)
+    session.run("python", "benchmarks/resume.py", env=env)
+    session.run("python", "benchmarks/llm_openai.py", env=env)
+    session.run("python", "benchmarks/listing.py", env=env)
+    session.run("python", "benchmarks/acp.py", env=env)
 
 
-@nox.session
-@nox.parametrize("peer", list(PEERS))
-def peers(session: nox.Session, peer: str) -> None:
-    """One peer's delegation benchmark in its own venv (not part of CI)."""
-    requirements, script = PEERS[peer]
-    _install(session, *requirements)
-    session.run("python", f"benchmarks/peers/{script}", env={"LANGSMITH_TRACING": "false"})
+@nox.session(requires=["build"])
+def peers(session: nox.Session) -> None:
+    """Our delegation through the ``subagent`` tool beside openai-agents, pydantic-ai and
+    deepagents, in alternating rounds, printed as one table (not part of CI). The peers are
+    installed from the package index into this session's venv only; ``nox -s peers -- ARGS``
+    passes ARGS to ``benchmarks/peers/compare.py`` (e.g. ``--rounds 9``)."""
+    _install_wheels(session, *DELEGATION, extra=tuple(r for reqs in PEERS.values() for r in reqs))
+    session.run(
+        "python",
+        "benchmarks/peers/compare.py",
+        *session.posargs,
+        env={"LANGSMITH_TRACING": "false", "DSH_HOME": session.create_tmp()},
+    )
 
 
 @nox.session(requires=["build"])

@@ -4,8 +4,12 @@ Three figures, each against the bare SDK doing the same work:
 
 1. **spawn-to-ready**: spawn ``dsh-acp-agent`` (echo model, memory store), ``initialize`` and
    ``session/new`` answered, driven by the SDK's client; against an agent written with the SDK
-   alone (echo, ~30 lines). The import times of the interpreter, the SDK and dsh-core are
-   measured apart, to show what each adds.
+   alone (echo, ~30 lines). ``--spawns`` pairs, one spawn of each per pair, the order flipped
+   every pair; the median of each and of the pairs' ratios. Beside it, the import times
+   (``imports``): (a) the wall time of a fresh interpreter that imports nothing, the SDK,
+   dsh-core, or all that the server needs (each a total, measured in alternation, median of
+   ``--spawns``), and (b) inside one interpreter, what each import adds to the ones before it
+   (the SDK, then dsh-core, then the server), so the increments add up.
 2. **per-prompt round trip** on a warm child: dsh-acp-agent and the SDK-only agent both
    spawned and warm, then pairs of blocks of N sequential ``session/prompt`` calls, one block
    on each, in alternating order; ms per prompt (median block), each agent process's own CPU
@@ -13,7 +17,8 @@ Three figures, each against the bare SDK doing the same work:
    children live throughout, so what slows the machine for a while slows both sides of a
    pair alike.
 3. **concurrent children**: ``--children`` one-shot ``acp`` runs started at once through
-   ``ctx.subagents.start()`` (spawn, prompt, answer, dispose), each a dsh-acp-agent process.
+   ``ctx.subagents.start()`` (spawn, prompt, answer, dispose), each a dsh-acp-agent process;
+   the median wall time of ``--batches`` such batches, one after another.
 
     python benchmarks/acp.py                     # all three
     python benchmarks/acp.py --prompts 500 --children 20 --spawns 5
@@ -31,6 +36,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import os
 import statistics
 import subprocess
@@ -79,14 +85,53 @@ class _Sink:
         raise NotImplementedError
 
 
-def _import_time(statement: str, runs: int) -> float:
-    """Median seconds for a fresh interpreter to run ``statement``."""
-    times = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        subprocess.run([sys.executable, "-c", statement], check=True)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+#: What a fresh interpreter imports, for the totals: a label and its statement.
+IMPORTS = (
+    ("nothing (the bare interpreter)", "pass"),
+    ("acp (the SDK)", "import acp"),
+    ("dsh_core", "import dsh_core"),
+    (
+        "acp, dsh_core and the server",
+        "import acp, dsh_core, dsh_core.plugin, dsh_acp_agent._server",
+    ),
+)
+
+#: Increments inside one interpreter: each import after the ones above it.
+STEPS = """
+import json, time
+out = []
+for name in ("acp", "dsh_core", "dsh_core.plugin", "dsh_acp_agent._server"):
+    t = time.perf_counter()
+    __import__(name)
+    out.append(time.perf_counter() - t)
+print(json.dumps(out))
+"""
+
+
+def _import_totals(runs: int) -> list[float]:
+    """Median wall seconds of a fresh interpreter for each of :data:`IMPORTS`; the statements
+    run in alternation (``runs`` rounds, the order rotated each round)."""
+    times: list[list[float]] = [[] for _ in IMPORTS]
+    for i in range(runs):
+        first = i % len(IMPORTS)
+        for k in (*range(first, len(IMPORTS)), *range(first)):
+            start = time.perf_counter()
+            subprocess.run([sys.executable, "-P", "-c", IMPORTS[k][1]], check=True)
+            times[k].append(time.perf_counter() - start)
+    return [statistics.median(t) for t in times]
+
+
+def _import_steps(runs: int) -> list[float]:
+    """Median seconds each of the :data:`STEPS` imports adds, over ``runs`` interpreters."""
+    found = [
+        json.loads(
+            subprocess.run(
+                [sys.executable, "-P", "-c", STEPS], check=True, capture_output=True, text=True
+            ).stdout
+        )
+        for _ in range(runs)
+    ]
+    return [statistics.median(run[i] for run in found) for i in range(len(found[0]))]
 
 
 async def _ready(command: list[str]) -> tuple[float, Any]:
@@ -183,7 +228,13 @@ async def _children(n: int) -> tuple[float, int]:
     from dsh_core.testing import scripted_host
     from dsh_subagent import SUBAGENTS, SubagentStartRequest
 
-    config = {"command": sys.executable, "args": ["-m", "dsh_acp_agent"]}
+    config = {
+        "command": sys.executable,
+        "args": ["-P", "-m", "dsh_acp_agent"],
+        # n children importing at once on a small or busy machine can take longer than the
+        # default 30 s to answer; this measures their wall time, not the provider's timeout
+        "start_timeout_ms": 600_000,
+    }
     modules = {"subagent": dsh_subagent.plugin, "subagent-acp": dsh_subagent_acp.plugin}
     async with scripted_host(
         "subagent", "subagent-acp", modules=modules, config={"subagent-acp": config}
@@ -210,11 +261,14 @@ async def _children(n: int) -> tuple[float, int]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--spawns", type=int, default=5, help="spawn-to-ready samples")
+    parser.add_argument(
+        "--spawns", type=int, default=5, help="spawn-to-ready pairs (and import samples)"
+    )
     parser.add_argument(
         "--prompts", type=int, default=200, help="sequential prompts per timed block"
     )
     parser.add_argument("--children", type=int, default=20, help="concurrent acp children")
+    parser.add_argument("--batches", type=int, default=3, help="batches of --children (median)")
     parser.add_argument(
         "--only",
         choices=("imports", "spawn", "prompts", "children"),
@@ -231,39 +285,64 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         raw_script = Path(tmp) / "raw_agent.py"
         raw_script.write_text(RAW_AGENT, encoding="utf-8")
-        ours = [sys.executable, "-m", "dsh_acp_agent"]
-        raw = [sys.executable, str(raw_script)]
+        # -P: no script or working folder on sys.path, where this file would shadow the SDK
+        ours = [sys.executable, "-P", "-m", "dsh_acp_agent"]
+        raw = [sys.executable, "-P", str(raw_script)]
 
         if "imports" in parts:
-            _imports()
+            _imports(args.spawns)
         if "spawn" in parts:
             _spawns(ours, raw, args.spawns)
         if "prompts" in parts:
             _per_prompt(ours, raw, args.prompts, args.warm, args.rounds)
         if "children" in parts:
-            wall, done = asyncio.run(_children(args.children))
-            print(f"\n{args.children} concurrent acp children (spawn, prompt, answer, dispose):")
-            print(f"  wall                   {wall * 1000:7.0f} ms ({done} completed)")
+            runs = [asyncio.run(_children(args.children)) for _ in range(args.batches)]
+            walls = sorted(wall for wall, _ in runs)
+            print(
+                f"\n{args.children} concurrent acp children (spawn, prompt, answer, dispose; "
+                f"median of {args.batches} batches):"
+            )
+            print(
+                f"  wall                   {statistics.median(walls) * 1000:7.0f} ms "
+                f"({walls[0] * 1000:.0f} to {walls[-1] * 1000:.0f}; "
+                f"{sum(done for _, done in runs)} of {args.children * args.batches} completed)"
+            )
 
 
-def _imports() -> None:
-    print("imports (median of 3 fresh interpreters):")
-    bare = _import_time("pass", 3)
-    sdk = _import_time("import acp", 3)
-    core = _import_time("import dsh_core", 3)
-    both = _import_time("import acp, dsh_core, dsh_core.plugin, dsh_acp_agent._server", 3)
-    print(f"  interpreter            {bare * 1000:7.0f} ms")
-    print(f"  + acp (the SDK)        {sdk * 1000:7.0f} ms")
-    print(f"  + dsh_core             {core * 1000:7.0f} ms")
-    print(f"  + both, and the server {both * 1000:7.0f} ms")
+def _imports(runs: int) -> None:
+    totals = _import_totals(runs)
+    print(f"imports, (a) a fresh interpreter's wall time, start to exit (median of {runs}):")
+    for k, ((label, _), total) in enumerate(zip(IMPORTS, totals, strict=True)):
+        more = f" ({(total - totals[0]) * 1000:+.0f} ms over nothing)" if k else ""
+        print(f"  importing {label:<31} {total * 1000:7.0f} ms{more}")
+    steps = _import_steps(runs)
+    print(f"imports, (b) in one interpreter, each after the ones above it (median of {runs}):")
+    for name, step in zip(
+        ("acp (the SDK)", "dsh_core", "dsh_core.plugin", "the server"), steps, strict=True
+    ):
+        print(f"  + {name:<39} {step * 1000:7.0f} ms")
+    print(f"  = {'all of them':<39} {sum(steps) * 1000:7.0f} ms")
 
 
 def _spawns(ours: list[str], raw: list[str], spawns: int) -> None:
-    ready_ours = [asyncio.run(_ready(ours))[0] for _ in range(spawns)]
-    ready_raw = [asyncio.run(_ready(raw))[0] for _ in range(spawns)]
-    print(f"\nspawn-to-ready (initialize + session/new, median of {spawns}):")
-    print(f"  dsh-acp-agent          {statistics.median(ready_ours) * 1000:7.0f} ms")
-    print(f"  SDK-only echo agent    {statistics.median(ready_raw) * 1000:7.0f} ms")
+    """``spawns`` pairs, one spawn of each agent per pair, the order flipped every pair."""
+    mine: list[float] = []
+    theirs: list[float] = []
+    for i in range(spawns):
+        if i % 2 == 0:
+            mine.append(asyncio.run(_ready(ours))[0])
+            theirs.append(asyncio.run(_ready(raw))[0])
+        else:
+            theirs.append(asyncio.run(_ready(raw))[0])
+            mine.append(asyncio.run(_ready(ours))[0])
+    ratios = sorted(a / b for a, b in zip(mine, theirs, strict=True))
+    print(f"\nspawn-to-ready (initialize + session/new; {spawns} alternating pairs, medians):")
+    print(f"  dsh-acp-agent          {statistics.median(mine) * 1000:7.0f} ms")
+    print(f"  SDK-only echo agent    {statistics.median(theirs) * 1000:7.0f} ms")
+    print(
+        f"  ratio                  {statistics.median(ratios):7.2f}x (pairs: {ratios[0]:.2f} to "
+        f"{ratios[-1]:.2f})"
+    )
 
 
 def _per_prompt(ours: list[str], raw: list[str], prompts: int, warm: int, rounds: int) -> None:

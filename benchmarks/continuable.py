@@ -12,10 +12,11 @@ Three measurements, each in a process of its own (``spawn`` provider, scripted m
   *Waiting*: the child stays resident and idle because its own child works on; a follow-up
   wakes the same agent (no resume), and the round trip ends when its turn is done (a waiting
   child does not settle, so there is no notice).
-- ``resume`` (JSONL): a settled child whose log holds about 10 / 1,000 / 10,000 events, built
-  once in a folder; then a fresh process opens the folder, resumes the parent and times one
-  follow-up: until acceptance (the cold resume: inspect, load, materialise) and until the
-  settlement notice.
+- ``resume`` (JSONL): the cold resume of ``benchmarks/resume.py``, the same measurement (this
+  script calls it): a settled child whose log holds about 10 / 1,000 / 10,000 events, built
+  once; then each of ``--repeat`` fresh processes opens a fresh copy of that store, resumes the
+  parent and times one follow-up, until acceptance (the cold resume: inspect, load,
+  materialise) and until the settlement notice.
 - ``fanout`` (in memory): one parent starts N (1,000) continuable children concurrently and
   waits until every one has settled (its ``subagent/end``) and the parent is idle again: wall
   time and the process's peak RSS.
@@ -37,11 +38,10 @@ import gc
 import json
 import os
 import resource
+import statistics
 import subprocess
 import sys
-import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
 PARENT = "bench-parent"
@@ -190,93 +190,7 @@ async def _roundtrip(rounds: int) -> dict[str, Any]:
     }
 
 
-# -- (b) cold resume ---------------------------------------------------------------------------
-
-
-async def _build(root: Path, size: int) -> dict[str, Any]:
-    """A parent and one settled child whose log has about ``size`` events (at least one turn).
-
-    Each round holds the child's first turn, queues follow-ups behind it (one epoch, one inbox)
-    and lets it go; the events a turn adds are measured on the way.
-    """
-    from dsh_core.testing import ScriptedAdapter, ScriptedReply, scripted_host
-
-    gates = [asyncio.Event()]
-
-    def model(request: Any) -> Any:
-        if request.last_user_text == "hold":
-            return ScriptedReply(text="held", wait=gates[-1].wait)
-        return _model(request)
-
-    async with scripted_host(
-        "subagent",
-        "subagent-spawn",
-        model=ScriptedAdapter(model, record=False),
-        store="jsonl",
-        store_root=root,
-        invariants=False,
-        modules=_modules(),
-    ) as host:
-        parent = (await host.create_agent(session_id=PARENT)).agent
-        watch = _Watch(host, parent)
-        child_id = f"child-{size}"
-
-        async def logged() -> int:
-            _, events = await host.ctx.session_persistence.load(child_id)
-            return len(events)
-
-        async def round(queued: int, first: bool) -> int:
-            gates.append(asyncio.Event())
-            notice = watch.arm()
-            if first:
-                await _start(host, parent, "hold", child_id=child_id)
-            else:
-                await _followup(parent, child_id, "hold")
-            for i in range(queued):
-                await _followup(parent, child_id, f"turn {i}")
-            gates[-1].set()
-            await notice
-            await parent.when_idle()
-            return await logged()
-
-        async with asyncio.timeout(BOUND):
-            events = await round(0, first=True)
-            if events < size:
-                before = events
-                events = await round(3, first=False)
-                per_turn = max(1, (events - before) // 4)
-                while events + per_turn <= size:
-                    events = await round(max(0, (size - events) // per_turn - 1), first=False)
-    return {"child": child_id, "events": events}
-
-
-async def _resume(root: Path, child_id: str) -> dict[str, Any]:
-    from dsh_core.testing import ScriptedAdapter, TestHost
-
-    gc.collect()
-    host = await TestHost.start(
-        "subagent",
-        "subagent-spawn",
-        model=ScriptedAdapter(_model, record=False),
-        store="jsonl",
-        store_root=root,
-        invariants=False,
-        modules=_modules(),
-    )
-    try:
-        parent = (await host.resume_agent(PARENT)).agent
-        watch = _Watch(host, parent)
-        async with asyncio.timeout(BOUND):
-            notice = watch.arm()
-            t0 = time.perf_counter()
-            await _followup(parent, child_id, "after the restart")
-            t1 = time.perf_counter()
-            await notice
-            t2 = time.perf_counter()
-            await parent.when_idle()
-    finally:
-        await host.aclose()
-    return {"accept_ms": (t1 - t0) * 1000, "notice_ms": (t2 - t0) * 1000}
+# -- (b) cold resume: benchmarks/resume.py, one measurement for both scripts -------------------
 
 
 # -- (c) many children at once -----------------------------------------------------------------
@@ -291,6 +205,8 @@ async def _fanout(children: int) -> dict[str, Any]:
         model=ScriptedAdapter(_model, record=False),
         invariants=False,
         modules=_modules(),
+        # all of them run at once in one tree: the cap (32 by default) raised to their number
+        config={"subagent": {"max_running_children_per_tree": children}},
     ) as host:
         parent = (await host.create_agent(session_id=PARENT)).agent
         watch = _Watch(host, parent)
@@ -334,62 +250,59 @@ def _run_child(argv: list[str]) -> dict[str, Any]:
     return result
 
 
+def _medians(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each numeric figure's median over the runs."""
+    return {
+        key: statistics.median(run[key] for run in runs)
+        for key, value in runs[0].items()
+        if isinstance(value, int | float)
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", choices=("roundtrip", "resume", "fanout"), action="append")
     parser.add_argument("--rounds", type=int, default=1000, help="round trips timed")
     parser.add_argument("--sizes", type=int, nargs="+", default=[10, 1000, 10000])
-    parser.add_argument("--repeat", type=int, default=5, help="fresh processes per resume size")
+    parser.add_argument("--repeat", type=int, default=5, help="fresh processes per figure")
     parser.add_argument("--children", type=int, default=1000)
     parser.add_argument("--child", help=argparse.SUPPRESS)
-    parser.add_argument("--root", help=argparse.SUPPRESS)
-    parser.add_argument("--id", help=argparse.SUPPRESS)
-    parser.add_argument("--size", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child == "roundtrip":
         print(json.dumps(asyncio.run(_roundtrip(args.rounds))))
-        return
-    if args.child == "build":
-        print(json.dumps(asyncio.run(_build(Path(args.root), args.size))))
-        return
-    if args.child == "resume":
-        print(json.dumps(asyncio.run(_resume(Path(args.root), args.id))))
         return
     if args.child == "fanout":
         print(json.dumps(asyncio.run(_fanout(args.children))))
         return
     only = args.only or ["roundtrip", "resume", "fanout"]
     print(f"python {sys.version.split()[0]}; spawn provider, scripted model")
+    print(f"each figure: the median of {args.repeat} fresh processes")
     if "roundtrip" in only:
-        r = _run_child(["--child", "roundtrip", "--rounds", str(args.rounds)])
+        runs = [
+            _run_child(["--child", "roundtrip", "--rounds", str(args.rounds)])
+            for _ in range(args.repeat)
+        ]
+        r = _medians(runs)
         print(
             f"roundtrip (memory)  settled child: {r['ms']:.3f} ms per follow-up -> notice "
             f"({r['accept_ms']:.3f} ms until accepted); waiting child: {r['waiting_ms']:.3f} ms "
-            f"per follow-up -> its turn done; {r['rounds']} rounds each"
+            f"per follow-up -> its turn done; {args.rounds} rounds each"
         )
     if "resume" in only:
-        for size in args.sizes:
-            with tempfile.TemporaryDirectory(prefix="dsh-bench-") as tmp:
-                built = _run_child(["--child", "build", "--root", tmp, "--size", str(size)])
-                # each run resumes the child the previous one settled again: the log grows by
-                # one turn per run, a few events on top of the size measured
-                runs = [
-                    _run_child(["--child", "resume", "--root", tmp, "--id", built["child"]])
-                    for _ in range(args.repeat)
-                ]
-            accept = sorted(r["accept_ms"] for r in runs)
-            notice = sorted(r["notice_ms"] for r in runs)
-            print(
-                f"resume (jsonl)      {built['events']:>6} events: accepted in "
-                f"{accept[len(accept) // 2]:.2f} ms (median of {len(runs)}; min {accept[0]:.2f}), "
-                f"notice after {notice[len(notice) // 2]:.2f} ms"
-            )
+        import resume  # this folder's resume.py: one cold-resume measurement for both scripts
+
+        for row in resume.cold_resume(args.sizes, args.repeat):
+            print(f"resume (jsonl)      {resume.line(row)}")
     if "fanout" in only:
-        r = _run_child(["--child", "fanout", "--children", str(args.children)])
+        runs = [
+            _run_child(["--child", "fanout", "--children", str(args.children)])
+            for _ in range(args.repeat)
+        ]
+        r = _medians(runs)
         print(
-            f"fanout (memory)     {r['children']} children: started in {r['started_s']:.3f} s, "
+            f"fanout (memory)     {args.children} children: started in {r['started_s']:.3f} s, "
             f"all settled in {r['settled_s']:.3f} s, parent idle at {r['parent_idle_s']:.3f} s; "
-            f"peak RSS {r['peak_rss_mb']:.1f} MB; agents left {r['leftover_agents']}"
+            f"peak RSS {r['peak_rss_mb']:.1f} MB; agents left {r['leftover_agents']:.0f}"
         )
 
 

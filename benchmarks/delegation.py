@@ -6,15 +6,24 @@ in one call -> the run is disposed -> the parent's model answers with the child'
 parent is disposed. The same shape as the peer scripts in ``benchmarks/peers/`` (each of their
 delegations is a fresh ``run``), so the ratios are comparable.
 
-Each configuration (provider x store) runs in its own process: one warm-up, N sequential
-delegations, then N concurrent ones (``asyncio.gather``), and reports ms per delegation and the
-process's peak RSS. The cyclic GC stays on; each timed phase starts after a ``gc.collect()``
-so that it is not billed for a collection the previous phase made due.
+Each configuration (provider x store) runs in its own process: one warm-up, then two timed
+phases, each for at least ``--seconds`` (default 1 s, long enough that the scheduler's noise is
+a small part of it): *sequential*, one delegation after another (at least ``--seq`` of them),
+and *concurrent*, batches of ``--conc`` delegations at once (``asyncio.gather``) one batch
+after another. Each phase reports ms per delegation (its time over its delegations), and the
+process its peak RSS. The cyclic GC stays on; each timed phase starts after a
+``gc.collect()`` so that it is not billed for a collection the previous phase made due.
+
+``--rounds R`` (default 3) runs every configuration R times, each time in a fresh process, in
+an order rotated by one each round, so that what slows the machine for a while falls on every
+configuration; the table gives each figure's median over the rounds, and, when both ran, the
+ratio ``spawn:tool`` / ``spawn:memory`` of each round and its median.
 
     python benchmarks/delegation.py                 # every configuration, a table
-    python benchmarks/delegation.py --seq 200 --conc 50 --only spawn:memory
+    python benchmarks/delegation.py --only spawn:memory --rounds 5
     python benchmarks/delegation.py --live 2000   # with 2000 idle agents alive meanwhile
-    python benchmarks/delegation.py --only spawn:memory --only spawn:tool --seq 200
+    python benchmarks/delegation.py --only spawn:memory --only spawn:tool --seconds 2
+    python benchmarks/delegation.py --only spawn:tool --json out.json   # the rows, as JSON
 
 ``spawn:tool`` is the real-tool route: the parent calls the ``subagent`` tool of
 dsh-tool-subagent (one plugin row, provider ``spawn``, memory store) instead of a bench tool
@@ -33,6 +42,7 @@ import gc
 import json
 import os
 import resource
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -44,8 +54,17 @@ CONFIGS = ("spawn:memory", "fork:memory", "spawn:jsonl", "fork:jsonl", "spawn:to
 
 
 async def _measure(
-    provider: str, store: str, n_seq: int, n_conc: int, root: Path, n_live: int = 0
+    provider: str,
+    store: str,
+    n_seq: int,
+    n_conc: int,
+    root: Path,
+    n_live: int = 0,
+    seconds: float = 0.0,
 ) -> dict[str, Any]:
+    """One process's figures: at least ``n_seq`` sequential delegations and at least one
+    batch of ``n_conc`` concurrent ones, each phase repeated until it has run ``seconds``
+    (with the default 0, exactly ``n_seq`` and one batch, as ``instructions.sh`` counts)."""
     import dsh_subagent.plugin
     import dsh_subagent_fork.plugin
     import dsh_subagent_spawn.plugin
@@ -165,61 +184,112 @@ async def _measure(
             assert await host.run(handle.agent, "stand by") == "standing by"
         await one()
         gc.collect()  # each phase starts clean: no collection owed by what ran before it
-        t0 = time.perf_counter()
-        for _ in range(n_seq):
+        clock = time.perf_counter
+        done = 0
+        t0 = clock()
+        while done < n_seq or clock() - t0 < seconds:
             await one()
-        seq = time.perf_counter() - t0
+            done += 1
+        seq = clock() - t0
         gc.collect()
-        t0 = time.perf_counter()
-        await asyncio.gather(*(one() for _ in range(n_conc)))
-        conc = time.perf_counter() - t0
+        batches = 0
+        t0 = clock()
+        while batches < 1 or clock() - t0 < seconds:
+            await asyncio.gather(*(one() for _ in range(n_conc)))
+            batches += 1
+        conc = clock() - t0
         live = len(host.ctx.agents.list()) - len(idle)
     return {
         "config": f"{provider}:{'tool' if real_tool else store}",
-        "seq_ms": seq / n_seq * 1000,
+        "seq_ms": seq / done * 1000,
+        "seq_count": done,
+        "seq_s": seq,
+        "conc_ms_each": conc / (batches * n_conc) * 1000,
+        "conc_batch_ms": conc / batches * 1000,
+        "conc_batches": batches,
         "conc_s": conc,
-        "conc_ms_each": conc / n_conc * 1000,
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "leftover_agents": live,
     }
 
 
-def _child(config: str, n_seq: int, n_conc: int, n_live: int) -> None:
+def _child(config: str, n_seq: int, n_conc: int, n_live: int, seconds: float) -> None:
     provider, store = config.split(":")
     with tempfile.TemporaryDirectory(prefix="dsh-bench-") as tmp:
-        result = asyncio.run(_measure(provider, store, n_seq, n_conc, Path(tmp), n_live))
+        result = asyncio.run(_measure(provider, store, n_seq, n_conc, Path(tmp), n_live, seconds))
     print(json.dumps(result))
+
+
+def run(config: str, n_seq: int, n_conc: int, n_live: int, seconds: float) -> dict[str, Any]:
+    """One configuration measured in a fresh process (plugins by module, no autoload)."""
+    sizes = ["--seq", str(n_seq), "--conc", str(n_conc), "--live", str(n_live)]
+    out = subprocess.run(
+        [sys.executable, __file__, "--child", config, *sizes, "--seconds", str(seconds)],
+        capture_output=True,
+        text=True,
+        check=False,
+        env={**os.environ, "DSH_DISABLE_PLUGIN_AUTOLOAD": "1"},
+    )
+    if out.returncode:
+        raise SystemExit(f"{config} failed:\n{out.stderr}")
+    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    return result
+
+
+FIGURES = ("seq_ms", "conc_ms_each", "conc_batch_ms", "peak_rss_mb", "seq_count", "conc_batches")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--seq", type=int, default=200, help="sequential delegations")
-    parser.add_argument("--conc", type=int, default=50, help="concurrent delegations")
+    parser.add_argument("--seq", type=int, default=200, help="sequential delegations, at least")
+    parser.add_argument("--conc", type=int, default=50, help="concurrent delegations per batch")
+    parser.add_argument("--seconds", type=float, default=1.0, help="each phase's length, at least")
+    parser.add_argument("--rounds", type=int, default=3, help="fresh processes per configuration")
     parser.add_argument("--only", choices=CONFIGS, action="append", help="run only these")
     parser.add_argument("--live", type=int, default=0, help="idle agents kept alive meanwhile")
+    parser.add_argument("--json", help="also write the rows (and every round) to this file")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        _child(args.child, args.seq, args.conc, args.live)
+        _child(args.child, args.seq, args.conc, args.live, args.seconds)
         return
-    rows = []
-    sizes = ["--seq", str(args.seq), "--conc", str(args.conc), "--live", str(args.live)]
-    for config in args.only or CONFIGS:
-        out = subprocess.run(
-            [sys.executable, __file__, "--child", config, *sizes],
-            capture_output=True,
-            text=True,
-            check=True,
-            env={**os.environ, "DSH_DISABLE_PLUGIN_AUTOLOAD": "1"},
-        )
-        rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    configs = list(dict.fromkeys(args.only or CONFIGS))
+    rounds: dict[str, list[dict[str, Any]]] = {config: [] for config in configs}
+    for i in range(args.rounds):
+        turn = i % len(configs)
+        for config in configs[turn:] + configs[:turn]:
+            rounds[config].append(run(config, args.seq, args.conc, args.live, args.seconds))
+    rows = {
+        config: {key: statistics.median(r[key] for r in runs) for key in FIGURES}
+        for config, runs in rounds.items()
+    }
     live = f", {args.live} idle agents alive" if args.live else ""
-    print(f"python {sys.version.split()[0]}; {args.seq} sequential, {args.conc} concurrent{live}")
-    print(f"{'config':<14} {'ms/delegation (seq)':>20} {'conc total s':>13} {'peak RSS MB':>12}")
-    for r in rows:
+    print(
+        f"python {sys.version.split()[0]}; medians of {args.rounds} fresh processes per "
+        f"configuration (alternating); each phase >= {args.seconds:g} s: sequential (at least "
+        f"{args.seq}), then batches of {args.conc} concurrent{live}"
+    )
+    print(
+        f"{'config':<14} {'ms/delegation seq':>18} {'(count)':>8} {'ms/delegation conc':>19} "
+        f"{'(batches)':>9} {'peak RSS MB':>12}"
+    )
+    for config, r in rows.items():
         print(
-            f"{r['config']:<14} {r['seq_ms']:>20.3f} {r['conc_s']:>13.3f} {r['peak_rss_mb']:>12.1f}"
+            f"{config:<14} {r['seq_ms']:>18.3f} {r['seq_count']:>8.0f} {r['conc_ms_each']:>19.3f} "
+            f"{r['conc_batches']:>9.0f} {r['peak_rss_mb']:>12.1f}"
         )
+    if "spawn:tool" in rounds and "spawn:memory" in rounds:
+        for key, label in (("seq_ms", "sequential"), ("conc_ms_each", "concurrent")):
+            ratios = [
+                t[key] / m[key]
+                for t, m in zip(rounds["spawn:tool"], rounds["spawn:memory"], strict=True)
+            ]
+            print(
+                f"spawn:tool / spawn:memory, {label}: median {statistics.median(ratios):.2f} "
+                f"(rounds: {', '.join(f'{r:.2f}' for r in ratios)})"
+            )
+    if args.json:
+        Path(args.json).write_text(json.dumps({"rows": rows, "rounds": rounds}, indent=1))
 
 
 if __name__ == "__main__":

@@ -2,7 +2,9 @@
 
 Everything runs against the loopback chat-completions server of ``dsh_llm_openai.testing``
 (127.0.0.1, a pre-rendered SSE body), so the network's cost is as small as it gets and the
-adapter's share shows. Each figure is the mean of the best of ``--rounds`` rounds:
+adapter's share shows. The ways of reading a figure run in alternation, ``--rounds`` rounds
+(the order rotated each round), so what slows the machine for a while slows each of them; each
+figure is the median over the rounds, and each difference the median of the rounds' differences:
 
 - *per chunk*: one response of ``--chunks`` text chunks, read (a) through the adapter, (b)
   through the same SDK call without the adapter (``client.post(..., cast_to=object)``: SSE
@@ -12,14 +14,15 @@ adapter's share shows. Each figure is the mean of the best of ``--rounds`` round
   conversation, through the adapter and through the bare SDK call; the difference is what
   the adapter adds per request (building the body, mapping, closing the stream).
 
-    python benchmarks/llm_openai.py                     # 2000 chunks, 300 requests
-    python benchmarks/llm_openai.py --chunks 5000 --rounds 5
+    python benchmarks/llm_openai.py                     # 5000 chunks, 300 requests, 9 rounds
+    python benchmarks/llm_openai.py --chunks 2000 --rounds 3
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import statistics
 import time
 from typing import Any
 
@@ -85,13 +88,22 @@ async def _through_typed_sdk(client: Any, body: dict[str, Any]) -> int:
     return n
 
 
-async def _best(rounds: int, run: Any) -> float:
-    best = float("inf")
-    for _ in range(rounds):
-        t0 = time.perf_counter()
-        await run()
-        best = min(best, time.perf_counter() - t0)
-    return best
+async def _alternating(rounds: int, runs: dict[str, Any]) -> dict[str, list[float]]:
+    """Seconds of each run in each round: every round runs each once, in an order rotated by
+    one each round (the first of a round is a different one each time)."""
+    names = list(runs)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for i in range(rounds):
+        for name in names[i % len(names) :] + names[: i % len(names)]:
+            t0 = time.perf_counter()
+            await runs[name]()
+            times[name].append(time.perf_counter() - t0)
+    return times
+
+
+def _diff(a: list[float], b: list[float]) -> float:
+    """The median of the rounds' differences ``a - b``."""
+    return statistics.median(x - y for x, y in zip(a, b, strict=True))
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -113,15 +125,25 @@ async def main(args: argparse.Namespace) -> None:
             for _ in range(3):  # warm-up: connections, imports, caches
                 await _through_adapter(adapter, short)
                 await _through_sdk(client, wire)
-            a = await _best(args.rounds, lambda: _through_adapter(adapter, short))
-            b = await _best(args.rounds, lambda: _through_sdk(client, wire))
-            c = await _best(args.rounds, lambda: _through_typed_sdk(client, wire))
+            chunked = await _alternating(
+                args.rounds,
+                {
+                    "adapter": lambda: _through_adapter(adapter, short),
+                    "sdk": lambda: _through_sdk(client, wire),
+                    "typed": lambda: _through_typed_sdk(client, wire),
+                },
+            )
+            a, b, c = (statistics.median(chunked[k]) for k in ("adapter", "sdk", "typed"))
+            own = _diff(chunked["adapter"], chunked["sdk"])
             n = args.chunks + 2
-            print(f"per chunk ({args.chunks} text chunks in one response, best of {args.rounds}):")
+            print(
+                f"per chunk ({args.chunks} text chunks in one response, median of {args.rounds} "
+                "alternating rounds):"
+            )
             print(f"  through the adapter          {a / n * 1e6:8.1f} µs")
             print(f"  bare SDK call (dict chunks)  {b / n * 1e6:8.1f} µs")
             print(f"  typed SDK call (pydantic)    {c / n * 1e6:8.1f} µs")
-            print(f"  the adapter's own cost       {(a - b) / n * 1e6:8.1f} µs per chunk")
+            print(f"  the adapter's own cost       {own / n * 1e6:8.1f} µs per chunk")
 
             server.default = Reply(body=one_body)
             long = GenerateOptions(provider="openai", model="m", messages=_history(args.history))
@@ -137,8 +159,9 @@ async def main(args: argparse.Namespace) -> None:
 
             await many_adapter()
             await many_sdk()
-            ra = await _best(args.rounds, many_adapter)
-            rb = await _best(args.rounds, many_sdk)
+            requested = await _alternating(args.rounds, {"adapter": many_adapter, "sdk": many_sdk})
+            ra, rb = (statistics.median(requested[k]) for k in ("adapter", "sdk"))
+            own = _diff(requested["adapter"], requested["sdk"])
             per = args.requests
             t0 = time.perf_counter()
             for _ in range(per):
@@ -146,11 +169,11 @@ async def main(args: argparse.Namespace) -> None:
             body_cost = (time.perf_counter() - t0) / per
             print(
                 f"per request ({args.requests} one-chunk requests, {len(long.messages)} "
-                f"messages each, best of {args.rounds}):"
+                f"messages each, median of {args.rounds} alternating rounds):"
             )
             print(f"  through the adapter          {ra / per * 1e6:8.1f} µs")
             print(f"  bare SDK call                {rb / per * 1e6:8.1f} µs")
-            print(f"  the adapter's own cost       {(ra - rb) / per * 1e6:8.1f} µs per request")
+            print(f"  the adapter's own cost       {own / per * 1e6:8.1f} µs per request")
             print(f"  of which building the body   {body_cost * 1e6:8.1f} µs")
         finally:
             await adapter.aclose()
@@ -159,8 +182,8 @@ async def main(args: argparse.Namespace) -> None:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--chunks", type=int, default=2000)
+    parser.add_argument("--chunks", type=int, default=5000)
     parser.add_argument("--requests", type=int, default=300)
     parser.add_argument("--history", type=int, default=40)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=9)
     asyncio.run(main(parser.parse_args()))

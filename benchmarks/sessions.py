@@ -2,8 +2,9 @@
 
 Run ``python benchmarks/sessions.py`` (``--quick`` for a smoke run). Prints one table. Numbers
 depend on the machine and above all on the disk (every flush ends in an ``fsync``) and on how
-fast it hands work to a thread and back (once per flush), so compare runs on one machine only,
-and take the best of several: each append figure is a single run. Targets: >= 100k events/s
+fast it hands work to a thread and back (once per flush), so compare runs on one machine only.
+Every figure is the median of several runs (``--repeat``, default 5; 3 for the appends); later
+calls of a trace are the median of the calls after the first. Targets: >= 100k events/s
 appended with a flush every 100 events, a 10k-event session loads in < 50 ms, tracing among 10k
 sessions takes < 100 ms.
 """
@@ -12,8 +13,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import gc
 import random
+import statistics
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
@@ -55,15 +58,15 @@ def host() -> Context:
     return ctx
 
 
-async def best_of(repeat: int, run: Callable[[], Awaitable[object]]) -> float:
-    """The fastest of ``repeat`` runs, in seconds."""
+async def median_of(repeat: int, run: Callable[[], Awaitable[object]]) -> float:
+    """The median of ``repeat`` runs, in seconds (each after a ``gc.collect()``)."""
     times = []
     for _ in range(repeat):
         gc.collect()
         started = time.perf_counter()
         await run()
         times.append(time.perf_counter() - started)
-    return min(times)
+    return statistics.median(times)
 
 
 async def append_and_flush(root: Path, id: str, events: int) -> float:
@@ -99,12 +102,12 @@ async def append_and_flush(root: Path, id: str, events: int) -> float:
 
 
 async def load(root: Path, id: str, repeat: int) -> float:
-    """Best seconds for ``load`` of a cold session (read, parse, validate, nothing to repair)."""
+    """Median seconds for ``load`` of a cold session (read, parse, validate, nothing to repair)."""
     ctx = host()
     persistence = JsonlSessionPersistence(root)
     persistence.install(ctx)
     try:
-        return await best_of(repeat, lambda: persistence.load(id))
+        return await median_of(repeat, lambda: persistence.load(id))
     finally:
         await ctx.dispose()
 
@@ -140,47 +143,66 @@ def write_headers(root: Path, headers: list[SessionHeader]) -> None:
         (root / f"{h.id}.jsonl").write_text(dumps(encode_header(h)) + "\n")
 
 
-async def trace(persistence: SessionPersistence, root: Path | None, count: int, repeat: int):
-    """(first trace, best later trace, traced subtree size) among ``count`` stored sessions."""
-    ctx = host()
-    persistence.install(ctx)
-    ctx.provide("session_persistence", persistence)
-    query = install_session_query(ctx)
+async def trace(
+    make: Callable[[], SessionPersistence], root: Path | None, count: int, repeat: int
+) -> tuple[float, float, int]:
+    """(first trace, later trace, traced subtree size) among ``count`` stored sessions, each a
+    median: the first call over ``repeat`` fresh backends on the same sessions (nothing read
+    or derived yet; the files are in the page cache), later calls over ``repeat`` calls."""
     headers = forest(count)
     if root is not None:
         write_headers(root, headers)
-    else:
-        for h in headers:
-            await persistence.create(h)
     target = headers[count // 100 * 3 + count // 200].id  # inside the fourth tree
-    started = time.perf_counter()
-    result = await query.trace_session(target)
-    first = time.perf_counter() - started
-    later = await best_of(repeat, lambda: query.trace_session(target))
-    await ctx.dispose()
-    return first, later, size(result.descendants) + len(result.ancestors)
+    firsts: list[float] = []
+    later = 0.0
+    lineage = 0
+    for i in range(repeat):
+        ctx = host()
+        persistence = make()
+        persistence.install(ctx)
+        ctx.provide("session_persistence", persistence)
+        query = install_session_query(ctx)
+        if root is None:
+            for h in headers:
+                await persistence.create(h)
+        gc.collect()
+        started = time.perf_counter()
+        result = await query.trace_session(target)
+        firsts.append(time.perf_counter() - started)
+        lineage = size(result.descendants) + len(result.ancestors)
+        if i == 0:
+            later = await median_of(repeat, functools.partial(query.trace_session, target))
+        await ctx.dispose()
+    return statistics.median(firsts), later, lineage
 
 
 async def main() -> None:
     parser = argparse.ArgumentParser(description="Session log benchmarks.")
-    parser.add_argument("--quick", action="store_true", help="small sizes, one repetition")
+    parser.add_argument("--quick", action="store_true", help="small sizes, three runs each")
+    parser.add_argument("--repeat", type=int, default=5, help="runs per figure (median)")
     parser.add_argument("--gc", action="store_true", help="report the collector's pauses")
     args = parser.parse_args()
     sizes = (1_000, 10_000) if args.quick else (10_000, 100_000)
-    repeat = 1 if args.quick else 5
+    repeat = 3 if args.quick else args.repeat
     rows: list[tuple[str, str, str]] = []
     notes: list[str] = []
     with tempfile.TemporaryDirectory(prefix="dsh-bench-") as tmp:
         logs = Path(tmp) / "logs"
+        loaded: dict[int, str] = {}
         for n in sizes:
-            with GcWatch() as watch:
-                seconds = await append_and_flush(logs, f"log{n}", n)
+            runs = []
+            for i in range(min(repeat, 3)):  # a fresh session each run; the last one is loaded
+                gc.collect()
+                with GcWatch() as watch:
+                    runs.append(await append_and_flush(logs, f"log{n}-{i}", n))
+                notes.append(f"append+flush {n:,} run {i + 1}: {watch.report(runs[-1])}")
+            loaded[n] = f"log{n}-{len(runs) - 1}"
+            seconds = statistics.median(runs)
             rows.append(
                 (f"append+flush {n:,} events (flush/100)", f"{n / seconds:,.0f} ev/s", ">= 100k")
             )
-            notes.append(f"append+flush {n:,}: {watch.report(seconds)}")
         for n in sizes:
-            seconds = await load(logs, f"log{n}", repeat)
+            seconds = await load(logs, loaded[n], repeat)
             rows.append(
                 (
                     f"load a {n:,}-event session",
@@ -189,7 +211,7 @@ async def main() -> None:
                 )
             )
         count = sizes[0]
-        _, later, lineage = await trace(MemorySessionPersistence(), None, count, repeat)
+        _, later, lineage = await trace(MemorySessionPersistence, None, count, repeat)
         rows.append(
             (
                 f"trace among {count:,} sessions, memory ({lineage} in lineage)",
@@ -197,8 +219,9 @@ async def main() -> None:
                 "< 100 ms",
             )
         )
+        folder = Path(tmp) / "t"
         first, later, _ = await trace(
-            JsonlSessionPersistence(Path(tmp) / "t"), Path(tmp) / "t", count, repeat
+            lambda: JsonlSessionPersistence(folder), folder, count, repeat
         )
         rows.append(
             (f"trace among {count:,} sessions, JSONL, first call", f"{first * 1e3:.1f} ms", "")
@@ -211,6 +234,7 @@ async def main() -> None:
             )
         )
     width = max(len(r[0]) for r in rows)
+    print(f"medians of {repeat} runs (appends: of {min(repeat, 3)})")
     print(f"{'benchmark':<{width}}  {'result':>13}  target")
     for name, result, target in rows:
         print(f"{name:<{width}}  {result:>13}  {target}")
