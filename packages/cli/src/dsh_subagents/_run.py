@@ -11,8 +11,8 @@ scripted model (``scripted:echo``). Sessions are stored as JSONL files under the
 The run lasts until the tree settles (CLI-1): the root's turn ends, and every background or
 continuable child below it runs to completion; their reports and settlement notices wake the
 root, which answers again. Ctrl-C, ``--timeout`` and a closed output stop it the same way:
-the root's turn is cancelled, the children are drained child-first (their notices kept in
-the root's log), and the tree is disposed (CLI-3..5).
+the root's turn is cancelled, the children are drained child-first (each sends the root its
+settlement notice, without waking it), and the tree is disposed (CLI-3..5).
 """
 
 from __future__ import annotations
@@ -92,6 +92,8 @@ EXIT_TIMEOUT = 124
 MAX_ROOT_TURNS = 200
 #: How long a stopped run waits for its children to drain before it disposes them.
 DRAIN_GRACE = 30.0
+#: After a stop, how long before the run says that a second Ctrl-C quits at once.
+STILL_STOPPING = 2.0
 
 
 @attrs.frozen(kw_only=True)
@@ -558,6 +560,7 @@ class _Run:
         self.wake = asyncio.Event()
         self.root_turns = 0
         self.first_seq = len(self.agent.session.events)
+        self.hint: asyncio.TimerHandle | None = None
 
     # -- stopping ----------------------------------------------------------------------------
 
@@ -598,8 +601,8 @@ class _Run:
         os._exit(EXIT_INTERRUPTED)
 
     def stop(self, why: str) -> None:
-        """Stop the run (the first reason wins): the root's turn is cancelled, its pending
-        input kept in its log; :meth:`go` then drains the children."""
+        """Stop the run (the first reason wins): the root's turn is cancelled (its pending
+        input parked, not discarded); :meth:`go` then drains the children."""
         if self.why is not None:
             return
         self.why = why
@@ -616,13 +619,17 @@ class _Run:
             )
         self.agent.cancel(AgentCancelCause(kind="user", reason=why), keep_inbox=True)
         self.wake.set()
+        if self.options.signals and why != "closed":
+            loop = asyncio.get_running_loop()
+            self.hint = loop.call_later(
+                STILL_STOPPING, self.note, "still stopping: Ctrl-C again quits at once"
+            )
 
     def _stopping(self) -> str:
         n = self._running_below()
         if not n:
             return ""
-        again = "; Ctrl-C again quits at once" if self.options.signals else ""
-        return f": stopping {n} running subagent{'' if n == 1 else 's'}{again}"
+        return f": stopping {n} running subagent{'' if n == 1 else 's'}"
 
     def note(self, text: str) -> None:
         with contextlib.suppress(OSError, ValueError):
@@ -676,8 +683,8 @@ class _Run:
                 return
 
     async def _drain(self) -> None:
-        """After a stop: the children released child-first (continuable ones send their
-        notices to the root's log without waking it), jobs killed, all within a grace."""
+        """After a stop: the children released child-first (continuable ones send the root
+        their notices without waking it), jobs killed, all within a grace."""
         subagents = self.ctx.get("subagents")
         try:
             async with asyncio.timeout(DRAIN_GRACE):
@@ -720,8 +727,9 @@ class _Run:
             if self.why is not None:
                 await self._drain()
         finally:
-            if timer is not None:
-                timer.cancel()
+            for handle in (timer, self.hint):
+                if handle is not None:
+                    handle.cancel()
             self.view.finish()
             await self.handle.dispose()
             for remove in removers:

@@ -33,6 +33,8 @@ class _Tally:
 
     def describe(self) -> str:
         requests = f"{self.requests} request{'' if self.requests == 1 else 's'}"
+        if self.unreported == self.requests:
+            return f"{requests}, no usage reported"
         cached = f" ({self.cached:,} cached)" if self.cached else ""
         text = f"{requests}, {self.input:,} input{cached} and {self.output:,} output tokens"
         if self.unreported:
