@@ -175,6 +175,7 @@ def _in_pty(argv: list[str], cwd: Path, keys: list[tuple[str, bytes]]) -> tuple[
     raw = b""
     pending = list(keys)
     deadline = time.monotonic() + 120
+    ended = False
     try:
         while True:
             left = deadline - time.monotonic()
@@ -191,7 +192,10 @@ def _in_pty(argv: list[str], cwd: Path, keys: list[tuple[str, bytes]]) -> tuple[
             raw += more
             if pending and re.search(pending[0][0], raw.decode(errors="replace")):
                 os.write(fd, pending.pop(0)[1])
+        ended = True  # it closed its terminal: it is exiting
     finally:
+        if not ended:  # a check above failed while it runs: end it, the test reports why
+            os.kill(pid, signal.SIGKILL)
         _, wait = os.waitpid(pid, 0)
         os.close(fd)
     assert not pending, f"never saw {pending[0][0]!r}: {raw!r}"
