@@ -117,6 +117,21 @@ def test_max_steps_bounds_every_turn(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert "the turn ended max-steps: the turn reached its step limit (3 steps)" in err
 
 
+def test_max_steps_bounds_the_children_too(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """CLI-8: `--max-steps N` bounds every agent of the run, not only the root: a child
+    that calls tools for ever makes N requests, ends `max-steps`, and its notice wakes the
+    root, whose last turn completes (exit status 0)."""
+    script = _script(tmp_path, SPIN)
+    status, out, err = run("--max-steps", "3", "--model", f"scripted:{script}", "go",
+                           capsys=capsys)  # fmt: skip
+    assert status == 0, err
+    child = out.splitlines()[1].split()[2]
+    assert out.count(f"[{child}] → nothing") == 3
+    assert f"⇠ child {child} ended: max-steps" in out
+
+
 def test_system_sets_the_persona(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """CLI-9: `--system TEXT` is in the system prompt the model reads."""
     script = _script(
