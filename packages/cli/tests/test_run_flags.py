@@ -84,7 +84,7 @@ def _sessions(store: Path) -> dict[str, list[dict[str, Any]]]:
 def test_the_run_waits_for_a_background_child_and_the_root_answers_its_notice(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """CLI-1, CLI-7, CLI-19: a default run's `subagent` tool starts a continuable child in the
+    """CLI-1, CLI-7: a default run's `subagent` tool starts a continuable child in the
     background; the run goes on after the root's turn until the child finished (completed,
     not disposed) and the root answered its settlement notice, each answer on its own line."""
     store = tmp_path / "store"
