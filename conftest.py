@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 pytest_plugins = ["dsh_core.testing.pytest_plugin"]
@@ -19,3 +20,12 @@ settings.register_profile("thorough", deadline=None, max_examples=2000)
 # proves the installed set changes no outcome; the search itself is the `tests` sessions' job.
 settings.register_profile("rerun", deadline=None, max_examples=10)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dsh"))
+
+
+@pytest.fixture(autouse=True)
+def _private_home(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every test gets its own `$DSH_SUBAGENTS_HOME`: `dsh-subagents run` stores its sessions
+    there by default, and no test may write into the real home of whoever runs the suite."""
+    monkeypatch.setenv("DSH_SUBAGENTS_HOME", str(tmp_path_factory.mktemp("home")))

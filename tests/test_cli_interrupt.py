@@ -6,6 +6,7 @@ the model never suspends (a script whose rule calls a missing tool on every requ
 from __future__ import annotations
 
 import os
+import re
 import select
 import signal
 import subprocess
@@ -63,16 +64,28 @@ def _interrupt(tmp_path: Path, *args: str) -> tuple[int, str, str]:
 def test_ctrl_c_on_a_model_that_never_suspends_exits_130_without_a_traceback(
     tmp_path: Path, command: str
 ) -> None:
-    """dsh-subagents run/demo (configuration.md: 130 after Ctrl-C): a turn looping on a
-    scripted model whose every step is synchronous still hears Ctrl-C; the command says it was
-    interrupted on one line and exits 130, with no Python traceback."""
+    """dsh-subagents run/demo (configuration.md: 130 after Ctrl-C), CLI-3, CLI-26: a turn
+    looping on a scripted model whose every step is synchronous still hears Ctrl-C; the
+    command says it was interrupted on one line (`run` then names the session and the command
+    that continues it) and exits 130, with no Python traceback."""
     script = tmp_path / "loop.toml"
     script.write_text(LOOP, encoding="utf-8")
-    args = ["run", "--model", f"scripted:{script}", "go"]
+    # CLI-26: a step limit the loop cannot reach before the interrupt. With the default 100
+    # steps, a loaded machine let the whole turn end `max-steps` (exit 1) between the first
+    # tool call shown and the SIGINT this test sends.
+    args = ["run", "--model", f"scripted:{script}", "--max-steps", str(10**9), "go"]
     if command == "demo":
         args = ["demo", "--store", str(tmp_path / "store"), "--model", f"scripted:{script}"]
     status, out, err = _interrupt(tmp_path, *args)
     assert "→ no_such_tool" in out
     assert "Traceback" not in err, err
-    assert err.strip().splitlines() == [f"dsh-subagents {command}: interrupted"], (status, err)
+    lines = err.strip().splitlines()
+    assert lines[0] == f"dsh-subagents {command}: interrupted", (status, err)
+    if command == "run":  # CLI-3: the root's id and the command that continues it
+        assert len(lines) == 2, err
+        assert re.fullmatch(
+            r'session (\S+) \(continue: dsh-subagents run --resume \1 "\.\.\."\)', lines[1]
+        ), lines[1]
+    else:
+        assert len(lines) == 1, err
     assert status == 130, err

@@ -57,9 +57,13 @@ same time change between two runs."""
 
 RUN_EPILOG: Final = """\
 examples:
-  dsh-subagents run "hello"               the offline echo model
+  dsh-subagents run "hello"               the offline echo model; it may start subagents
   OPENAI_API_KEY=sk-... dsh-subagents run --model openai:gpt-4o-mini "Name three primes."
   dsh-subagents run --config deepseek.toml "Name three lighthouses."
                                           a composition file (docs/configuration.md)
-  dsh-subagents run --resume SESSION_ID "And the oldest?"
-                                          continue a stored session"""
+  dsh-subagents run -c "And the oldest?"  continue the latest stored session
+  echo "Summarise this" | dsh-subagents run -u
+                                          the prompt from a pipe; tokens used, per turn
+
+The run lasts until every subagent settled. Sessions are stored under
+$DSH_SUBAGENTS_HOME/sessions (--no-store keeps them in memory)."""

@@ -241,18 +241,33 @@ def _model(value: str) -> tuple[str | None, str | None]:
 
 
 def cmd_run(args: argparse.Namespace, out: TextIO) -> int:
-    """One agent on the composed plugins: its answer streamed to ``out``, its tool calls and
-    child runs shown as they happen. Exit status 0 when the turn completed, 1 when it did
-    not, 2 when the run could not start (a bad file, flag or route), 130 on Ctrl-C, 141 when
-    ``out`` closed (the run was cancelled on the first write that found it closed)."""
+    """One agent on the composed plugins until its tree settles: its answers streamed to
+    ``out``, its tool calls and child runs shown as they happen (a live tree of the running
+    children when ``out`` is a terminal). Exit status 0 when the root's last turn completed,
+    1 when it did not, 2 when the run could not start (a bad file, flag or route), 124 at
+    ``--timeout``, 130 on Ctrl-C, 141 when ``out`` closed."""
     from ._run import RunOptions, run_agent
 
+    parser: argparse.ArgumentParser = args.run_parser
+    prompt = _prompt_of(args, parser)
+    if args.no_store and (args.resume is not None or args.latest):
+        parser.error("--no-store keeps nothing to continue: drop it to use --resume or -c")
+    if args.no_store and args.store is not None:
+        parser.error("--store and --no-store contradict each other: give one")
     options = RunOptions(
-        prompt=args.prompt,
+        prompt=prompt,
         model=args.model,
         config=args.config,
         store=args.store,
+        no_store=args.no_store,
         resume=args.resume,
+        latest=args.latest,
+        system=args.system,
+        max_steps=args.max_steps,
+        timeout=args.timeout,
+        usage=args.usage,
+        live=out is sys.stdout and _is_terminal(out),
+        signals=out is sys.stdout,
     )
     pm = make_plugin_manager()
     try:
@@ -263,14 +278,75 @@ def cmd_run(args: argparse.Namespace, out: TextIO) -> int:
     return status
 
 
+#: The most a prompt read from standard input may hold (UTF-8 bytes).
+_STDIN_LIMIT = 16 * 1024 * 1024
+
+
+def _prompt_of(args: argparse.Namespace, parser: argparse.ArgumentParser) -> str:
+    """The prompt: the argument, or standard input for ``-`` or when no argument is given
+    and standard input is not a terminal (a pipe). Empty is a usage error (CLI-21), and so
+    is input that is not UTF-8."""
+    prompt: str | None = args.prompt
+    if prompt is None or prompt == "-":
+        stdin = sys.stdin
+        if prompt is None and (stdin is None or _is_terminal(stdin)):
+            parser.error("the prompt is missing: give it as an argument, or '-' (or a pipe) to "
+                         "read it from standard input")  # fmt: skip
+        raw = stdin.buffer.read(_STDIN_LIMIT + 1) if stdin is not None else b""
+        if len(raw) > _STDIN_LIMIT:
+            parser.error(f"the prompt on standard input is longer than {_STDIN_LIMIT} bytes")
+        try:
+            prompt = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            parser.error(
+                f"the prompt on standard input is not UTF-8 (byte 0x{raw[exc.start]:02x} at "
+                f"offset {exc.start})"
+            )
+    if not prompt.strip():
+        parser.error("the prompt is empty: say what the agent should do")
+    return prompt
+
+
+def _is_terminal(stream: object) -> bool:
+    isatty = getattr(stream, "isatty", None)
+    try:
+        return bool(isatty()) if isatty is not None else False
+    except (OSError, ValueError):
+        return False
+
+
+def _positive_int(value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {value!r}")
+    return n
+
+
+def _seconds(value: str) -> float:
+    try:
+        n = float(value)
+    except ValueError:
+        n = 0.0
+    if not 0 < n < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {value!r}")
+    return n
+
+
 def _add_run(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     run = sub.add_parser(
         "run",
-        help="run one agent on a prompt and stream its answer",
+        help="run one agent on a prompt until its subagents settle",
         epilog=_help.RUN_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    run.add_argument("prompt", help="the user message")
+    run.add_argument(
+        "prompt",
+        nargs="?",
+        help="the user message; '-', or nothing with a pipe, reads it from standard input",
+    )
     run.add_argument(
         "--model",
         metavar="PROVIDER[:MODEL]",
@@ -281,9 +357,43 @@ def _add_run(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     run.add_argument(
         "--config", metavar="FILE", help="the composition, a TOML file (docs/configuration.md)"
     )
-    run.add_argument("--store", metavar="DIR", help="keep the session as JSONL files under DIR")
-    run.add_argument("--resume", metavar="ID", help="continue the stored session ID")
-    run.set_defaults(run=cmd_run)
+    run.add_argument(
+        "--system", metavar="TEXT", help="the system prompt's persona for this run's agents"
+    )
+    run.add_argument(
+        "--max-steps",
+        type=_positive_int,
+        metavar="N",
+        help="the most model requests one turn of an agent may take (default 100)",
+    )
+    run.add_argument(
+        "--timeout",
+        type=_seconds,
+        metavar="SECONDS",
+        help="stop the run after this long, as Ctrl-C does (exit status 124)",
+    )
+    run.add_argument(
+        "-u", "--usage", action="store_true", help="print the tokens used, per turn and in all"
+    )
+    where = run.add_mutually_exclusive_group()
+    where.add_argument(
+        "-c",
+        "--continue",
+        dest="latest",
+        action="store_true",
+        help="continue the latest stored session",
+    )
+    where.add_argument(
+        "--resume", metavar="ID", help="continue the stored session ID (a unique prefix will do)"
+    )
+    run.add_argument(
+        "--store",
+        metavar="DIR",
+        help="keep the sessions as JSONL files under DIR "
+        "(default: $DSH_SUBAGENTS_HOME/sessions, else ~/.dsh-subagents/sessions)",
+    )
+    run.add_argument("--no-store", action="store_true", help="keep the sessions in memory only")
+    run.set_defaults(run=cmd_run, run_parser=run)
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -1,0 +1,136 @@
+"""`dsh-subagents run`: from process start to its first model request (issue 25's target:
+at most 300 ms with the sources byte-compiled).
+
+Each round starts two fresh processes, in alternating order: ``python -c pass`` (the bare
+interpreter, for reference) and ``python -m dsh_subagents.cli run`` on the default
+composition with ``--model openai:bench``, whose requests go to the loopback chat-completions
+server. A run is timed from just before its process is spawned to the moment the server
+receives its request. Both are printed as medians with quartiles, and so is the difference;
+then the CPU time of a whole run (user and system, spawn to exit: an upper bound of the CPU
+spent before the request, less sensitive to a busy machine than the wall clock).
+Output is a pipe (no live tree, so ``rich`` is not imported), the home a fresh temporary
+folder (the session is stored there, as by default).
+
+    python benchmarks/cli_start.py --rounds 21
+    python benchmarks/cli_start.py --importtime   # the slowest imports of one run
+"""
+
+from __future__ import annotations
+
+import argparse
+import compileall
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from dsh_llm_openai.testing import ChatCompletionsServer, text_reply
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _quartiles(values: list[float]) -> str:
+    q = statistics.quantiles(values, n=4) if len(values) > 1 else [values[0]] * 3
+    return f"median {q[1] * 1000:6.1f} ms  (quartiles {q[0] * 1000:.1f} .. {q[2] * 1000:.1f})"
+
+
+def _bare() -> float:
+    start = time.perf_counter()
+    subprocess.run([sys.executable, "-c", "pass"], check=True)
+    return time.perf_counter() - start
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+#: The CPU time (user + system) of each timed run, from spawn to exit.
+CPU: list[float] = []
+
+
+def _run(server: ChatCompletionsServer, env: dict[str, str]) -> float:
+    server.received.clear()
+    cpu = _children_cpu()
+    start = time.perf_counter()
+    child = subprocess.Popen(
+        [sys.executable, "-m", "dsh_subagents.cli", "run", "--model", "openai:bench", "hi"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
+    if not server.received.wait(60):
+        child.kill()
+        raise SystemExit(f"no request within 60 s: {child.communicate()}")
+    elapsed = time.perf_counter() - start
+    _, err = child.communicate(timeout=60)
+    if child.returncode != 0:
+        raise SystemExit(f"the run failed ({child.returncode}): {err.decode()}")
+    CPU.append(_children_cpu() - cpu)
+    return elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--importtime", action="store_true")
+    args = parser.parse_args()
+    for folder in ("packages",):
+        compileall.compile_dir(ROOT / folder, quiet=1)
+    with (
+        tempfile.TemporaryDirectory() as home,
+        ChatCompletionsServer(default=text_reply("ok")) as server,
+    ):
+        env = {k: v for k, v in os.environ.items() if not k.startswith("DSH_")}
+        env.update(
+            DSH_SUBAGENTS_HOME=home, OPENAI_BASE_URL=server.base_url, OPENAI_API_KEY="sk-bench"
+        )
+        if args.importtime:
+            done = subprocess.run(
+                [
+                    sys.executable,
+                    "-X",
+                    "importtime",
+                    "-m",
+                    "dsh_subagents.cli",
+                    "run",
+                    "--model",
+                    "openai:bench",
+                    "hi",
+                ],
+                capture_output=True,
+                env=env,
+                check=True,
+            )
+            rows = [
+                line.split("|")
+                for line in done.stderr.decode().splitlines()
+                if line.startswith("import time:") and "cumulative" not in line
+            ]
+            top = sorted(rows, key=lambda r: -int(r[1]))[:25]
+            for row in top:
+                print(f"{int(row[1]) / 1000:8.1f} ms  {row[2].rstrip()}")
+            return
+        _run(server, env)  # warm the disk cache and the byte-code
+        bare: list[float] = []
+        runs: list[float] = []
+        for i in range(args.rounds):
+            if i % 2:
+                runs.append(_run(server, env))
+                bare.append(_bare())
+            else:
+                bare.append(_bare())
+                runs.append(_run(server, env))
+    print(f"python -c pass                     {_quartiles(bare)}")
+    print(f"dsh-subagents run, first request   {_quartiles(runs)}")
+    diffs = [r - b for r, b in zip(runs, bare, strict=True)]
+    print(f"difference (pairs)                 {_quartiles(diffs)}")
+    print(f"CPU of a whole run (to its exit)   {_quartiles(CPU[1:])}")
+
+
+if __name__ == "__main__":
+    main()
