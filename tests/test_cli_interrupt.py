@@ -1,7 +1,7 @@
-"""`dsh-subagents run` and `dsh-subagents demo` under Ctrl-C, as a terminal delivers it (SIGINT to
-the process
-group): a one-line notice, exit status 130, no traceback, nothing left running; even when
-the model never suspends (a script whose rule calls a missing tool on every request)."""
+"""`dsh-subagents run` and `dsh-subagents demo` under Ctrl-C, as a terminal delivers it (SIGINT
+to the process group): a one-line notice, exit status 130, no traceback, nothing left
+running; even when the model never suspends (a script whose rule calls a missing tool on
+every request)."""
 
 from __future__ import annotations
 
@@ -75,7 +75,8 @@ def test_ctrl_c_on_a_model_that_never_suspends_exits_130_without_a_traceback(
     # tool call shown and the SIGINT this test sends.
     args = ["run", "--model", f"scripted:{script}", "--max-steps", str(10**9), "go"]
     if command == "demo":
-        args = ["demo", "--store", str(tmp_path / "store"), "--model", f"scripted:{script}"]
+        args = ["demo", "--store", str(tmp_path / "store"), "--model", f"scripted:{script}",
+                "--max-steps", str(10**9)]  # fmt: skip
     status, out, err = _interrupt(tmp_path, *args)
     assert "→ no_such_tool" in out
     assert "Traceback" not in err, err

@@ -496,6 +496,7 @@ async def run_tour(
     prompt: str,
     store: Path,
     model: str | None = None,
+    max_steps: int | None = None,
 ) -> int:
     """The tour of the seam on ``pm``'s plugins (every :data:`TOUR_PLUGINS` installed); 0 when
     the coordinator's last turn completed and no invariant broke, else 1. ``model``
@@ -506,10 +507,10 @@ async def run_tour(
     if model is not None:
         provider, _, name = model.partition(":")
         real = PluginRow(plugin="llm-openai", config={"provider": provider, "model": name})
-        route = AgentOptions(provider=provider, model=name)
+        route = AgentOptions(provider=provider, model=name, max_steps=max_steps)
         what = f"the model {name} (provider {provider})"
     else:
-        route = AgentOptions(provider="scripted", model="tour")
+        route = AgentOptions(provider="scripted", model="tour", max_steps=max_steps)
         what = f"the offline scripted model (the script {script})" if script else (
             "the offline scripted model (its embedded script)")  # fmt: skip
     print(f"\nthe subagent seam, on {what}:", file=out)

@@ -217,7 +217,15 @@ def _demo_on(args: argparse.Namespace, out: TextIO) -> int:
         else:
             store = _demo.demo_store(args.store)
             status = asyncio.run(
-                _demo.run_tour(out, pm, script=script, prompt=prompt, store=store, model=route)
+                _demo.run_tour(
+                    out,
+                    pm,
+                    script=script,
+                    prompt=prompt,
+                    store=store,
+                    model=route,
+                    max_steps=args.max_steps,
+                )
             )
     except DshError as exc:  # a script that cannot be read or is malformed, say
         print(f"dsh-subagents demo: error: {exc} [{exc.code}]", file=sys.stderr)
@@ -439,6 +447,12 @@ def _parser() -> argparse.ArgumentParser:
         "--prompt",
         default=None,
         help="the coordinator's user message",
+    )
+    demo.add_argument(
+        "--max-steps",
+        type=_positive_int,
+        metavar="N",
+        help="the coordinator's step limit per turn (default 100): a script that loops stops",
     )
     demo.add_argument(
         "--store",
