@@ -15,6 +15,7 @@ from typing import Any, cast
 import acp
 from acp.schema import (
     AgentMessageChunk,
+    AgentThoughtChunk,
     AllowedOutcome,
     ClientCapabilities,
     DeniedOutcome,
@@ -23,6 +24,9 @@ from acp.schema import (
     PermissionOption,
     RequestPermissionResponse,
     TextContentBlock,
+    ToolCallProgress,
+    ToolCallStart,
+    UserMessageChunk,
 )
 from pydantic import ValidationError
 
@@ -48,6 +52,9 @@ _STOP_REASONS = {
     "cancelled": "aborted",
 }
 _ALLOW = ("allow_once", "allow_always")
+#: Updates that end an agent message once it has text (ACPC-8): the child's next turn, its
+#: tool work or its next thought come between two messages.
+_BOUNDARIES = (UserMessageChunk, ToolCallStart, ToolCallProgress, AgentThoughtChunk)
 #: How much of a child's JSON-RPC error message a diagnostic repeats (never its ``data``).
 _MESSAGE_LIMIT = 200
 #: How long the answer of a child that has exited may still take to be read: its stdout's end
@@ -69,7 +76,7 @@ class AcpSubagentRun(SubagentRun):
 class _ParentClient:
     """What the child may ask of us: session updates and permission (ACP-3, ACP-6).
 
-    Nothing else is advertised, so the SDK answers every other method "method not found".
+    Nothing else is advertised: ``fs/*`` and ``terminal/*`` are answered "method not found".
     """
 
     def __init__(self, permission: str) -> None:
@@ -77,15 +84,65 @@ class _ParentClient:
         self.session_id: str | None = None
         self.text: list[str] = []
         self.cancelled = False
+        #: Updates of a ``session/load`` replay are the past, not output (ACPC-20).
+        self.replaying = False
+        #: A new message began (ACPC-8): the next text chunk starts the output afresh.
+        self.boundary = False
+        self.message_id: str | None = None
+        #: Called with each text chunk as it is collected (a continuable child streams it).
+        self.on_text: Callable[[str], None] | None = None
+
+    def begin(self) -> None:
+        """A new prompt: its output starts empty."""
+        self.text = []
+        self.boundary = False
+        self.message_id = None
 
     async def session_update(self, session_id: str, update: Any, **kwargs: Any) -> None:
-        """ACP-3: only ``agent_message_chunk`` text of our session is collected."""
-        if (
-            session_id == self.session_id
-            and isinstance(update, AgentMessageChunk)
-            and isinstance(update.content, TextContentBlock)
-        ):
-            self.text.append(update.content.text)
+        """ACP-3, ACPC-8: the output is the text of the prompt's last agent message.
+
+        A prompt may span several turns of the child (it answered a notice of its own
+        before replying, it called tools between messages): a ``user_message_chunk``, a tool
+        card, a thought, or a chunk whose ``messageId`` differs from the last one ends a
+        message, and the next ``agent_message_chunk`` text starts the output again.
+        """
+        if session_id != self.session_id or self.replaying:
+            return
+        if isinstance(update, AgentMessageChunk):
+            message_id = update.message_id
+            if message_id is not None:
+                if self.message_id is not None and message_id != self.message_id:
+                    self.boundary = True
+                self.message_id = message_id
+            if isinstance(update.content, TextContentBlock) and update.content.text:
+                if self.boundary:
+                    self.boundary = False
+                    self.text = []
+                self.text.append(update.content.text)
+                if self.on_text is not None:
+                    self.on_text(update.content.text)
+        elif self.text and isinstance(update, _BOUNDARIES):
+            self.boundary = True
+
+    async def _not_offered(self, method: str) -> Any:
+        raise acp.RequestError.method_not_found(method)
+
+    # ACPC-4: the SDK would answer these optional methods with null or {} (which does not fit
+    # CreateTerminalResponse); the capability is not advertised, so they are not found.
+    async def create_terminal(self, *args: Any, **kwargs: Any) -> Any:
+        return await self._not_offered("terminal/create")
+
+    async def terminal_output(self, *args: Any, **kwargs: Any) -> Any:
+        return await self._not_offered("terminal/output")
+
+    async def release_terminal(self, *args: Any, **kwargs: Any) -> Any:
+        return await self._not_offered("terminal/release")
+
+    async def wait_for_terminal_exit(self, *args: Any, **kwargs: Any) -> Any:
+        return await self._not_offered("terminal/wait_for_exit")
+
+    async def kill_terminal(self, *args: Any, **kwargs: Any) -> Any:
+        return await self._not_offered("terminal/kill")
 
     async def request_permission(
         self, session_id: str, tool_call: Any, options: list[PermissionOption], **kwargs: Any
@@ -327,7 +384,10 @@ class _Run:
             return
         self.client.cancelled = True
         self._settle("aborted")
-        if self.cancel_sent is None and not self.child.exited.done():
+        # ACPC-3: session/cancel only while the prompt runs; a child whose turn ended is not
+        # told to cancel (a long-lived one would take it for its next turn's).
+        running = self.prompt is not None and not self.prompt.done()
+        if running and self.cancel_sent is None and not self.child.exited.done():
             self.cancel_sent = asyncio.ensure_future(self._send_cancel())
 
     async def _send_cancel(self) -> None:

@@ -36,6 +36,7 @@ class AcpConfig:
     cwd: str | None = None
     permission: str = "reject"
     env: dict[str, str] = attrs.field(factory=dict)
+    pass_env: list[str] = attrs.field(factory=list)
     dispose_eof_grace_ms: float = 6000
     dispose_grace_ms: float = 3000
     start_timeout_ms: float = 30_000
@@ -72,6 +73,9 @@ def _check(config: AcpConfig) -> str | None:
             )
         if "\0" in value:
             raise ValueError(f"subagent-acp: env.{name} must not contain NUL")
+    for i, name in enumerate(config.pass_env):
+        if not name or "=" in name or "\0" in name:
+            raise ValueError(f"subagent-acp: pass_env[{i}] must be a variable name, got {name!r}")
     if config.permission not in _PERMISSIONS:
         raise ValueError(
             f"subagent-acp: permission must be 'reject' or 'allow', got {config.permission!r}"

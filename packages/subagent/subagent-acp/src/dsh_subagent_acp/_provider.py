@@ -74,7 +74,7 @@ class AcpProvider:
             name=self.name,
             config=self.config,
             cwd=cwd,
-            env=child_environment(self.config.env),
+            env=child_environment(self.config.env, passed=self.config.pass_env),
             text=text,
             signal=signal,
         )
