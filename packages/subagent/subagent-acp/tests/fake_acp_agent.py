@@ -93,6 +93,10 @@ def main() -> None:
     parser.add_argument("--hold-text", default=None, help="a prompt answered as --prompt slow")
     parser.add_argument("--hang-new", action="store_true", help="never answer session/new")
     parser.add_argument("--linger-ms", type=int, default=0, help="work this long after EOF")
+    parser.add_argument(
+        "--load", action="store_true", help="advertise loadSession; a load replays REPLAYED"
+    )
+    parser.add_argument("--resume", action="store_true", help="advertise session resume only")
     args = parser.parse_args()
 
     if args.trap_term:
@@ -153,7 +157,10 @@ def main() -> None:
                 request_id,
                 {
                     "protocolVersion": 1,
-                    "agentCapabilities": {"loadSession": False},
+                    "agentCapabilities": {
+                        "loadSession": args.load,
+                        "sessionCapabilities": {"resume": {}} if args.resume else {},
+                    },
                     "agentInfo": {"name": "fake", "version": "0"},
                     "authMethods": [],
                 },
@@ -339,6 +346,12 @@ def main() -> None:
                         },
                     }
                 )
+        elif method in ("session/load", "session/resume"):
+            session_id = message["params"]["sessionId"]
+            if method == "session/load":
+                chunk(session_id, "REPLAYED question", "user_message_chunk")
+                chunk(session_id, "REPLAYED answer")
+            answer(request_id, {})
         elif method == "session/cancel":
             if pending_prompt is not None:
                 answer(pending_prompt, {"stopReason": "cancelled"})

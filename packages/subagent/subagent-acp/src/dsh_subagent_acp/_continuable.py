@@ -29,7 +29,7 @@ import contextlib
 import json
 import logging
 from collections.abc import AsyncIterator, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from dsh_core import (
     AbortedError,
@@ -91,13 +91,14 @@ def decode_model(model: str) -> tuple[str, str] | None:
     return None
 
 
-def new_input(messages: Sequence[Message]) -> str:
-    """The text of the user messages after the child's last answer: what this turn asks.
-    Runtime-context snapshots (the local child's own prompt context, such as the delegation
-    statement) stay on this side, as the system prompt does."""
+def new_input(messages: Sequence[Message], sent: str | None = None) -> str:
+    """The text of the user messages after the child's last answer, or after the message
+    ``sent`` (the last one a prompt already carried: a turn given up on left no answer):
+    what this turn asks. Runtime-context snapshots (the local child's own prompt context,
+    such as the delegation statement) stay on this side, as the system prompt does."""
     parts: list[str] = []
     for message in reversed(messages):
-        if message.role == "assistant":
+        if message.role == "assistant" or message.id == sent:
             break
         source = message.source
         if isinstance(source, PluginSource) and source.form == "snapshot":
@@ -119,7 +120,7 @@ _ABORTED = Finish(reason="aborted", failure=LlmFailure(message="request aborted"
 class _Held:
     """One live agent process serving the ACP session of one continuable child."""
 
-    __slots__ = ("busy", "child_id", "idle", "opened", "parent_id")
+    __slots__ = ("busy", "child_id", "idle", "opened", "parent_id", "unwinding")
 
     def __init__(self, opened: Opened, child_id: str, parent_id: str | None) -> None:
         self.opened = opened
@@ -127,6 +128,8 @@ class _Held:
         self.parent_id = parent_id
         self.busy = False
         self.idle: asyncio.TimerHandle | None = None
+        #: A prompt whose turn was given up on, while the child winds it down.
+        self.unwinding: asyncio.Future[None] | None = None
 
 
 class AcpSessions:
@@ -139,6 +142,8 @@ class AcpSessions:
         self.ctx = ctx
         self.env = env
         self.held: dict[str, _Held] = {}
+        #: By child: the id of the last message a prompt carried (in this process).
+        self.sent: dict[str, str] = {}
         self.releasing: set[asyncio.Future[None]] = set()
         self.closed = False
 
@@ -213,6 +218,7 @@ class AcpSessions:
         process stays until its idle time: a follow-up may come back to it)."""
         for held in [h for h in self.held.values() if h.parent_id == agent.id]:
             self._drop(held)
+            self.sent.pop(held.child_id, None)
 
     async def close(self) -> None:
         """The plugin unloads: every process is released, and waited for."""
@@ -273,17 +279,53 @@ class AcpSessions:
                 _log.warning('subagent-acp "%s": %s', self.name, exc)
                 yield _failed(exc.code, str(exc))
                 return
+        if held.unwinding is not None:  # bounded by the grace it is given
+            await asyncio.shield(held.unwinding)
+            if self.held.get(child_id) is not held:  # it did not wind down: start again
+                async for chunk in self._turn(options):
+                    yield chunk
+                return
         held.busy = True
         self._disarm(held)
         try:
-            finish, text = await self._prompt(held, new_input(options.messages), signal)
+            messages = options.messages
+            text = new_input(messages, self.sent.get(child_id))
+            if messages:
+                self.sent[child_id] = messages[-1].id
+            finish, text = await self._prompt(held, text, signal)
         finally:
-            held.busy = False
-            if self.held.get(child_id) is held:
-                self._arm(held)
+            if held.unwinding is None:
+                held.busy = False
+                if self.held.get(child_id) is held:
+                    self._arm(held)
         if text:
             yield TextDelta(index=0, text=text)
         yield finish
+
+    async def _cancel(self, held: _Held, task: asyncio.Future[Any]) -> None:
+        """``session/cancel``, then up to ``dispose_grace_ms`` for the prompt's answer; a
+        child that does not answer is not kept."""
+        opened = held.opened
+        opened.client.cancelled = True
+        grace = self.config.dispose_grace_ms / 1000
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(grace):
+                await opened.conn.cancel(session_id=opened.session_id)
+        await asyncio.wait({task, opened.child.exited}, timeout=grace)
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+            self._drop(held)
+
+    async def _unwind(self, held: _Held, task: asyncio.Future[Any]) -> None:
+        try:
+            await self._cancel(held, task)
+        finally:
+            held.unwinding = None
+            held.busy = False
+            if self.held.get(held.child_id) is held:
+                self._arm(held)
 
     async def _prompt(self, held: _Held, text: str, signal: AbortSignal) -> tuple[Finish, str]:
         """Send the prompt; the finish and the answer (the last agent message's text)."""
@@ -298,28 +340,29 @@ class AcpSessions:
         blocks = [acp.text_block(text)] if text else []
         task = asyncio.ensure_future(conn.prompt(session_id=opened.session_id, prompt=blocks))
         aborted = asyncio.ensure_future(signal.wait())
-        grace = self.config.dispose_grace_ms / 1000
+        given_up = False
         try:
             await asyncio.wait({task, child.exited, aborted}, return_when=asyncio.FIRST_COMPLETED)
             if aborted.done() and not task.done() and not child.exited.done():
                 # ACPC-17: an interrupt cancels the child's prompt, which answers cancelled.
-                client.cancelled = True
-                with contextlib.suppress(Exception):
-                    async with asyncio.timeout(grace):
-                        await conn.cancel(session_id=opened.session_id)
-                await asyncio.wait({task, child.exited}, timeout=grace)
-                if not task.done():  # it ignored the cancel: it is not kept
-                    self._drop(held)
+                await self._cancel(held, task)
                 return _ABORTED, "".join(client.text)
             if not task.done():  # it exited: what it wrote before is still read
                 await asyncio.wait({task}, timeout=_DRAIN_S)
         except asyncio.CancelledError:
-            # The turn's reader gave up: the child is told, and its process not kept.
-            self._drop(held)
+            # The turn's reader gave up on it (the loop stops reading at an abort): the
+            # child's prompt is cancelled in the background, and the next turn waits for it.
+            given_up = True
+            if not task.done() and not child.exited.done():
+                held.unwinding = unwinding = asyncio.ensure_future(self._unwind(held, task))
+                self.releasing.add(unwinding)
+                unwinding.add_done_callback(self.releasing.discard)
+            else:
+                self._drop(held)
             raise
         finally:
             aborted.cancel()
-            if not task.done():
+            if not task.done() and not (given_up and held.unwinding is not None):
                 task.cancel()
                 with contextlib.suppress(BaseException):
                     await task
