@@ -84,7 +84,7 @@ class _ParentClient:
         self.session_id: str | None = None
         self.text: list[str] = []
         self.cancelled = False
-        #: Updates of a ``session/load`` replay are the past, not output (ACPC-20).
+        #: Updates of a ``session/load`` replay are the past, not output (ACPC-13).
         self.replaying = False
         #: A new message began (ACPC-8): the next text chunk starts the output afresh.
         self.boundary = False
