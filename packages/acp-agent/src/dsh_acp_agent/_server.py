@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib
+import json
 import logging
 import os
 import re
@@ -122,6 +123,20 @@ def _add_text(pending: list[_Pending], thought: bool, text: str) -> None:
         pending.append(_Text(thought, text))
 
 
+#: ACP-side error code of a ``session/load`` whose session another live process holds (ACPC-1):
+#: the session exists, so it is not ``-32002`` (resource not found), which clients take as gone.
+SESSION_LOCKED_CODE = -32042
+
+
+def raw_input(arguments: str) -> Any:
+    """A tool call's arguments as ``rawInput``: the parsed JSON value (ACPC-6); text that is
+    not JSON (a model's broken arguments) stays the string it is."""
+    try:
+        return json.loads(arguments)
+    except ValueError:
+        return arguments
+
+
 def _updates(event: SessionEvent) -> list[Any]:
     """The ACP updates a ``tool/call`` or ``tool/result`` streams as."""
     if event.type == "tool/call":
@@ -132,7 +147,7 @@ def _updates(event: SessionEvent) -> list[Any]:
                 call.name,
                 kind="other",
                 status="in_progress",
-                raw_input=call.arguments,
+                raw_input=raw_input(call.arguments),
             )
         ]
     result: ToolResultData = event.data
@@ -163,6 +178,7 @@ class _Live:
         "busy",
         "cancelled",
         "end",
+        "finished",
         "handle",
         "id",
         "kicked",
@@ -189,6 +205,9 @@ class _Live:
         self.kicked = False  # a kick is scheduled
         self.streamer: asyncio.Task[None] | None = None  # sends while the turn runs
         self.wake: asyncio.Future[None] | None = None  # the streamer waiting for updates
+        # Set when the running prompt is over: a prompt that came while a cancelled one
+        # unwinds waits on it (ACPC-2).
+        self.finished: asyncio.Event | None = None
         # The session's events of the kinds a prompt streams come to on_event, and no other:
         # a plain turn logs ten events, three of which stream.
         self.unwatch = handle.agent.session.watch(_WATCHED, self.on_event)
@@ -259,6 +278,15 @@ class _Live:
         self.busy = False
         self.pending = []
         self.wake = None
+        finished, self.finished = self.finished, None
+        if finished is not None:
+            finished.set()
+
+    async def unwound(self) -> None:
+        """Wait until the running prompt is over (a cancelled turn unwinding ends soon)."""
+        if self.finished is None:
+            self.finished = asyncio.Event()
+        await self.finished.wait()
 
 
 class DshAcpAgent:
@@ -320,6 +348,12 @@ class DshAcpAgent:
                 )
             except Exception as exc:
                 _log.warning("session/load of %r failed: %s", session_id, exc)
+                if getattr(exc, "code", None) == "SESSION_LOCKED":
+                    raise acp.RequestError(
+                        SESSION_LOCKED_CODE,
+                        "Session locked",
+                        {"sessionId": session_id, "reason": "held by another live process"},
+                    ) from None
                 raise acp.RequestError.resource_not_found(session_id) from None
             live = self.sessions[session_id] = _Live(handle, self._send)
         for message in live.agent.session.derive_messages():
@@ -342,7 +376,7 @@ class DshAcpAgent:
                 out.append(
                     helpers.start_tool_call(
                         block.id, block.name, kind="other", status="in_progress",
-                        raw_input=block.arguments,
+                        raw_input=raw_input(block.arguments),
                     )
                 )  # fmt: skip
             elif isinstance(block, ToolResultBlock):
@@ -354,8 +388,13 @@ class DshAcpAgent:
         live = self.sessions.get(session_id)
         if live is None:
             raise acp.RequestError.resource_not_found(session_id)
-        if live.busy:
-            raise acp.RequestError.invalid_request({"sessionId": "a prompt is already running"})
+        # ACPC-2: a prompt that comes while a cancelled turn unwinds (a client's "cancel, then
+        # ask") waits for it; one on a turn that still runs is refused. Each waiter re-checks:
+        # another waiter may have started its own prompt first.
+        while live.busy:
+            if not live.cancelled:
+                raise acp.RequestError.invalid_request({"sessionId": "a prompt is already running"})
+            await live.unwound()
         parts: list[str] = []
         for block in prompt:
             # The class test first: the SDK's models answer isinstance through ABCMeta's

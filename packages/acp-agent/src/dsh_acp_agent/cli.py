@@ -18,7 +18,7 @@ import signal
 import stat
 import sys
 from collections.abc import Sequence
-from typing import BinaryIO
+from typing import BinaryIO, cast
 
 from .__about__ import __version__
 from ._config import AgentServerConfig, ConfigError, load_config
@@ -52,10 +52,39 @@ def _claim_stdout() -> BinaryIO:
     return protocol
 
 
+class _FileWriter:
+    """The protocol's writer when stdout is a regular file (``dsh-acp-agent > log``): the
+    event loop's pipe transport refuses one (ACPC-5), and a write to a file does not block
+    the way a full pipe does, so each frame is written at once."""
+
+    def __init__(self, out: BinaryIO) -> None:
+        self._fd = out.fileno()
+        self._closed = False
+
+    def write(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(self._fd, view) :]
+
+    async def drain(self) -> None:
+        return None
+
+    def is_closing(self) -> bool:
+        return self._closed
+
+    def close(self) -> None:
+        self._closed = True
+
+    async def wait_closed(self) -> None:
+        return None
+
+
 async def _streams(out: BinaryIO) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader(limit=50 * 1024 * 1024)
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+    if stat.S_ISREG(os.fstat(out.fileno()).st_mode):
+        return reader, cast("asyncio.StreamWriter", _FileWriter(out))
     transport, protocol = await loop.connect_write_pipe(asyncio.streams.FlowControlMixin, out)
     writer = asyncio.StreamWriter(transport, protocol, None, loop)
     return reader, writer
@@ -111,6 +140,25 @@ def _tune_collector() -> None:
     gc.set_threshold(YOUNG_THRESHOLD, older, oldest)
 
 
+def _exit_now(status: int) -> None:
+    """End the process without the interpreter's teardown (ACPC-9).
+
+    By now the host is disposed (every session written and closed) and the protocol stream
+    is unbuffered; what remains is freeing the heap object by object, which took about a
+    second after EOF, while the client waits for the exit. Logs and stdio are flushed first.
+    """
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(status)
+
+
+def run() -> None:
+    """The console script: :func:`main`, then a quick exit with its status."""
+    _exit_now(main())
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``dsh-acp-agent`` console script; returns the exit status."""
     args = _parser().parse_args(argv)
@@ -140,4 +188,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":  # pragma: no cover
-    raise SystemExit(main())
+    run()

@@ -18,6 +18,7 @@ PROMPT_MODES = (
     "echo", "slow", "ignore-cancel", "crash", "env", "permission", "refuse", "answer-exit",
     "exit0", "close-stdout", "foreign-ids", "big", "other-session", "no-options", "non-utf8",
     "long-stop", "malformed", "junk", "raw-prompt", "surrogate-in", "bad-error", "lines",
+    "terminal", "turns", "message-ids",
 )  # fmt: skip
 
 #: What ``--prompt junk`` writes before its answer, and the code each one is answered with.
@@ -92,6 +93,10 @@ def main() -> None:
     parser.add_argument("--hold-text", default=None, help="a prompt answered as --prompt slow")
     parser.add_argument("--hang-new", action="store_true", help="never answer session/new")
     parser.add_argument("--linger-ms", type=int, default=0, help="work this long after EOF")
+    parser.add_argument(
+        "--load", action="store_true", help="advertise loadSession; a load replays REPLAYED"
+    )
+    parser.add_argument("--resume", action="store_true", help="advertise session resume only")
     args = parser.parse_args()
 
     if args.trap_term:
@@ -127,6 +132,7 @@ def main() -> None:
     seen: dict = {}
     pending_prompt: object = None
     permission_for: object = None
+    methods_log = os.environ.get("FAKE_ACP_METHODS")
     for raw in sys.stdin:
         try:
             message = json.loads(raw)
@@ -134,6 +140,9 @@ def main() -> None:
             continue
         method = message.get("method")
         request_id = message.get("id")
+        if methods_log and method is not None:
+            with open(methods_log, "a") as log:
+                log.write(method + "\n")
         if args.garbage and method is not None:  # not on an answer (to our garbage, say)
             sys.stdout.write("this is not json {\n")
             sys.stdout.flush()
@@ -148,7 +157,10 @@ def main() -> None:
                 request_id,
                 {
                     "protocolVersion": 1,
-                    "agentCapabilities": {"loadSession": False},
+                    "agentCapabilities": {
+                        "loadSession": args.load,
+                        "sessionCapabilities": {"resume": {}} if args.resume else {},
+                    },
                     "agentInfo": {"name": "fake", "version": "0"},
                     "authMethods": [],
                 },
@@ -235,6 +247,35 @@ def main() -> None:
                     sys.stdout.buffer.flush()
                 chunk(session_id, text)
                 answer(request_id, {"stopReason": "end_turn"})
+            elif mode == "terminal":  # ask for a terminal; report the answer we got
+                send(
+                    {
+                        "jsonrpc": "2.0",
+                        "id": "term-1",
+                        "method": "terminal/create",
+                        "params": {"sessionId": session_id, "command": "ls"},
+                    }
+                )
+                got = json.loads(sys.stdin.readline())
+                chunk(session_id, json.dumps(got.get("error", got.get("result"))))
+                answer(request_id, {"stopReason": "end_turn"})
+            elif mode == "turns":  # a prompt that spans two turns of the agent
+                chunk(session_id, "waiting for my helper")
+                chunk(session_id, "the helper finished", "user_message_chunk")
+                chunk(session_id, "final ")
+                chunk(session_id, "answer")
+                answer(request_id, {"stopReason": "end_turn"})
+            elif mode == "message-ids":  # two messages told apart only by their ids
+                for mid, text in (("m1", "one"), ("m1", " more"), ("m2", "two")):
+                    update(
+                        session_id,
+                        {
+                            "sessionUpdate": "agent_message_chunk",
+                            "content": {"type": "text", "text": text},
+                            "messageId": mid,
+                        },
+                    )
+                answer(request_id, {"stopReason": "end_turn"})
             elif mode == "raw-prompt":  # the prompt's line as it came, as the answer
                 chunk(session_id, raw)
                 answer(request_id, {"stopReason": "end_turn"})
@@ -305,6 +346,12 @@ def main() -> None:
                         },
                     }
                 )
+        elif method in ("session/load", "session/resume"):
+            session_id = message["params"]["sessionId"]
+            if method == "session/load":
+                chunk(session_id, "REPLAYED question", "user_message_chunk")
+                chunk(session_id, "REPLAYED answer")
+            answer(request_id, {})
         elif method == "session/cancel":
             if pending_prompt is not None:
                 answer(pending_prompt, {"stopReason": "cancelled"})

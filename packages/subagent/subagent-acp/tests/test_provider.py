@@ -37,7 +37,9 @@ from dsh_subagent_acp import (
     ABORTED_BEFORE_START,
     MAX_TIMER_DELAY_MS,
     AcpError,
+    child_environment,
     is_credential_name,
+    is_credential_value,
     resolve_config_cwd,
 )
 from dsh_subagent_acp._process import ChildProcess
@@ -970,3 +972,134 @@ async def test_stderr_flood_never_blocks_the_child(capfd: pytest.CaptureFixture[
             await run.dispose()
         assert result.stop_reason == "completed"
     assert capfd.readouterr().err.count("x" * 200) == 3000
+
+
+# -- ACPC-3, 4, 7, 8, 9: the protocol gaps interop found ---------------------------------------
+
+
+async def test_no_cancel_is_sent_to_a_child_whose_turn_ended(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ACPC-3: disposing a child whose prompt was answered sends no session/cancel (a
+    long-lived child would take it for its next turn's); aborting a running one still does."""
+    log = tmp_path / "methods"
+    monkeypatch.setenv("FAKE_ACP_METHODS", str(log))
+    async with acp_host() as b:
+        run = await b.start()
+        async with asyncio.timeout(10):
+            assert (await run.result).stop_reason == "completed"
+            await run.dispose()
+    assert log.read_text().split() == ["initialize", "session/new", "session/prompt"]
+    log.unlink()
+    async with acp_host("--prompt", "slow") as b:
+        run = await b.start()
+        async with asyncio.timeout(10):
+            await run.dispose()
+        assert (await run.result).stop_reason == "aborted"
+    assert log.read_text().split()[-1] == "session/cancel"
+
+
+async def test_terminal_requests_are_method_not_found() -> None:
+    """ACPC-4: the client advertises no terminal, so a child's terminal/create is answered
+    -32601 "Method not found" (not the SDK's default null result)."""
+    async with acp_host("--prompt", "terminal") as b:
+        run = await b.start()
+        try:
+            async with asyncio.timeout(10):
+                result = await run.result
+        finally:
+            await run.dispose()
+    error = json.loads(blocks_text(result.output))
+    assert error["code"] == -32601
+    assert error["message"] == "Method not found"
+
+
+@pytest.mark.parametrize(("mode", "output"), [("turns", "final answer"), ("message-ids", "two")])
+async def test_a_prompt_spanning_several_messages_outputs_the_last(mode: str, output: str) -> None:
+    """ACPC-8: when one prompt spans several turns or messages of the child (a user message
+    between them, or a new messageId), the output is the last message's text, not all of
+    them run together."""
+    async with acp_host("--prompt", mode) as b:
+        run = await b.start()
+        try:
+            async with asyncio.timeout(10):
+                result = await run.result
+        finally:
+            await run.dispose()
+    assert result.stop_reason == "completed"
+    assert result.output == (TextBlock(text=output),)
+
+
+def test_credential_values_are_recognised() -> None:
+    """ACPC-7: values that hold a credential are recognised whatever their variable is
+    called; ordinary values (a proxy without a password, a path, an e-mail) are not."""
+    for value in (
+        "postgres://u:pw@db.internal:5432/app",
+        "http://proxyuser:hunter2@proxy:3128",
+        "https://x-access-token@github.com/org/repo.git",
+        "Bearer abcdefghijklmnop",
+        "-----BEGIN OPENSSH PRIVATE KEY-----\nAAAA",
+        "ghp_" + "a" * 36,
+        "sk-" + "b" * 40,
+        "AKIA" + "C" * 16,
+    ):
+        assert is_credential_value(value), value
+    for value in ("http://proxy:3128", "/usr/bin:/bin", "https://example.com/a@b",
+                  "git@github.com:org/repo.git", "someone@example.com", "en_US.UTF-8",
+                  "/run/user/1000/ssh-agent.socket"):  # fmt: skip
+        assert not is_credential_value(value), value
+
+
+async def test_credentials_inside_values_are_scrubbed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """ACPC-7: a variable whose value holds a credential (a database URL with a password, a
+    proxy URL with one) does not reach the child; SSH_AUTH_SOCK is dropped unless pass_env
+    names it; explicit env is given as it is."""
+    monkeypatch.setenv("DATABASE_URL", "postgres://u:pw@db.internal/app")
+    monkeypatch.setenv("HTTPS_PROXY", "http://me:hunter2@proxy:3128")
+    monkeypatch.setenv("NO_PROXY", "localhost")
+    monkeypatch.setenv("SSH_AUTH_SOCK", "/run/agent.sock")
+    explicit = {"DATABASE_URL": "postgres://child:given@db/app"}
+    async with acp_host("--prompt", "env", env=explicit) as b:
+        run = await b.start()
+        try:
+            env = (await _report(run))["env"]
+        finally:
+            await run.dispose()
+    assert "HTTPS_PROXY" not in env and "SSH_AUTH_SOCK" not in env
+    assert env["DATABASE_URL"] == "postgres://child:given@db/app"
+    assert env["NO_PROXY"] == "localhost"
+    async with acp_host("--prompt", "env", pass_env=["SSH_AUTH_SOCK"]) as b:
+        run = await b.start()
+        try:
+            env = (await _report(run))["env"]
+        finally:
+            await run.dispose()
+    assert env["SSH_AUTH_SOCK"] == "/run/agent.sock"
+    assert "DATABASE_URL" not in env
+    assert child_environment({}, {"A": "ftp://x:y@h"}, passed=["A"]) == {"A": "ftp://x:y@h"}
+
+
+async def test_disposing_a_child_that_already_exited_sends_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ACPC-9: a child that answered and left by itself is disposed without a cancel and
+    without a signal: there is nothing to wait out."""
+    sent: list[int] = []
+    killpg = os.killpg
+
+    def spy(pgid: int, sig: int) -> None:
+        if sig:
+            sent.append(sig)
+        killpg(pgid, sig)
+
+    monkeypatch.setattr(os, "killpg", spy)
+    log = tmp_path / "methods"
+    monkeypatch.setenv("FAKE_ACP_METHODS", str(log))
+    async with acp_host("--prompt", "answer-exit", dispose_eof_grace_ms=60_000) as b:
+        run = await b.start()
+        async with asyncio.timeout(10):
+            assert (await run.result).stop_reason == "completed"
+            await run.dispose()
+        assert_reaped(run.pid)  # type: ignore[attr-defined]
+    assert sent == []
+    assert "session/cancel" not in log.read_text().split()

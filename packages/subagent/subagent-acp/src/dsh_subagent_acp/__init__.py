@@ -9,7 +9,7 @@ from __future__ import annotations
 from .__about__ import __version__
 from ._config import MAX_TIMER_DELAY_MS, AcpConfig, check_config, resolve_config_cwd
 from ._errors import ABORTED_BEFORE_START, AcpError
-from ._process import child_environment, is_credential_name
+from ._process import child_environment, is_credential_name, is_credential_value
 from ._provider import AcpProvider
 
 __all__ = [
@@ -22,5 +22,6 @@ __all__ = [
     "check_config",
     "child_environment",
     "is_credential_name",
+    "is_credential_value",
     "resolve_config_cwd",
 ]

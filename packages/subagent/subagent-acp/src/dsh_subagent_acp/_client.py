@@ -15,6 +15,7 @@ from typing import Any, cast
 import acp
 from acp.schema import (
     AgentMessageChunk,
+    AgentThoughtChunk,
     AllowedOutcome,
     ClientCapabilities,
     DeniedOutcome,
@@ -23,6 +24,9 @@ from acp.schema import (
     PermissionOption,
     RequestPermissionResponse,
     TextContentBlock,
+    ToolCallProgress,
+    ToolCallStart,
+    UserMessageChunk,
 )
 from pydantic import ValidationError
 
@@ -35,7 +39,7 @@ from ._errors import ABORTED_BEFORE_START, AcpError
 from ._process import ChildProcess
 from ._wire import GuardedTransport, quiet_notifications
 
-__all__ = ["AcpSubagentRun", "start_acp_run"]
+__all__ = ["AcpSubagentRun", "Opened", "open_child", "start_acp_run"]
 
 _log = logging.getLogger("dsh.subagent.acp")
 
@@ -48,6 +52,9 @@ _STOP_REASONS = {
     "cancelled": "aborted",
 }
 _ALLOW = ("allow_once", "allow_always")
+#: Updates that end an agent message once it has text (ACPC-8): the child's next turn, its
+#: tool work or its next thought come between two messages.
+_BOUNDARIES = (UserMessageChunk, ToolCallStart, ToolCallProgress, AgentThoughtChunk)
 #: How much of a child's JSON-RPC error message a diagnostic repeats (never its ``data``).
 _MESSAGE_LIMIT = 200
 #: How long the answer of a child that has exited may still take to be read: its stdout's end
@@ -69,7 +76,7 @@ class AcpSubagentRun(SubagentRun):
 class _ParentClient:
     """What the child may ask of us: session updates and permission (ACP-3, ACP-6).
 
-    Nothing else is advertised, so the SDK answers every other method "method not found".
+    Nothing else is advertised: ``fs/*`` and ``terminal/*`` are answered "method not found".
     """
 
     def __init__(self, permission: str) -> None:
@@ -77,15 +84,65 @@ class _ParentClient:
         self.session_id: str | None = None
         self.text: list[str] = []
         self.cancelled = False
+        #: Updates of a ``session/load`` replay are the past, not output (ACPC-13).
+        self.replaying = False
+        #: A new message began (ACPC-8): the next text chunk starts the output afresh.
+        self.boundary = False
+        self.message_id: str | None = None
+        #: Called with each text chunk as it is collected (a continuable child streams it).
+        self.on_text: Callable[[str], None] | None = None
+
+    def begin(self) -> None:
+        """A new prompt: its output starts empty."""
+        self.text = []
+        self.boundary = False
+        self.message_id = None
 
     async def session_update(self, session_id: str, update: Any, **kwargs: Any) -> None:
-        """ACP-3: only ``agent_message_chunk`` text of our session is collected."""
-        if (
-            session_id == self.session_id
-            and isinstance(update, AgentMessageChunk)
-            and isinstance(update.content, TextContentBlock)
-        ):
-            self.text.append(update.content.text)
+        """ACP-3, ACPC-8: the output is the text of the prompt's last agent message.
+
+        A prompt may span several turns of the child (it answered a notice of its own
+        before replying, it called tools between messages): a ``user_message_chunk``, a tool
+        card, a thought, or a chunk whose ``messageId`` differs from the last one ends a
+        message, and the next ``agent_message_chunk`` text starts the output again.
+        """
+        if session_id != self.session_id or self.replaying:
+            return
+        if isinstance(update, AgentMessageChunk):
+            message_id = update.message_id
+            if message_id is not None:
+                if self.message_id is not None and message_id != self.message_id:
+                    self.boundary = True
+                self.message_id = message_id
+            if isinstance(update.content, TextContentBlock) and update.content.text:
+                if self.boundary:
+                    self.boundary = False
+                    self.text = []
+                self.text.append(update.content.text)
+                if self.on_text is not None:
+                    self.on_text(update.content.text)
+        elif self.text and isinstance(update, _BOUNDARIES):
+            self.boundary = True
+
+    async def _not_offered(self, method: str) -> Any:
+        raise acp.RequestError.method_not_found(method)
+
+    # ACPC-4: the SDK would answer these optional methods with null or {} (which does not fit
+    # CreateTerminalResponse); the capability is not advertised, so they are not found.
+    async def create_terminal(self, *args: Any, **kwargs: Any) -> Any:
+        return await self._not_offered("terminal/create")
+
+    async def terminal_output(self, *args: Any, **kwargs: Any) -> Any:
+        return await self._not_offered("terminal/output")
+
+    async def release_terminal(self, *args: Any, **kwargs: Any) -> Any:
+        return await self._not_offered("terminal/release")
+
+    async def wait_for_terminal_exit(self, *args: Any, **kwargs: Any) -> Any:
+        return await self._not_offered("terminal/wait_for_exit")
+
+    async def kill_terminal(self, *args: Any, **kwargs: Any) -> Any:
+        return await self._not_offered("terminal/kill")
 
     async def request_permission(
         self, session_id: str, tool_call: Any, options: list[PermissionOption], **kwargs: Any
@@ -132,7 +189,7 @@ async def _race(aw: Any, child: ChildProcess, signal: AbortSignal) -> Any:
     raise _Exited(child.exited.result())
 
 
-def _describe(exc: BaseException, child: ChildProcess) -> str:
+def describe(exc: BaseException, child: ChildProcess) -> str:
     """A diagnostic naming what failed, never the payload that failed it (ACP-5)."""
     status = child.exit_status()
     if isinstance(exc, _Exited | ConnectionError) and status is not None:
@@ -159,17 +216,96 @@ async def _close(conn: Any) -> None:
         _log.debug("closing the ACP connection: %s", type(exc).__name__)
 
 
-async def _reap(child: ChildProcess, conn: Any, config: AcpConfig) -> None:
+async def reap(child: ChildProcess, conn: Any, config: AcpConfig) -> None:
+    """The disposal ladder, then the connection released."""
     await child.terminate(
         eof_grace=config.dispose_eof_grace_ms / 1000, grace=config.dispose_grace_ms / 1000
     )
     await _close(conn)
 
 
-async def start_acp_run(
-    *, name: str, config: AcpConfig, cwd: str, env: dict[str, str], text: str, signal: AbortSignal
-) -> AcpSubagentRun:
-    """ACP-1/2: spawn, ``initialize``, ``session/new``; then publish and prompt."""
+class Opened:
+    """A child that answered ``initialize`` and its session step: its process, connection,
+    client, what it advertised, and the ACP session id."""
+
+    __slots__ = ("child", "client", "conn", "init", "session_id")
+
+    def __init__(
+        self, child: ChildProcess, conn: Any, client: _ParentClient, init: Any, session_id: str
+    ) -> None:
+        self.child = child
+        self.conn = conn
+        self.client = client
+        self.init = init
+        self.session_id = session_id
+
+
+#: The session step of :func:`open_child`: given the connection and what ``initialize``
+#: answered, the step's name and the awaitable that yields the ACP session id.
+SessionStep = Callable[[Any, Any, _ParentClient], tuple[str, Any]]
+
+
+def new_session_step(cwd: str) -> SessionStep:
+    """``session/new`` in ``cwd``."""
+
+    async def create(conn: Any) -> str | None:
+        try:
+            created = await conn.new_session(cwd=cwd, mcp_servers=[])
+        except ValidationError:
+            return None
+        session_id = getattr(created, "session_id", None)
+        return session_id if isinstance(session_id, str) and session_id else None
+
+    return lambda conn, init, client: ("session/new", create(conn))
+
+
+def load_session_step(name: str, child_id: str, session_id: str, cwd: str) -> SessionStep:
+    """ACPC-13/14: ``session/load`` of ``session_id`` (its replayed updates are the past, not
+    output), or ``session/resume`` where only that is advertised; an agent that can do
+    neither is refused with ``ACP_NOT_RESUMABLE``."""
+
+    async def load(conn: Any, client: _ParentClient) -> str:
+        client.session_id = session_id
+        client.replaying = True
+        try:
+            await conn.load_session(cwd=cwd, session_id=session_id, mcp_servers=[])
+        finally:
+            client.replaying = False
+        return session_id
+
+    async def resume(conn: Any) -> str:
+        await conn.resume_session(session_id=session_id, cwd=cwd, mcp_servers=[])
+        return session_id
+
+    def step(conn: Any, init: Any, client: _ParentClient) -> tuple[str, Any]:
+        caps = getattr(init, "agent_capabilities", None)
+        if caps is not None and caps.load_session:
+            return "session/load", load(conn, client)
+        sessions = getattr(caps, "session_capabilities", None)
+        if sessions is not None and sessions.resume is not None:
+            return "session/resume", resume(conn)
+        raise AcpError(
+            f"subagent {child_id} cannot be resumed: the process that held its ACP session "
+            f"has ended, and the ACP agent of provider {name!r} advertises neither "
+            "session/load nor session resume; do not retry send_message with this id",
+            code="ACP_NOT_RESUMABLE",
+        )
+
+    return step
+
+
+async def open_child(
+    *,
+    name: str,
+    config: AcpConfig,
+    cwd: str,
+    env: dict[str, str],
+    signal: AbortSignal,
+    step: SessionStep,
+) -> Opened:
+    """Spawn, ``initialize``, then ``step`` (``session/new``, or a load of a stored session),
+    all within ``start_timeout_ms``; any failure reaps the child first, then raises
+    (``AcpError``, or ``AbortedError`` when ``signal`` fired)."""
     client = _ParentClient(config.permission)
     try:
         child = await ChildProcess.spawn(config.command, config.args, cwd=cwd, env=env, label=name)
@@ -185,10 +321,10 @@ async def start_acp_run(
     transport = GuardedTransport(child.process.stdout, child.process.stdin, peer=peer, log=_log)
     conn = acp.connect_to_agent(cast("acp.Client", client), transport)
     quiet_notifications(conn, peer=peer, log=_log)
-    step = "initialize"
+    what = "initialize"
     try:
         async with asyncio.timeout(config.start_timeout_ms / 1000):
-            await _race(
+            init = await _race(
                 conn.initialize(
                     protocol_version=acp.PROTOCOL_VERSION,
                     client_capabilities=ClientCapabilities(
@@ -200,33 +336,48 @@ async def start_acp_run(
                 child,
                 signal,
             )
-            step = "session/new"
-            try:
-                created = await _race(conn.new_session(cwd=cwd, mcp_servers=[]), child, signal)
-            except ValidationError:
-                created = None
+            what, awaitable = step(conn, init, client)
+            session_id = await _race(awaitable, child, signal)
     except BaseException as exc:
-        await asyncio.shield(_reap(child, conn, config))
+        await asyncio.shield(reap(child, conn, config))
         if isinstance(exc, AbortedError | asyncio.CancelledError):
+            raise
+        if isinstance(exc, AcpError):
             raise
         if isinstance(exc, TimeoutError):
             raise AcpError(
-                f"subagent-acp {name!r}: the ACP child did not answer {step} within "
+                f"subagent-acp {name!r}: the ACP child did not answer {what} within "
                 f"{config.start_timeout_ms:g} ms",
                 code="ACP_START_TIMEOUT",
             ) from None
         if isinstance(exc, Exception):
             raise AcpError(
-                f"subagent-acp {name!r}: {step} failed: {_describe(exc, child)}",
+                f"subagent-acp {name!r}: {what} failed: {describe(exc, child)}",
                 code="ACP_START_FAILED",
             ) from exc
         raise
-    session_id = getattr(created, "session_id", None)
     if not isinstance(session_id, str) or not session_id:
-        await asyncio.shield(_reap(child, conn, config))
+        await asyncio.shield(reap(child, conn, config))
         raise AcpError("ACP child published without a session id", code="ACP_NO_SESSION_ID")
     client.session_id = session_id
-    run = _Run(name=name, config=config, child=child, conn=conn, client=client, signal=signal)
+    return Opened(child, conn, client, init, session_id)
+
+
+async def start_acp_run(
+    *, name: str, config: AcpConfig, cwd: str, env: dict[str, str], text: str, signal: AbortSignal
+) -> AcpSubagentRun:
+    """ACP-1/2: spawn, ``initialize``, ``session/new``; then publish and prompt."""
+    opened = await open_child(
+        name=name, config=config, cwd=cwd, env=env, signal=signal, step=new_session_step(cwd)
+    )
+    run = _Run(
+        name=name,
+        config=config,
+        child=opened.child,
+        conn=opened.conn,
+        client=opened.client,
+        signal=signal,
+    )
     return run.publish(text)
 
 
@@ -308,7 +459,7 @@ class _Run:
                 return
             if isinstance(exc, ConnectionError):  # stdout closed: its exit is near
                 await asyncio.wait({child.exited}, timeout=1.0)
-            diagnostic = _describe(exc, child)
+            diagnostic = describe(exc, child)
             _log.warning('subagent-acp "%s": child run failed (error): %s', self.name, diagnostic)
             self._settle("error", diagnostic)
             return
@@ -327,7 +478,10 @@ class _Run:
             return
         self.client.cancelled = True
         self._settle("aborted")
-        if self.cancel_sent is None and not self.child.exited.done():
+        # ACPC-3: session/cancel only while the prompt runs; a child whose turn ended is not
+        # told to cancel (a long-lived one would take it for its next turn's).
+        running = self.prompt is not None and not self.prompt.done()
+        if running and self.cancel_sent is None and not self.child.exited.done():
             self.cancel_sent = asyncio.ensure_future(self._send_cancel())
 
     async def _send_cancel(self) -> None:

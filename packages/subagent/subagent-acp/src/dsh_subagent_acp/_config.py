@@ -27,7 +27,8 @@ class AcpConfig:
 
     ``command`` is required. ``start_timeout_ms`` is ours: a child that does not answer
     ``initialize`` and ``session/new`` within it fails ``start()`` and is reaped, instead of
-    hanging the caller.
+    hanging the caller. ``idle_release_ms``: how long the process of a continuable child may
+    stay idle before it is released (ACPC-15).
     """
 
     command: str  # no default: a composition without it cannot mount the plugin
@@ -36,9 +37,11 @@ class AcpConfig:
     cwd: str | None = None
     permission: str = "reject"
     env: dict[str, str] = attrs.field(factory=dict)
+    pass_env: list[str] = attrs.field(factory=list)
     dispose_eof_grace_ms: float = 6000
     dispose_grace_ms: float = 3000
     start_timeout_ms: float = 30_000
+    idle_release_ms: float = 60_000
 
 
 def resolve_config_cwd(value: str | None, *, launch_dir: str | None = None) -> str | None:
@@ -72,11 +75,14 @@ def _check(config: AcpConfig) -> str | None:
             )
         if "\0" in value:
             raise ValueError(f"subagent-acp: env.{name} must not contain NUL")
+    for i, name in enumerate(config.pass_env):
+        if not name or "=" in name or "\0" in name:
+            raise ValueError(f"subagent-acp: pass_env[{i}] must be a variable name, got {name!r}")
     if config.permission not in _PERMISSIONS:
         raise ValueError(
             f"subagent-acp: permission must be 'reject' or 'allow', got {config.permission!r}"
         )
-    for key in ("dispose_eof_grace_ms", "dispose_grace_ms", "start_timeout_ms"):
+    for key in ("dispose_eof_grace_ms", "dispose_grace_ms", "start_timeout_ms", "idle_release_ms"):
         value = getattr(config, key)
         if not (math.isfinite(value) and 0 < value <= MAX_TIMER_DELAY_MS):
             raise ValueError(

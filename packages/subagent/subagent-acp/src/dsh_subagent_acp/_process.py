@@ -12,11 +12,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import signal
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
-__all__ = ["ChildProcess", "child_environment", "is_credential_name"]
+__all__ = ["ChildProcess", "child_environment", "is_credential_name", "is_credential_value"]
 
 #: Name parts that mark a variable as credential-shaped wherever they appear.
 _SECRET_WORDS = (
@@ -45,14 +46,39 @@ def is_credential_name(name: str) -> bool:
     return upper not in _NOT_SECRETS and any(part in _SECRET_PARTS for part in upper.split("_"))
 
 
+#: Values that carry a credential whatever the variable is called (ACPC-7): a URL with
+#: userinfo (``postgres://user:pw@host``, ``https://token@host``, a proxy with a password),
+#: an HTTP ``Authorization`` value, a private key, and tokens of well-known shapes.
+_SECRET_VALUE = re.compile(
+    r"[A-Za-z][A-Za-z0-9+.-]*://[^/?#@\s]+@"  # scheme://userinfo@
+    r"|\b(?:Bearer|Basic|Token)\s+[A-Za-z0-9._~+/=-]{8,}"  # an Authorization value
+    r"|-----BEGIN [A-Z ]*PRIVATE KEY-----"
+    r"|\b(?:gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,}|glpat-[A-Za-z0-9_-]{20,}"
+    r"|xox[abpr]-[A-Za-z0-9-]{10,}|sk-[A-Za-z0-9_-]{20,}|AKIA[0-9A-Z]{16})"
+)
+
+
+def is_credential_value(value: str) -> bool:
+    """Whether a variable's value holds a credential, whatever its name (ACPC-7)."""
+    return _SECRET_VALUE.search(value) is not None
+
+
 def child_environment(
-    explicit: Mapping[str, str], parent: Mapping[str, str] | None = None
+    explicit: Mapping[str, str],
+    parent: Mapping[str, str] | None = None,
+    passed: Iterable[str] = (),
 ) -> dict[str, str]:
-    """ACP-8: the parent's environment without credential-shaped and ``DSH_*`` variables, then
-    ``explicit`` merged over it (explicit entries win, whatever their names)."""
+    """ACP-8, ACPC-7: the parent's environment without ``DSH_*`` variables, credential-shaped
+    names and values that hold a credential; the names in ``passed`` are kept as they are
+    (the config's ``pass_env``); then ``explicit`` merged over it (explicit entries win,
+    whatever their names or values)."""
     source = os.environ if parent is None else parent
+    keep = frozenset(passed)
     env = {
-        k: v for k, v in source.items() if not k.startswith("DSH_") and not is_credential_name(k)
+        k: v
+        for k, v in source.items()
+        if k in keep
+        or not (k.startswith("DSH_") or is_credential_name(k) or is_credential_value(v))
     }
     env.update(explicit)
     return env

@@ -10,12 +10,15 @@ import attrs
 from dsh_core import AbortedError, Agent, TextBlock
 from dsh_subagent import (
     NO_START_CAPABILITIES,
+    ContinuableCreateRequest,
+    ContinuableCreateSpec,
     ResolvedSubagentStartRequest,
     SubagentCapabilities,
     SubagentRun,
 )
 
 from ._config import AcpConfig
+from ._continuable import AcpSessions
 from ._errors import ABORTED_BEFORE_START, AcpError
 from ._process import child_environment
 
@@ -36,6 +39,7 @@ class AcpProvider:
 
     config: AcpConfig
     cwd: str | None = None
+    sessions: AcpSessions | None = attrs.field(default=None, eq=False)
     name: str = attrs.field(
         default=attrs.Factory(lambda self: self.config.provider_name, takes_self=True)
     )
@@ -74,7 +78,19 @@ class AcpProvider:
             name=self.name,
             config=self.config,
             cwd=cwd,
-            env=child_environment(self.config.env),
+            env=child_environment(self.config.env, passed=self.config.pass_env),
             text=text,
             signal=signal,
         )
+
+    async def prepare_continuable(self, request: ContinuableCreateRequest) -> ContinuableCreateSpec:
+        """ACPC-10: start the agent process and its ACP session; the child's turns then take
+        the route ``subagent-acp/<name>``, one ``session/prompt`` each (see ``_continuable``)."""
+        if self.sessions is None:
+            raise AcpError(
+                f"subagent-acp {self.name!r} serves no continuable children here",
+                code="ACP_START_FAILED",
+            )
+        cwd = self.child_cwd(request.parent)
+        model = await self.sessions.prepare(request.session_id, request.parent, cwd, request.signal)
+        return ContinuableCreateSpec(agent_provider=self.sessions.route, agent_model=model)

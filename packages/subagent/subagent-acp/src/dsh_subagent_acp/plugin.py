@@ -11,6 +11,8 @@ from __future__ import annotations
 from dsh_core import Context, PluginSpec, hookimpl
 
 from ._config import AcpConfig, check_config
+from ._continuable import AcpSessions
+from ._process import child_environment
 from ._provider import AcpProvider
 
 __all__ = ["dsh_plugins"]
@@ -18,7 +20,14 @@ __all__ = ["dsh_plugins"]
 
 def _apply(ctx: Context, config: AcpConfig) -> None:
     cwd = check_config(config)
-    ctx.subagents.register_provider(AcpProvider(config=config, cwd=cwd))
+    env = child_environment(config.env, passed=config.pass_env)
+    sessions = AcpSessions(name=config.provider_name, config=config, ctx=ctx, env=env)
+    # Registered before the adapter and the listener: unloading undoes them first, then ends
+    # every process of a continuable child (and waits for each).
+    ctx.fiber.add(sessions.close)
+    ctx.llm.register_adapter(sessions.route, sessions)
+    ctx.on("agent/disposed", sessions.on_agent_disposed, global_=True)
+    ctx.subagents.register_provider(AcpProvider(config=config, cwd=cwd, sessions=sessions))
 
 
 @hookimpl
@@ -28,7 +37,7 @@ def dsh_plugins() -> list[PluginSpec]:
         PluginSpec(
             name="subagent-acp",
             apply=_apply,
-            requires=("subagents",),
+            requires=("subagents", "llm"),
             config_type=AcpConfig,
             description="subagent provider 'acp': an external agent over the Agent Client Protocol",
         )

@@ -38,6 +38,8 @@ import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Literal
 
+import attrs
+
 from dsh_core import (
     AbortedError,
     AbortSignal,
@@ -771,8 +773,21 @@ class ContinuationManager:
             tool_filter=spec.tool_filter,
         )
         # 7. policy: no sandbox or approval service exists to capture (see docs/subagent.md).
-        # 8. the provider's detached creation input.
+        # 8. the provider's detached creation input (and its own route, when it serves the
+        # child's turns itself: the descriptor then keeps that route).
         created = await self._prepare(spec.provider, child_id, parent, signal)
+        if created.agent_provider is not None:
+            options = attrs.evolve(
+                options, provider=created.agent_provider, model=created.agent_model
+            )
+            descriptor = snapshot_continuable_descriptor(
+                provider=spec.provider,
+                label=spec.label,
+                agent_provider=options.provider,
+                agent_model=options.model,
+                persona=spec.persona,
+                tool_filter=spec.tool_filter,
+            )
         lineage = self.lineage_of(parent)
         with self._admitted(lineage) as admitted:
             # 9. signal and admission again.

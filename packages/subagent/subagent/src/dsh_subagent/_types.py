@@ -309,10 +309,15 @@ class ContinuableCreateSpec:
     """A provider's detached contribution to one continuable child: data, never a capability.
 
     ``seed`` is the parent's balanced completed-turn prefix (contiguous from seq 0, lossless),
-    or ``None`` for a fresh child.
+    or ``None`` for a fresh child. ``agent_provider`` / ``agent_model``, when set, are the
+    model route of the child's turns, in place of the requested one: a provider whose child
+    is not a local model (``acp``: a bridge to an agent process) serves its turns itself. The
+    route is kept in the child's durable descriptor, so a cold resume takes it too.
     """
 
     seed: tuple[SessionEvent, ...] | None = None
+    agent_provider: str | None = None
+    agent_model: str | None = None
 
 
 @attrs.frozen(kw_only=True)

@@ -1,0 +1,388 @@
+"""Continuable ACP children (ACPC-10..19): a local child agent whose turns an ACP session of a
+live agent process answers.
+
+To the seam a continuable ACP child is a child like any other: the continuation manager
+creates a local agent (its descriptor, its transcript in the parent's store, its Activation,
+follow-ups, notices, interrupts, drains and depth are the seam's own). ``prepare_continuable``
+starts the agent process (``initialize``, ``session/new``) and gives the child the model route
+``subagent-acp/<provider name>`` with the model ``{"acp_session": ..., "cwd": ...}``: the
+descriptor keeps it, so a cold resume takes the same route. Every turn of the child is one
+``session/prompt`` of that ACP session, carrying the user messages of the turn; the answer
+is the text of the prompt's last agent message.
+
+The process is held by the child's session id. A turn finds it live (a follow-up: a new
+prompt in the same ACP session), or starts the command again and loads the session
+(``session/load``, or ``session/resume`` where only that is advertised); what a load replays
+is the past, never output. An agent that can do neither refuses the turn with
+``ACP_NOT_RESUMABLE``. A process idle for ``idle_release_ms`` is released with the disposal
+ladder, and so is every process of a parent agent that is disposed, and every process when
+the plugin unloads. The command that runs is always the configured one: the store names the
+provider row, never a command.
+
+The SDK is imported on the first use, not when the plugin loads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import AsyncIterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+from dsh_core import (
+    AbortedError,
+    AbortSignal,
+    Agent,
+    Context,
+    Finish,
+    LlmFailure,
+    Message,
+    PluginSource,
+    StreamChunk,
+    TextBlock,
+    TextDelta,
+)
+
+from ._config import AcpConfig
+from ._errors import ABORTED_BEFORE_START, AcpError
+
+if TYPE_CHECKING:
+    from dsh_core import GenerateOptions
+
+    from ._client import Opened
+
+__all__ = ["ROUTE_PREFIX", "AcpSessions", "decode_model", "encode_model", "new_input"]
+
+_log = logging.getLogger("dsh.subagent.acp")
+
+#: The model route provider of a continuable child of the provider row ``<name>``.
+ROUTE_PREFIX = "subagent-acp/"
+#: ACP stop reasons as the finish of the child's turn: (finish reason, failure code).
+_FINISHES: dict[str, tuple[str, str | None]] = {
+    "end_turn": ("stop", None),
+    "max_tokens": ("max-tokens", None),
+    "cancelled": ("aborted", "ABORTED"),
+    "max_turn_requests": ("error", "ACP_MAX_TURN_REQUESTS"),
+    "refusal": ("error", "ACP_REFUSAL"),
+}
+#: How long an exited child's last lines may still take to be read (see ``_client``).
+_DRAIN_S = 1.0
+
+
+def encode_model(session_id: str, cwd: str) -> str:
+    """The model string a continuable ACP child's descriptor keeps (ACPC-12)."""
+    return json.dumps({"acp_session": session_id, "cwd": cwd}, separators=(",", ":"))
+
+
+def decode_model(model: str) -> tuple[str, str] | None:
+    """``(ACP session id, cwd)`` of a stored model string; ``None`` if it is not one (a
+    store is a boundary: its value is checked, not trusted)."""
+    try:
+        value = json.loads(model)
+    except ValueError:
+        return None
+    if not isinstance(value, dict):
+        return None
+    session, cwd = value.get("acp_session"), value.get("cwd")
+    if isinstance(session, str) and session and isinstance(cwd, str) and cwd.startswith("/"):
+        return session, cwd
+    return None
+
+
+def new_input(messages: Sequence[Message], sent: str | None = None) -> str:
+    """The text of the user messages after the child's last answer, or after the message
+    ``sent`` (the last one a prompt already carried: a turn given up on left no answer):
+    what this turn asks. Runtime-context snapshots (the local child's own prompt context,
+    such as the delegation statement) stay on this side, as the system prompt does."""
+    parts: list[str] = []
+    for message in reversed(messages):
+        if message.role == "assistant" or message.id == sent:
+            break
+        source = message.source
+        if isinstance(source, PluginSource) and source.form == "snapshot":
+            continue
+        if message.role == "user":
+            text = "".join(b.text for b in message.content if isinstance(b, TextBlock))
+            if text:
+                parts.append(text)
+    return "\n\n".join(reversed(parts))
+
+
+def _failed(code: str, message: str) -> Finish:
+    return Finish(reason="error", failure=LlmFailure(message=message, code=code))
+
+
+_ABORTED = Finish(reason="aborted", failure=LlmFailure(message="request aborted", code="ABORTED"))
+
+
+class _Held:
+    """One live agent process serving the ACP session of one continuable child."""
+
+    __slots__ = ("busy", "child_id", "idle", "opened", "parent_id", "unwinding")
+
+    def __init__(self, opened: Opened, child_id: str, parent_id: str | None) -> None:
+        self.opened = opened
+        self.child_id = child_id
+        self.parent_id = parent_id
+        self.busy = False
+        self.idle: asyncio.TimerHandle | None = None
+        #: A prompt whose turn was given up on, while the child winds it down.
+        self.unwinding: asyncio.Future[None] | None = None
+
+
+class AcpSessions:
+    """The live processes of one provider row's continuable children, and the model adapter
+    of their route (``ctx.llm``: provider ``subagent-acp/<name>``)."""
+
+    def __init__(self, *, name: str, config: AcpConfig, ctx: Context, env: dict[str, str]) -> None:
+        self.name = name
+        self.config = config
+        self.ctx = ctx
+        self.env = env
+        self.held: dict[str, _Held] = {}
+        #: By child: the id of the last message a prompt carried (in this process).
+        self.sent: dict[str, str] = {}
+        self.releasing: set[asyncio.Future[None]] = set()
+        self.closed = False
+
+    @property
+    def route(self) -> str:
+        return ROUTE_PREFIX + self.name
+
+    # -- processes ------------------------------------------------------------------------------
+
+    async def prepare(self, child_id: str, parent: Agent, cwd: str, signal: AbortSignal) -> str:
+        """ACPC-10: start the process and its session for a child about to be created; the
+        model string its descriptor keeps."""
+        if signal.aborted:
+            raise AbortedError(signal.reason, ABORTED_BEFORE_START)
+        from ._client import new_session_step, open_child
+
+        opened = await open_child(
+            name=self.name,
+            config=self.config,
+            cwd=cwd,
+            env=self.env,
+            signal=signal,
+            step=new_session_step(cwd),
+        )
+        self._hold(_Held(opened, child_id, parent.id))
+        return encode_model(opened.session_id, cwd)
+
+    def _hold(self, held: _Held) -> None:
+        old = self.held.pop(held.child_id, None)
+        if old is not None:
+            self._release(old)
+        if self.closed:
+            self._release(held)
+            raise AcpError(f"subagent-acp {self.name!r} is unloading", code="ACP_START_FAILED")
+        self.held[held.child_id] = held
+        self._arm(held)
+
+    def _arm(self, held: _Held) -> None:
+        """ACPC-15: release the process once it has been idle for ``idle_release_ms``."""
+        self._disarm(held)
+        loop = asyncio.get_running_loop()
+        held.idle = loop.call_later(self.config.idle_release_ms / 1000, self._idle, held)
+
+    @staticmethod
+    def _disarm(held: _Held) -> None:
+        if held.idle is not None:
+            held.idle.cancel()
+            held.idle = None
+
+    def _idle(self, held: _Held) -> None:
+        held.idle = None
+        if not held.busy and self.held.get(held.child_id) is held:
+            self._drop(held)
+
+    def _drop(self, held: _Held) -> None:
+        if self.held.get(held.child_id) is held:
+            del self.held[held.child_id]
+        self._release(held)
+
+    def _release(self, held: _Held) -> None:
+        """End the process with the disposal ladder, in a task the sessions keep (and the
+        plugin's unload awaits)."""
+        from ._client import reap
+
+        self._disarm(held)
+        task = asyncio.ensure_future(reap(held.opened.child, held.opened.conn, self.config))
+        self.releasing.add(task)
+        task.add_done_callback(self.releasing.discard)
+
+    def on_agent_disposed(self, agent: Agent) -> None:
+        """ACPC-16: a disposed parent's children's processes end now (a disposed child's own
+        process stays until its idle time: a follow-up may come back to it)."""
+        for held in [h for h in self.held.values() if h.parent_id == agent.id]:
+            self._drop(held)
+            self.sent.pop(held.child_id, None)
+
+    async def close(self) -> None:
+        """The plugin unloads: every process is released, and waited for."""
+        self.closed = True
+        for held in list(self.held.values()):
+            self._drop(held)
+        while self.releasing:
+            await asyncio.gather(*tuple(self.releasing), return_exceptions=True)
+
+    async def _resume(self, child_id: str, session_id: str, cwd: str, signal: AbortSignal) -> _Held:
+        """ACPC-13/14: start the command again and load (or resume) the stored ACP session."""
+        from ._client import load_session_step, open_child
+
+        agent = self.ctx.agents.get(child_id)
+        parent_id = agent.session.header.parent_session if agent is not None else None
+        opened = await open_child(
+            name=self.name,
+            config=self.config,
+            cwd=cwd,
+            env=self.env,
+            signal=signal,
+            step=load_session_step(self.name, child_id, session_id, cwd),
+        )
+        held = _Held(opened, child_id, parent_id)
+        self._hold(held)
+        return held
+
+    # -- the model adapter ----------------------------------------------------------------------
+
+    def stream(self, options: GenerateOptions) -> AsyncIterator[StreamChunk]:
+        """One turn of a continuable ACP child: one ``session/prompt`` (ACPC-11)."""
+        return self._turn(options)
+
+    async def _turn(self, options: GenerateOptions) -> AsyncIterator[StreamChunk]:
+        decoded = decode_model(options.model)
+        child_id = options.session_id
+        if decoded is None or child_id is None:
+            yield _failed(
+                "ACP_BAD_ROUTE",
+                f"subagent-acp {self.name!r}: the model {options.model!r} names no ACP session",
+            )
+            return
+        session_id, cwd = decoded
+        signal = options.signal or AbortSignal()
+        held = self.held.get(child_id)
+        if held is not None and (
+            held.opened.child.exited.done() or held.opened.session_id != session_id
+        ):
+            self._drop(held)
+            held = None
+        if held is None:
+            try:
+                held = await self._resume(child_id, session_id, cwd, signal)
+            except AbortedError:
+                yield _ABORTED
+                return
+            except AcpError as exc:
+                _log.warning('subagent-acp "%s": %s', self.name, exc)
+                yield _failed(exc.code, str(exc))
+                return
+        if held.unwinding is not None:  # bounded by the grace it is given
+            await asyncio.shield(held.unwinding)
+            if self.held.get(child_id) is not held:  # it did not wind down: start again
+                async for chunk in self._turn(options):
+                    yield chunk
+                return
+        held.busy = True
+        self._disarm(held)
+        try:
+            messages = options.messages
+            text = new_input(messages, self.sent.get(child_id))
+            if messages:
+                self.sent[child_id] = messages[-1].id
+            finish, text = await self._prompt(held, text, signal)
+        finally:
+            if held.unwinding is None:
+                held.busy = False
+                if self.held.get(child_id) is held:
+                    self._arm(held)
+        if text:
+            yield TextDelta(index=0, text=text)
+        yield finish
+
+    async def _cancel(self, held: _Held, task: asyncio.Future[Any]) -> None:
+        """``session/cancel``, then up to ``dispose_grace_ms`` for the prompt's answer; a
+        child that does not answer is not kept."""
+        opened = held.opened
+        opened.client.cancelled = True
+        grace = self.config.dispose_grace_ms / 1000
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(grace):
+                await opened.conn.cancel(session_id=opened.session_id)
+        await asyncio.wait({task, opened.child.exited}, timeout=grace)
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+            self._drop(held)
+
+    async def _unwind(self, held: _Held, task: asyncio.Future[Any]) -> None:
+        try:
+            await self._cancel(held, task)
+        finally:
+            held.unwinding = None
+            held.busy = False
+            if self.held.get(held.child_id) is held:
+                self._arm(held)
+
+    async def _prompt(self, held: _Held, text: str, signal: AbortSignal) -> tuple[Finish, str]:
+        """Send the prompt; the finish and the answer (the last agent message's text)."""
+        import acp
+
+        from ._client import describe
+
+        opened = held.opened
+        client, child, conn = opened.client, opened.child, opened.conn
+        client.begin()
+        client.cancelled = False
+        blocks = [acp.text_block(text)] if text else []
+        task = asyncio.ensure_future(conn.prompt(session_id=opened.session_id, prompt=blocks))
+        aborted = asyncio.ensure_future(signal.wait())
+        given_up = False
+        try:
+            await asyncio.wait({task, child.exited, aborted}, return_when=asyncio.FIRST_COMPLETED)
+            if aborted.done() and not task.done() and not child.exited.done():
+                # ACPC-17: an interrupt cancels the child's prompt, which answers cancelled.
+                await self._cancel(held, task)
+                return _ABORTED, "".join(client.text)
+            if not task.done():  # it exited: what it wrote before is still read
+                await asyncio.wait({task}, timeout=_DRAIN_S)
+        except asyncio.CancelledError:
+            # The turn's reader gave up on it (the loop stops reading at an abort): the
+            # child's prompt is cancelled in the background, and the next turn waits for it.
+            given_up = True
+            if not task.done() and not child.exited.done():
+                held.unwinding = unwinding = asyncio.ensure_future(self._unwind(held, task))
+                self.releasing.add(unwinding)
+                unwinding.add_done_callback(self.releasing.discard)
+            else:
+                self._drop(held)
+            raise
+        finally:
+            aborted.cancel()
+            if not task.done() and not (given_up and held.unwinding is not None):
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
+        if task.cancelled():
+            self._drop(held)
+            return _failed("ACP_CHILD_EXITED", describe(ConnectionError(), child)), ""
+        exc = task.exception()
+        if exc is not None:
+            if isinstance(exc, ConnectionError) or child.exited.done():
+                self._drop(held)
+            if client.cancelled:
+                return _ABORTED, "".join(client.text)
+            return _failed("ACP_PROMPT_FAILED", describe(exc, child)), ""
+        stop = task.result().stop_reason
+        finish, code = _FINISHES.get(stop, ("error", "ACP_STOP_REASON"))
+        answer = "".join(client.text)
+        if finish == "stop":
+            return Finish(reason="stop"), answer
+        if finish == "max-tokens":
+            return Finish(reason="max-tokens"), answer
+        if finish == "aborted":
+            return _ABORTED, answer
+        return _failed(code or "ACP_STOP_REASON", f"the ACP child stopped with {stop!r}"), answer

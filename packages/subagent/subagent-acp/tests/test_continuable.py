@@ -1,0 +1,273 @@
+"""Continuable ACP children (ACPC-10..19) against the fake agent process."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import dsh_subagent.plugin
+import dsh_subagent_acp.plugin
+from dsh_core import Agent, SessionMeta, blocks_text, text_blocks
+from dsh_core.testing import TestHost, scripted_host
+from dsh_subagent import (
+    SUBAGENTS,
+    ContinuableStartSpec,
+    CoordinatorMessageSource,
+    SubagentFollowupOptions,
+    SubagentRunEndInfo,
+    SubagentService,
+    UserInterruptAuthority,
+)
+from dsh_subagent_acp._continuable import AcpSessions, decode_model, encode_model, new_input
+from dsh_subagent_acp._process import ChildProcess
+
+FAKE_AGENT = str(Path(__file__).with_name("fake_acp_agent.py"))
+MODULES = {"subagent": dsh_subagent.plugin, "subagent-acp": dsh_subagent_acp.plugin}
+BOUND = 20
+
+
+class Tree:
+    """A host with the ``acp`` provider, a parent agent, and the epoch ends it saw."""
+
+    def __init__(self, host: TestHost, parent: Agent) -> None:
+        self.host = host
+        self.parent = parent
+        self.ends: list[SubagentRunEndInfo] = []
+        self.changed = asyncio.Event()
+        host.ctx.on("subagent/end", self._end)
+
+    def _end(self, info: SubagentRunEndInfo) -> None:
+        self.ends.append(info)
+        self.changed.set()
+
+    @property
+    def svc(self) -> SubagentService:
+        return self.parent.ctx[SUBAGENTS]
+
+    @property
+    def sessions(self) -> AcpSessions:
+        provider = self.svc.get_provider("acp")
+        assert provider is not None
+        sessions = provider.sessions  # type: ignore[attr-defined]
+        assert isinstance(sessions, AcpSessions)
+        return sessions
+
+    async def start(self, prompt: str = "hi") -> str:
+        spec = ContinuableStartSpec(
+            provider="acp", label="remote", prompt=text_blocks(prompt), parent=self.parent
+        )
+        async with asyncio.timeout(BOUND):
+            return (await self.svc.start_continuable(spec)).child_id
+
+    async def followup(self, child_id: str, prompt: str) -> None:
+        source = CoordinatorMessageSource(sender_session_id=self.parent.id)
+        async with asyncio.timeout(BOUND):
+            await self.svc.followup(
+                self.parent, child_id, text_blocks(prompt), SubagentFollowupOptions(source=source)
+            )
+
+    async def ended(self, count: int) -> SubagentRunEndInfo:
+        async with asyncio.timeout(BOUND):
+            while len(self.ends) < count:
+                self.changed.clear()
+                await self.changed.wait()
+        return self.ends[count - 1]
+
+    def pid(self, child_id: str) -> int:
+        return self.process(child_id).pid
+
+    def process(self, child_id: str) -> ChildProcess:
+        return self.sessions.held[child_id].opened.child
+
+
+@contextlib.asynccontextmanager
+async def tree(*flags: str, **changes: Any) -> AsyncIterator[Tree]:
+    config = {
+        "command": sys.executable,
+        "args": [FAKE_AGENT, *flags],
+        "dispose_eof_grace_ms": 3000,
+        "dispose_grace_ms": 3000,
+        "start_timeout_ms": 10_000,
+        **changes,
+    }
+    async with scripted_host(
+        "subagent", "subagent-acp", modules=MODULES, config={"subagent-acp": config}
+    ) as host:
+        handle = await host.create_agent(meta=SessionMeta(cwd=os.getcwd()))
+        try:
+            yield Tree(host, handle.agent)
+        finally:
+            await handle.dispose()
+
+
+async def _gone(child: ChildProcess) -> None:
+    """Wait (bounded) until the child process has exited and been reaped."""
+    async with asyncio.timeout(BOUND):
+        await child.exited
+    with pytest.raises(ProcessLookupError):
+        os.kill(child.pid, 0)
+
+
+def _turn_ends(agent_events: Any) -> list[Any]:
+    return [e.data for e in agent_events if e.type == "turn/end"]
+
+
+async def test_a_followup_is_a_new_prompt_of_the_same_live_session() -> None:
+    """ACPC-10, ACPC-11: a continuable ACP child answers its prompt, settles, and a
+    follow-up goes to the same live process, as a new prompt of the same ACP session; the
+    descriptor keeps the route and the ACP session; the child is listed like any other."""
+    async with tree() as t:
+        child_id = await t.start("first")
+        first = await t.ended(1)
+        assert (first.stop_reason, blocks_text(first.last_assistant_message or ())) == (
+            "completed",
+            "echo: first",
+        )
+        pid = t.pid(child_id)
+        await t.followup(child_id, "second")
+        second = await t.ended(2)
+        assert blocks_text(second.last_assistant_message or ()) == "echo: second"
+        assert t.pid(child_id) == pid
+        _, events = await t.host.ctx.session_persistence.load(child_id)
+        (descriptor,) = [e.data for e in events if e.type == "subagent/descriptor"]
+        assert descriptor["provider"] == "acp"
+        assert descriptor["agent_provider"] == "subagent-acp/acp"
+        assert decode_model(descriptor["agent_model"]) == ("fake-session-1", os.getcwd())
+        (entry,) = await t.svc.list_children(t.parent.id)
+        assert (entry.id, entry.mode) == (child_id, "continuable")
+
+
+async def test_a_child_killed_between_turns_resumes_through_load() -> None:
+    """ACPC-13: after kill -9 of the child between turns, a follow-up starts the command
+    again and loads the ACP session; what the load replays is not output."""
+    async with tree("--load") as t:
+        child_id = await t.start("first")
+        await t.ended(1)
+        pid = t.pid(child_id)
+        process = t.process(child_id)
+        os.kill(pid, signal.SIGKILL)
+        await _gone(process)
+        await t.followup(child_id, "after the kill")
+        second = await t.ended(2)
+        assert second.stop_reason == "completed"
+        assert blocks_text(second.last_assistant_message or ()) == "echo: after the kill"
+        assert t.pid(child_id) != pid
+
+
+async def test_an_agent_that_only_resumes_is_resumed() -> None:
+    """ACPC-13: an agent that advertises session resume but not load is resumed with it."""
+    async with tree("--resume", idle_release_ms=1) as t:
+        child_id = await t.start("first")
+        await t.ended(1)
+        await t.followup(child_id, "again")
+        second = await t.ended(2)
+        assert blocks_text(second.last_assistant_message or ()) == "echo: again"
+
+
+async def test_an_agent_that_cannot_load_refuses_the_resume_and_says_why() -> None:
+    """ACPC-14: when the process is gone and the agent advertises neither load nor resume,
+    the follow-up's turn fails ACP_NOT_RESUMABLE, saying why; the epoch ends error."""
+    async with tree() as t:
+        child_id = await t.start("first")
+        await t.ended(1)
+        pid = t.pid(child_id)
+        process = t.process(child_id)
+        os.kill(pid, signal.SIGKILL)
+        await _gone(process)
+        await t.followup(child_id, "after the kill")
+        second = await t.ended(2)
+        assert second.stop_reason == "error"
+        _, events = await t.host.ctx.session_persistence.load(child_id)
+        failure = _turn_ends(events)[-1].reason.error
+        assert failure.code == "ACP_NOT_RESUMABLE"
+        assert "advertises neither session/load nor session resume" in failure.message
+        assert child_id not in t.sessions.held
+
+
+async def test_an_idle_process_is_released_and_comes_back_through_load() -> None:
+    """ACPC-15: a process idle for idle_release_ms is released (the ladder ends it); the
+    next follow-up starts it again and loads the session."""
+    async with tree("--load", idle_release_ms=50) as t:
+        child_id = await t.start("first")
+        await t.ended(1)
+        await _gone(t.process(child_id))
+        assert child_id not in t.sessions.held
+        await t.followup(child_id, "later")
+        second = await t.ended(2)
+        assert blocks_text(second.last_assistant_message or ()) == "echo: later"
+
+
+async def test_disposing_the_parent_ends_its_childrens_processes() -> None:
+    """ACPC-16: disposing the parent agent ends its continuable children's processes at
+    once (idle time notwithstanding); unloading the plugin ends the others."""
+    async with tree(idle_release_ms=600_000) as t:
+        child_id = await t.start()
+        await t.ended(1)
+        process = t.process(child_id)
+        other = await t.host.create_agent(meta=SessionMeta(cwd=os.getcwd()))
+        spec = ContinuableStartSpec(
+            provider="acp", label="kept", prompt=text_blocks("x"), parent=other.agent
+        )
+        kept = (await t.svc.start_continuable(spec)).child_id
+        await t.ended(2)
+        kept_process = t.process(kept)
+        async with asyncio.timeout(BOUND):
+            await other.dispose()
+        await _gone(kept_process)
+        assert not process.exited.done()  # the first parent lives: its child's process too
+    await _gone(process)
+
+
+async def test_an_interrupt_cancels_the_childs_prompt() -> None:
+    """ACPC-17: interrupting a continuable ACP child's turn sends session/cancel; the child
+    answers cancelled, the turn ends aborted, and the process is kept for the next turn."""
+    async with tree("--hold-text", "hold") as t:
+        prompting = asyncio.Event()
+        sessions = t.sessions
+        prompt = sessions._prompt
+
+        async def watched(*args: Any) -> Any:
+            prompting.set()
+            return await prompt(*args)
+
+        sessions._prompt = watched  # type: ignore[method-assign]
+        child_id = await t.start("hold")
+        async with asyncio.timeout(BOUND):
+            await prompting.wait()
+        pid = t.pid(child_id)
+        t.svc.interrupt(child_id, UserInterruptAuthority(parent_session_id=t.parent.id))
+        first = await t.ended(1)
+        assert first.stop_reason == "aborted"
+        await t.followup(child_id, "next")
+        second = await t.ended(2)
+        assert blocks_text(second.last_assistant_message or ()) == "echo: next"
+        assert t.pid(child_id) == pid
+
+
+def test_the_model_string_and_the_turns_input() -> None:
+    """ACPC-12: the descriptor's model string round-trips; a stored value that is not one
+    is refused; a turn sends the user messages after the last answer."""
+    from dsh_core import ModelSource, PluginSource, assistant_message, user_message
+
+    assert decode_model(encode_model("s-1", "/w")) == ("s-1", "/w")
+    for bad in ("", "x", "[]", json.dumps({"acp_session": "s"}), encode_model("s", "rel")):
+        assert decode_model(bad) is None
+    history = [
+        user_message(text_blocks("old")),
+        assistant_message(text_blocks("answer"), source=ModelSource(provider="p", model="m")),
+        user_message(text_blocks("one")),
+        user_message(
+            text_blocks("local context"), source=PluginSource(plugin="x", form="snapshot")
+        ),
+        user_message(text_blocks("two")),
+    ]
+    assert new_input(history) == "one\n\ntwo"
