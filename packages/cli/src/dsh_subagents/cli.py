@@ -27,6 +27,7 @@ from typing import Any, TextIO, cast
 
 from dsh_core import DshError, DshPluginManager, PluginError, make_plugin_manager
 
+from . import _sessions
 from .__about__ import __version__
 
 __all__ = ["main"]
@@ -303,6 +304,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     demo.set_defaults(run=cmd_demo)
     _add_run(sub)
+    _sessions.add_parser(sub)
     return parser
 
 
