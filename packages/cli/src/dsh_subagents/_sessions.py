@@ -66,17 +66,41 @@ _FLAGS = (
     | getattr(os, "O_CLOEXEC", 0)
     | getattr(os, "O_BINARY", 0)
 )
+_decode = json.JSONDecoder().decode
 _BAD_ID = re.compile(r"[/\\\x00]")
 # An event line starts with its type (the store's encoder writes type, seq, time, data in this
 # order) and a raw newline never occurs inside one (JSON escapes it), so these find lines.
 _TURN_START = b'\n{"type":"turn/start",'
 _TURN = re.compile(rb'"seq":\d+,"time":\d+,"data":\{"turn":(\d+)\}')
-_USAGE = re.compile(
-    rb'\n\{"type":"assistant/message",[^\n]*"usage":\{"input_tokens":(\d+),"output_tokens":(\d+)'
-    rb'(?:,"cache_read_tokens":\d+)?(?:,"cache_write_tokens":\d+)?\}'
+_ANSWER = b'\n{"type":"assistant/message",'
+_USAGE_KEY = b'"usage":{"input_tokens":'
+# What follows the usage key on an assistant/message line, to the line's end: the usage is
+# the last field of the payload, so the key's last occurrence is the payload's own (text in
+# the message before it cannot end the line this way).
+_USAGE_TAIL = re.compile(
+    rb'(\d+),"output_tokens":(\d+)(?:,"cache_read_tokens":\d+)?(?:,"cache_write_tokens":\d+)?\}'
     rb'(?:,"interrupted":(?:true|false))?\},"source_event_seqs":\[[\d,]*\],'
-    rb'"surface_op":"append"\}\n'
+    rb'"surface_op":"append"\}'
 )
+
+
+def _usage(data: bytes) -> tuple[int, int]:
+    """The input and output tokens of every complete ``assistant/message`` line of ``data``
+    that reports its usage."""
+    tokens_in = tokens_out = 0
+    at = data.find(_ANSWER)
+    while at >= 0:
+        end = data.find(b"\n", at + 1)
+        if end < 0:
+            break  # a torn last line: not counted
+        key = data.rfind(_USAGE_KEY, at, end)
+        if key >= 0:
+            m = _USAGE_TAIL.fullmatch(data, key + len(_USAGE_KEY), end)
+            if m:
+                tokens_in += int(m.group(1))
+                tokens_out += int(m.group(2))
+        at = data.find(_ANSWER, end)
+    return tokens_in, tokens_out
 
 
 class SessionsError(Exception):
@@ -177,8 +201,8 @@ def _read_header(entry: Entry, fd: int) -> Entry | None:
             entry, "SESSION_CORRUPT", f"session file {entry.path} line 1: header longer than 1 MiB"
         )
     try:
-        header = json.loads(data[:end])
-    except (ValueError, RecursionError) as exc:
+        header = _decode(data[:end].decode())
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
         if end + 1 == entry.size:  # a torn last line, here the header: never created
             return None
         return _damage(
@@ -376,7 +400,7 @@ def _first_line(data: bytes, prefix: bytes) -> Any:
     if end < 0:
         return None
     try:
-        return json.loads(data[at + 1 : end])
+        return _decode(data[at + 1 : end].decode())
     except (ValueError, RecursionError):
         return None
 
@@ -424,12 +448,10 @@ def _summarise(entry: Entry, folder: Folder) -> Summary:
             if m:
                 turns = int(m.group(1))
                 break
-    tokens_in = tokens_out = 0
-    tail_from = tail.find(b"\n") if tail else -1
-    for part in (head, tail[tail_from:] if tail_from >= 0 else b""):
-        for m in _USAGE.finditer(part):
-            tokens_in += int(m.group(1))
-            tokens_out += int(m.group(2))
+    tokens_in, tokens_out = _usage(head)
+    if tail:  # from its first complete line on
+        more_in, more_out = _usage(tail[tail.find(b"\n") :] if b"\n" in tail else b"")
+        tokens_in, tokens_out = tokens_in + more_in, tokens_out + more_out
     return Summary(
         id=entry.id,
         created_at=entry.created_at,
