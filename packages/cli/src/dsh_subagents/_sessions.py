@@ -1005,9 +1005,11 @@ def _rich_list(
     from rich.table import Table
 
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
-    for name in [*header, "FIRST PROMPT"]:
+    for i, name in enumerate(header):
         right = name in ("TURNS", "CHILDREN", "TOKENS")
-        table.add_column(name, justify="right" if right else "left", no_wrap=True)
+        width = max(len(c[i]) for c in [header, *cells])
+        table.add_column(name, justify="right" if right else "left", no_wrap=True, min_width=width)
+    table.add_column("FIRST PROMPT", no_wrap=True, overflow="ellipsis")
     for c, r in zip(cells, rows, strict=True):
         table.add_row(*c, _one_line(r.first_prompt, prompt_width))
     Console(file=out, highlight=False).print(table)
