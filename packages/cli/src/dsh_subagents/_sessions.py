@@ -17,7 +17,6 @@ store ignores them.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import json
 import logging
@@ -28,7 +27,6 @@ import stat
 import sys
 import textwrap
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TextIO
@@ -112,16 +110,16 @@ class SessionsError(Exception):
         self.code = code
 
 
-@dataclass
 class Entry:
     """One ``*.jsonl`` entry of the folder: a header, or a diagnostic (``code``)."""
 
-    id: str
-    path: str
-    size: int = 0
-    header: dict[str, Any] | None = None
-    code: str | None = None
-    message: str | None = None
+    __slots__ = ("code", "header", "id", "message", "path", "size")
+
+    def __init__(self, id: str, path: str) -> None:
+        self.id, self.path, self.size = id, path, 0
+        self.header: dict[str, Any] | None = None
+        self.code: str | None = None
+        self.message: str | None = None
 
     @property
     def parent(self) -> str | None:
@@ -134,14 +132,16 @@ class Entry:
         return c if isinstance(c, int) and not isinstance(c, bool) else 0
 
 
-@dataclass
 class Folder:
     """What one pass over the folder found: headers by id, diagnostics, children by parent."""
 
-    root: Path
-    sessions: dict[str, Entry] = field(default_factory=dict)
-    damaged: list[Entry] = field(default_factory=list)
-    children: dict[str, list[str]] = field(default_factory=dict)
+    __slots__ = ("children", "damaged", "root", "sessions")
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.sessions: dict[str, Entry] = {}
+        self.damaged: list[Entry] = []
+        self.children: dict[str, list[str]] = {}
 
     def descendants(self, id: str) -> int:
         """How many sessions are below ``id`` (each counted once, whatever the links)."""
@@ -316,9 +316,17 @@ def scan_folder(root: Path) -> Folder:
 # -- list -----------------------------------------------------------------------------------------
 
 
-@dataclass
 class Summary:
     """What ``list`` shows of one root session."""
+
+    __slots__ = (
+        "children", "created_at", "descendants", "exact", "first_prompt", "id",
+        "input_tokens", "model", "output_tokens", "size", "turns",
+    )  # fmt: skip
+
+    def __init__(self, **fields: Any) -> None:
+        for name, value in fields.items():
+            setattr(self, name, value)
 
     id: str
     created_at: int
@@ -793,6 +801,8 @@ def cmd_show(args: argparse.Namespace, out: TextIO) -> int:
             f"session {id} cannot be read: {bad.message}",
             code=bad.code or "SESSION_CORRUPT",
         )
+    import asyncio
+
     node = asyncio.run(_show_tree(root, folder, id, args.children))
     if args.json:
         _dump(node, out)
@@ -877,6 +887,8 @@ async def _descendants(root: Path, id: str) -> list[Any]:
 
 
 def _tree_json(root: Path, folder: Folder, id: str) -> dict[str, Any]:
+    import asyncio
+
     rows = asyncio.run(_descendants(root, id))
     out: list[dict[str, Any]] = []
     for row in rows:
