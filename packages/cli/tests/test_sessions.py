@@ -169,19 +169,32 @@ def test_turns_and_tokens_come_from_a_bounded_read_and_say_when_they_are_partial
     assert sum(read) <= 2 * 4096 + small + (2 << 10) * 2
 
 
-def test_list_reads_only_the_header_of_a_session_it_does_not_show(tmp_path: Path) -> None:
-    """CLI-30: beyond the newest N roots (-n), a session's file is read no further than its
-    header line: a body that is not even JSON does not matter."""
+def test_list_reads_only_the_header_of_a_session_it_does_not_show(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """CLI-30: beyond the newest N roots (-n), a session's file is read no further than the
+    first read of its header line, however long it is."""
     store = tmp_path / "s"
     asyncio.run(_session_with_usage(store, "session-a", 1))
+    body = json.dumps({"type": "plugin/note", "data": "x" * 1000}) + "\n"
     for i in range(5):
         header = {"id": f"session-x{i}", "created_at": i, "version": 1}
-        (store / f"session-x{i}.jsonl").write_text(json.dumps(header) + "\n\x00garbage\n")
+        (store / f"session-x{i}.jsonl").write_text(json.dumps(header) + "\n" + body * 100)
+    read: list[int] = []
+    real_read = os.read
+
+    def counted(fd: int, n: int) -> bytes:
+        data = real_read(fd, n)
+        read.append(len(data))
+        return data
+
+    monkeypatch.setattr(_sessions.os, "read", counted)
     status, out = inproc("sessions", "list", "--store", str(store), "-n", "1", "--json")
     assert status == 0
     listing = json.loads(out)
     assert [s["id"] for s in listing["sessions"]] == ["session-a"]
     assert listing["roots"] == 6 and listing["diagnostics"] == []
+    assert sum(read) <= 6 * 4096 + (store / "session-a.jsonl").stat().st_size
     status, out = inproc("sessions", "list", "--store", str(store), "-n", "1")
     assert "(1 of 6 sessions; --all shows every one)" in out
 
