@@ -308,6 +308,27 @@ def test_show_renders_the_transcript_with_children_folded_or_inline(
     assert all("entries" not in c for c in node["children"])
 
 
+def test_show_children_names_a_child_it_cannot_read_and_shows_its_siblings(
+    demo: Path, tmp_path: Path
+) -> None:
+    """CLI-34: with --children, a child whose log is damaged is one line naming the damage
+    (its code in JSON); the parent and the other children are still shown."""
+    store = _copy(demo, tmp_path)
+    root = _root(store)
+    children = [i for i, h in _headers(store).items() if h.get("parent_session") == root]
+    path = store / f"{children[0]}.jsonl"
+    lines = path.read_text().splitlines(keepends=True)
+    lines[4] = '{"type":"bogus"}\n'
+    path.write_text("".join(lines))
+    status, out = inproc("sessions", "show", root, "--store", str(store), "--children")
+    assert status == 0
+    assert f"⇢ child {children[0]} cannot be read: session file" in out
+    assert out.count("┌ child ") == len(children) - 1
+    status, raw = inproc("sessions", "show", root, "--store", str(store), "--children", "--json")
+    broken = next(c for c in json.loads(raw)["children"] if c["id"] == children[0])
+    assert broken["error"]["code"] == "SESSION_CORRUPT"
+
+
 # -- tree ----------------------------------------------------------------------------------------
 
 

@@ -53,6 +53,8 @@ TAIL_READ = 256 << 10
 HEADER_LIMIT = 1 << 20
 #: The first read of every entry: enough for any ordinary header line.
 _FIRST_READ = 4096
+#: How deep ``show --children`` inlines; deeper children are folded.
+INLINE_DEPTH = 32
 #: How many candidates an ambiguous prefix names.
 _CANDIDATES = 10
 
@@ -684,9 +686,18 @@ async def _show_tree(root: Path, folder: Folder, id: str, inline: bool) -> dict[
     names its id (the tool result that started it), else at the end."""
     seen: set[str] = set()
 
-    async def one(sid: str) -> dict[str, Any]:
+    async def one(sid: str, depth: int) -> dict[str, Any]:
         seen.add(sid)
-        header, events = await inspect(sid)
+        if depth:  # a child that cannot be read is shown as such; its siblings still are
+            try:
+                header, events = await inspect(sid)
+            except Exception as exc:
+                code = getattr(exc, "code", None)
+                if not isinstance(code, str):
+                    raise
+                return dict(_child_json(folder, sid), error={"code": code, "message": str(exc)})
+        else:
+            header, events = await inspect(sid)
         seeded = header.seed_length or 0
         node: dict[str, Any] = {
             "id": sid,
@@ -702,13 +713,14 @@ async def _show_tree(root: Path, folder: Folder, id: str, inline: bool) -> dict[
         node["children"] = []
         for at in sorted(placed):
             for k in placed[at]:
-                child = await one(k) if inline else _child_json(folder, k)
+                deep = inline and depth < INLINE_DEPTH
+                child = await one(k, depth + 1) if deep else _child_json(folder, k)
                 child["after_seq"] = node["entries"][at]["seq"] if at >= 0 else None
                 node["children"].append(child)
         return node
 
     async with _reader(root) as inspect:
-        return await one(id)
+        return await one(id, 0)
 
 
 def _place(entries: Sequence[dict[str, Any]], child: str, folder: Folder) -> int:
@@ -779,6 +791,9 @@ def _render_show(node: dict[str, Any], width: int, emit: Callable[[str, str], No
             emit("child", f"{pad}┌ child {c['id']}{note}")
             walk(c, pad + "│ ")
             emit("child", f"{pad}└ end of child {c['id']}")
+        elif "error" in c:
+            error = c["error"]
+            emit("diagnostic", f"{pad}⇢ child {c['id']} cannot be read: {error['message']}")
         else:
             more = f", {c['children']} below it" if c["children"] else ""
             emit("child", f"{pad}⇢ child {c['id']} (folded{more}; --children shows it)")
