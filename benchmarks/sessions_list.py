@@ -8,7 +8,9 @@ Then it times, median of ``--runs``:
 
 - ``sessions list`` in-process (``main([...])``, output to a string): the newest 20 roots,
   and ``--all`` (every root summarised: its head, turns and tokens read);
-- the same as a subprocess (``python -m dsh_subagents.cli``), interpreter start included.
+- the same as a subprocess (``python -m dsh_subagents.cli``), interpreter start included;
+- the ``sessions`` command alone as a subprocess (its module, without the imports of the rest
+  of the command line, dsh-core above all): what the command costs once those are lazy.
 
 Each figure also gives the CPU time: on a busy machine it moves less than the wall time.
 
@@ -78,10 +80,22 @@ def _in_process(args: list[str], runs: int) -> tuple[float, float]:
     return statistics.median(times), statistics.median(cpu)
 
 
-def _subprocess(args: list[str], runs: int) -> tuple[float, float]:
+#: The ``sessions`` command alone, without the rest of the command line's imports (dsh-core).
+_ALONE = """
+import argparse, sys
+from dsh_subagents import _sessions
+parser = argparse.ArgumentParser()
+_sessions.add_parser(parser.add_subparsers())
+args = parser.parse_args(sys.argv[1:])
+sys.exit(args.run(args, sys.stdout))
+"""
+
+
+def _subprocess(args: list[str], runs: int, alone: bool = False) -> tuple[float, float]:
     """Median wall time and median CPU time (the child, user + system) of ``runs`` runs."""
     times, cpu = [], []
-    cmd = [sys.executable, "-m", "dsh_subagents.cli", *args]
+    entry = ["-c", _ALONE] if alone else ["-m", "dsh_subagents.cli"]
+    cmd = [sys.executable, *entry, *args]
     for _ in range(runs):
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         t = time.perf_counter()
@@ -100,9 +114,13 @@ def run(count: int, runs: int) -> None:
         print(f"{files} stored sessions ({count - count // 10} roots), median of {runs} runs")
         base = ["sessions", "list", "--store", str(folder)]
         for name, args in (("newest 20", base), ("--all", [*base, "--all"])):
-            for how, measure in (("in-process", _in_process), ("subprocess", _subprocess)):
+            for how, measure in (
+                ("in-process", _in_process),
+                ("subprocess", _subprocess),
+                ("sessions alone", lambda a, r: _subprocess(a, r, alone=True)),
+            ):
                 wall, cpu = measure(args, runs)
-                print(f"  {how}  {name:<10} {wall * 1000:8.1f} ms  (CPU {cpu * 1000:.1f} ms)")
+                print(f"  {how:<14}  {name:<10} {wall * 1000:8.1f} ms  (CPU {cpu * 1000:.1f} ms)")
 
 
 if __name__ == "__main__":
