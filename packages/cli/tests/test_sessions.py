@@ -104,7 +104,9 @@ def test_list_shows_root_sessions_only_newest_first_with_their_facts(
     assert first["children"] == len(children) == 4
     assert first["model"] == "scripted:tour"
     assert first["first_prompt"].startswith("Plan a weekend in Lisbon")
-    assert first["turns"] == 3
+    logged = [json.loads(line) for line in (store / f"{root}.jsonl").read_text().splitlines()[1:]]
+    turns = [e["data"]["turn"] for e in logged if e["type"] == "turn/start"]
+    assert first["turns"] == len(turns) == max(turns)  # the demo's turn count varies by timing
     assert set(first) == {
         "id", "created_at", "when", "model", "first_prompt", "turns", "children",
         "descendants", "tokens", "bytes",
@@ -287,7 +289,7 @@ def test_show_renders_the_transcript_with_children_folded_or_inline(
     assert "→ subagent {" in out and "← started subagent" in out
     assert "⇐ (from the subagent-settled) Background subagent" in out
     assert re.search(r"^  > .*Your weekend in Lisbon", out, re.M)
-    assert "· turn 3 ended completed" in out
+    assert re.search(r"· turn \d+ ended completed", out)
     for child in children:
         assert f"⇢ child {child} (folded" in out
     started = out.index("← started subagent " + children[0])

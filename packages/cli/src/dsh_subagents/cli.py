@@ -18,17 +18,17 @@ process that SIGPIPE ended.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import codecs
 import os
 import sys
 from collections.abc import Sequence
-from typing import Any, TextIO, cast
-
-from dsh_core import DshError, DshPluginManager, PluginError, make_plugin_manager
+from typing import TYPE_CHECKING, Any, TextIO, cast
 
 from . import _sessions
 from .__about__ import __version__
+
+if TYPE_CHECKING:  # dsh-core is imported by the commands that run it: `sessions` does not
+    from dsh_core import DshPluginManager
 
 __all__ = ["main"]
 
@@ -95,6 +95,8 @@ def _utf8_args(argv: Sequence[str], from_os: bool) -> tuple[list[str], str | Non
 
 
 def _discover() -> tuple[DshPluginManager, str | None]:
+    from dsh_core import PluginError, make_plugin_manager
+
     pm = make_plugin_manager()
     try:
         pm.collect_plugin_specs()
@@ -176,6 +178,10 @@ def cmd_demo(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _demo_on(args: argparse.Namespace, out: TextIO) -> int:
+    import asyncio
+
+    from dsh_core import DshError
+
     from . import _demo
 
     pm, fatal = _discover()
@@ -236,6 +242,10 @@ def cmd_run(args: argparse.Namespace, out: TextIO) -> int:
     child runs shown as they happen. Exit status 0 when the turn completed, 1 when it did
     not, 2 when the run could not start (a bad file, flag or route), 130 on Ctrl-C, 141 when
     ``out`` closed (the run was cancelled on the first write that found it closed)."""
+    import asyncio
+
+    from dsh_core import DshError, make_plugin_manager
+
     from ._run import RunOptions, run_agent
 
     options = RunOptions(
