@@ -532,7 +532,7 @@ def cmd_list(args: argparse.Namespace, out: TextIO) -> int:
     ]
     widths = [max(len(c[i]) for c in [header, *cells]) for i in range(len(header))]
     used = sum(widths) + 2 * len(widths)
-    prompt_width = max(width - used, 20)
+    prompt_width = max(width - used, 30)
     if _rich(out):
         _rich_list(out, header, cells, rows, prompt_width)
     else:
@@ -1059,6 +1059,13 @@ def _run(command: Callable[[argparse.Namespace, TextIO], int]) -> Callable[..., 
     return run
 
 
+def _count(value: str) -> int:
+    """``-n``: a whole number, 0 or more."""
+    if not value.isdigit():
+        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number of sessions (0: all)")
+    return int(value)
+
+
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``sessions`` (``list``, ``show``, ``tree``) to the command's subparsers."""
     sessions = sub.add_parser(
@@ -1088,7 +1095,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     listing.add_argument(
         "-n",
         "--limit",
-        type=int,
+        type=_count,
         default=20,
         metavar="N",
         help="show the newest N root sessions (default 20; 0 for all)",
