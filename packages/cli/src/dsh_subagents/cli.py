@@ -18,17 +18,17 @@ process that SIGPIPE ended.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import codecs
 import os
 import sys
 from collections.abc import Sequence
-from typing import Any, TextIO, cast
+from typing import TYPE_CHECKING, Any, TextIO, cast
 
-from dsh_core import DshError, DshPluginManager, PluginError, make_plugin_manager
-
-from . import _help
+from . import _help, _sessions
 from .__about__ import __version__
+
+if TYPE_CHECKING:  # dsh-core is imported by the commands that run it: `sessions` does not
+    from dsh_core import DshPluginManager
 
 __all__ = ["main"]
 
@@ -95,6 +95,8 @@ def _utf8_args(argv: Sequence[str], from_os: bool) -> tuple[list[str], str | Non
 
 
 def _discover() -> tuple[DshPluginManager, str | None]:
+    from dsh_core import PluginError, make_plugin_manager
+
     pm = make_plugin_manager()
     try:
         pm.collect_plugin_specs()
@@ -177,6 +179,10 @@ def cmd_demo(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _demo_on(args: argparse.Namespace, out: TextIO) -> int:
+    import asyncio
+
+    from dsh_core import DshError
+
     from . import _demo
 
     pm, fatal = _discover()
@@ -254,6 +260,10 @@ def cmd_run(args: argparse.Namespace, out: TextIO) -> int:
     children when ``out`` is a terminal). Exit status 0 when the root's last turn completed,
     1 when it did not, 2 when the run could not start (a bad file, flag or route), 124 at
     ``--timeout``, 130 on Ctrl-C, 141 when ``out`` closed."""
+    import asyncio
+
+    from dsh_core import DshError, make_plugin_manager
+
     from ._run import RunOptions, run_agent
 
     parser: argparse.ArgumentParser = args.run_parser
@@ -462,6 +472,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     demo.set_defaults(run=cmd_demo)
     _add_run(sub)
+    _sessions.add_parser(sub)
     return parser
 
 
