@@ -62,16 +62,17 @@ async def test_dsh_run_store_writes_the_turn_before_it_is_over(tmp_path: Path) -
 async def test_dsh_demo_writes_every_turn_before_it_is_over(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """DUR-40: `dsh-subagents demo`: whenever the coordinator or a child goes idle, every turn it
-    ended
-    is in its file already."""
+    """DUR-40: `dsh-subagents demo`: whenever the coordinator or a child goes idle, every turn
+    it ended is in its file already."""
     seen: list[tuple[str, int, int]] = []
     store = tmp_path / "demo"
     pm = make_plugin_manager()
     pm.register(_probe(store, seen), name="probe")
     rows = demo._tour_rows
     monkeypatch.setattr(
-        demo, "_tour_rows", lambda where: [*rows(where), PluginRow(plugin="durability-probe")]
+        demo,
+        "_tour_rows",
+        lambda where, model: [*rows(where, model), PluginRow(plugin="durability-probe")],
     )
     missing = demo.missing_tour_plugins(pm)
     assert not missing

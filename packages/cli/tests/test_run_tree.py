@@ -268,8 +268,9 @@ class Plugin:
             ctx.tools.register(ToolDefinition(name="stuck", description="x", execute=stuck))
         return [PluginSpec(name="stuck", apply=apply, requires=("tools",))]
 
-real = cli.make_plugin_manager
-cli.make_plugin_manager = lambda **kw: real(plugins={"stuck": Plugin()}, **kw)
+import dsh_core
+real = dsh_core.make_plugin_manager  # the command imports it when a command runs
+dsh_core.make_plugin_manager = lambda **kw: real(plugins={"stuck": Plugin()}, **kw)
 sys.exit(cli.main())
 """
 
