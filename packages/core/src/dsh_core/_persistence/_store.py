@@ -369,13 +369,16 @@ class SessionPersistence:
             sync()
             raise
         self._syncs.add(fut)
+        # Only the id, not ``rec``: the disposed session and its whole log leave memory now,
+        # not when the deferred fsync is done (PERF-4).
+        sid = rec.session.header.id
 
         def synced(fut: asyncio.Future[None]) -> None:
             self._syncs.discard(fut)
             if not fut.cancelled() and fut.exception() is not None:
                 _log.error(
                     "the last events of session %r were written but not synced: %s",
-                    rec.session.header.id,
+                    sid,
                     fut.exception(),
                 )
 
