@@ -303,6 +303,9 @@ class SessionPersistence:
         if rec is None or rec.session is not session:
             return
         del self._tracked[sid]
+        # The next group commit skips a record no longer tracked (its close syncs it): drop it
+        # now so the disposed session leaves memory without waiting for that commit (PERF-4).
+        self._unsynced.discard(rec)
         rec.end = session.seq
         session._checkpointer = None
         ctx = self._ctx
