@@ -232,17 +232,7 @@ class SystemPromptRegistry:
         item = _Item(value, svc.next_index())
         layer[value.name] = item
         ctx = self._ctx
-
-        def remove() -> None:
-            current = layers.get(scope)
-            if current is not None and current.get(value.name) is item:
-                del current[value.name]
-                if not current and scope is not None:
-                    del layers[scope]
-                svc.changed(scope)
-                ctx.emit("system-prompt/change")
-
-        disposer = ctx.fiber.add(remove)
+        disposer = ctx.fiber.add(_Unregister(layers, scope, value.name, item, svc, ctx))
         svc.changed(scope)
         ctx.emit("system-prompt/change")
         return disposer
@@ -397,3 +387,37 @@ def _static_assembly(
 speed_up_inits(globals())
 
 _assemble_context = builder(AssembleContext)  # once per step: see dsh_core._frozen.builder
+
+
+class _Unregister:
+    """Undoes one prompt registration. One slotted object instead of a closure (a function,
+    its cell tuple and six cells): every agent with a scoped prompt entry holds one while it
+    lives, each an object the cyclic collector walks (PERF-5)."""
+
+    __slots__ = ("_ctx", "_item", "_layers", "_name", "_scope", "_svc")
+
+    def __init__(
+        self,
+        layers: dict[Scope | None, dict[str, _Item]],
+        scope: Scope | None,
+        name: str,
+        item: _Item,
+        svc: SystemPromptService,
+        ctx: Context,
+    ) -> None:
+        self._layers = layers
+        self._scope = scope
+        self._name = name
+        self._item = item
+        self._svc = svc
+        self._ctx = ctx
+
+    def __call__(self) -> None:
+        layers, scope, name = self._layers, self._scope, self._name
+        current = layers.get(scope)
+        if current is not None and current.get(name) is self._item:
+            del current[name]
+            if not current and scope is not None:
+                del layers[scope]
+            self._svc.changed(scope)
+            self._ctx.emit("system-prompt/change")

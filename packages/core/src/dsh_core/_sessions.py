@@ -544,6 +544,30 @@ class _Entry:
     owner: Context
 
 
+class _Detach:
+    """``detach`` of an entered session. One slotted object instead of a closure (a function,
+    its cell tuple and one cell per captured name): every live session holds one, and each is
+    an object the cyclic collector walks at every collection while the session lives (PERF-5).
+    """
+
+    __slots__ = ("_entry", "_live")
+
+    def __init__(self, live: dict[str, _Entry], entry: _Entry) -> None:
+        self._live = live
+        self._entry = entry
+
+    def __call__(self) -> None:
+        entry = self._entry
+        session, live = entry.session, self._live
+        if live.get(session.header.id) is not entry:
+            return
+        del live[session.header.id]
+        if session._announced:
+            session._announced = False
+            entry.owner.emit("session/disposed", session)
+        session._attach(None)
+
+
 class SessionStoreService:
     """The live sessions of one host (provided as ``sessions``; use the bound view)."""
 
@@ -631,17 +655,7 @@ class SessionStore:
         entry = _Entry(session, owner)
         live[session.header.id] = entry
         session._attach(owner)
-
-        def detach() -> None:
-            if live.get(session.header.id) is not entry:
-                return
-            del live[session.header.id]
-            if session._announced:
-                session._announced = False
-                owner.emit("session/disposed", session)
-            session._attach(None)
-
-        return detach
+        return _Detach(live, entry)
 
     def announce(self, session: Session) -> None:
         """Emit ``session/created`` once; a listener that raises vetoes the session.

@@ -6,7 +6,7 @@ Mountable plugins (a composition names them):
 plugin                     provides                 config
 ========================== ======================== =============================================
 ``sessions``               ``sessions``             —
-``session-persistence-memory`` ``session_persistence`` —
+``session-persistence-memory`` ``session_persistence`` ``retain_disposed`` (default: every log)
 ``session-persistence-jsonl`` ``session_persistence``  ``root`` (default ``$DSH_HOME/sessions``),
                                                     ``sync`` (``always``/``batch``/``detach``,
                                                     default ``batch``)
@@ -48,6 +48,7 @@ __all__ = [
     "AgentsConfig",
     "JobsConfig",
     "JsonlPersistenceConfig",
+    "MemoryPersistenceConfig",
     "ScriptedModelConfig",
     "SystemPromptConfig",
     "dsh_plugins",
@@ -60,6 +61,20 @@ def _sync_mode(instance: object, attribute: attrs.Attribute[str], value: str) ->
 
     if value not in SYNC_MODES:
         raise ValueError(f"key {attribute.name!r} must be one of {list(SYNC_MODES)}, got {value!r}")
+
+
+def _retain(instance: object, attribute: attrs.Attribute[int | None], value: int | None) -> None:
+    if value is not None and (type(value) is not int or value < 0):
+        raise ValueError(f"key {attribute.name!r} must be a non-negative integer, got {value!r}")
+
+
+@attrs.frozen(kw_only=True)
+class MemoryPersistenceConfig:
+    """``session-persistence-memory``: how many disposed sessions' logs stay in memory
+    (``retain_disposed``; unset keeps every log for the life of the process). The oldest
+    disposed log is dropped first; a log in use is never dropped."""
+
+    retain_disposed: int | None = attrs.field(default=None, validator=_retain)
 
 
 @attrs.frozen(kw_only=True)
@@ -124,10 +139,10 @@ def _sessions(ctx: Context, _: None) -> None:
     ctx.provide("sessions", SessionStoreService(ctx.host.event_types))
 
 
-def _memory(ctx: Context, _: None) -> None:
+def _memory(ctx: Context, config: MemoryPersistenceConfig) -> None:
     from ._persistence import install_memory_persistence
 
-    install_memory_persistence(ctx)
+    install_memory_persistence(ctx, config.retain_disposed)
 
 
 def _jsonl(ctx: Context, config: JsonlPersistenceConfig) -> None:
@@ -204,6 +219,7 @@ CORE_PLUGINS: tuple[PluginSpec, ...] = (
         apply=_memory,
         requires=("sessions",),
         provides=("session_persistence",),
+        config_type=MemoryPersistenceConfig,
         description="sessions kept in memory",
     ),
     PluginSpec(

@@ -1,4 +1,5 @@
-"""The in-memory backend: logs kept as event objects for the life of the process."""
+"""The in-memory backend: logs kept as event objects for the life of the process (or, with
+``retain_disposed``, the logs of the most recently disposed sessions only)."""
 
 from __future__ import annotations
 
@@ -29,11 +30,20 @@ class _MemoryLog:
 
 
 class MemorySessionPersistence(SessionPersistence):
-    """Keeps logs as event objects in this process (tests, ephemeral hosts); no file lock."""
+    """Keeps logs as event objects in this process (tests, ephemeral hosts); no file lock.
 
-    def __init__(self) -> None:
+    What it keeps: the log of every session in use, and of every disposed one, for the life of
+    the process; with ``retain_disposed=N`` only the N most recently disposed logs (the oldest
+    is dropped first, and can no longer be resumed, listed or read). A log in use is never
+    dropped; a resumed log counts as disposed again from its next disposal (PERF-1).
+    """
+
+    def __init__(self, retain_disposed: int | None = None) -> None:
         super().__init__()
         self._logs: dict[str, _MemoryLog] = {}
+        self._retain = retain_disposed
+        # The disposed logs in the order of their disposal (oldest first), when bounded.
+        self._disposed: dict[str, None] = {}
 
     def _acquire(self, id: str, header: SessionHeader | None) -> _Handle:
         if header is not None:
@@ -43,11 +53,23 @@ class MemorySessionPersistence(SessionPersistence):
             return _Handle(id, created=True)
         if id not in self._logs:
             raise _not_found(id)
+        self._disposed.pop(id, None)  # in use again: not droppable while held
         return _Handle(id, created=False)
 
     def _release(self, handle: _Handle, *, discard: bool) -> None:
         if discard and handle.created:
             self._logs.pop(handle.id, None)
+            return
+        retain = self._retain
+        if retain is None or handle.id not in self._logs:
+            return
+        disposed = self._disposed
+        disposed.pop(handle.id, None)
+        disposed[handle.id] = None
+        while len(disposed) > retain:  # the oldest disposed log leaves memory first (PERF-1)
+            oldest = next(iter(disposed))
+            del disposed[oldest]
+            self._logs.pop(oldest, None)
 
     def _read(
         self, id: str, handle: _Handle | None
@@ -77,9 +99,14 @@ class MemorySessionPersistence(SessionPersistence):
         return StoredScan(header=log.header, events=events, stamp=(log, len(log.events)))
 
 
-def install_memory_persistence(ctx: Context) -> MemorySessionPersistence:
-    """Install an in-memory backend and provide it as ``session_persistence``."""
-    persistence = MemorySessionPersistence()
+def install_memory_persistence(
+    ctx: Context, retain_disposed: int | None = None
+) -> MemorySessionPersistence:
+    """Install an in-memory backend and provide it as ``session_persistence``.
+
+    ``retain_disposed`` bounds how many disposed sessions' logs it keeps (``None``: all).
+    """
+    persistence = MemorySessionPersistence(retain_disposed)
     persistence.install(ctx)
     ctx.provide("session_persistence", persistence)
     return persistence

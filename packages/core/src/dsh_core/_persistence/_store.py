@@ -315,6 +315,9 @@ class SessionPersistence:
         if rec is None or rec.session is not session:
             return
         del self._tracked[sid]
+        # The next group commit skips a record no longer tracked (its close syncs it): drop it
+        # now so the disposed session leaves memory without waiting for that commit (PERF-4).
+        self._unsynced.discard(rec)
         rec.end = session.seq
         session._checkpointer = None
         ctx = self._ctx
@@ -390,7 +393,9 @@ class SessionPersistence:
                 sync()
                 raise
         self._syncs.add(fut)
-        sid = rec.session.header.id  # not the session: its events need not wait for the sync
+        # Only the id, not ``rec``: the disposed session and its whole log leave memory now,
+        # not when the deferred fsync is done (PERF-4).
+        sid = rec.session.header.id
 
         def synced(fut: asyncio.Future[None]) -> None:
             self._syncs.discard(fut)
