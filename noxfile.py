@@ -436,7 +436,7 @@ def bench(session: nox.Session) -> None:
     listing, and ACP children. Every script in benchmarks/README.md runs, with its defaults;
     ``nox -s bench -- ARGS`` passes ARGS to ``delegation.py``."""
     _install_wheels(session, *PACKAGES, extra=())
-    env = {"DSH_HOME": session.create_tmp()}
+    env = {"DSH_SUBAGENTS_HOME": session.create_tmp()}
     session.run("python", "benchmarks/turn.py", env=env)
     session.run("python", "benchmarks/delegation.py", *session.posargs, env=env)
     # its resume part is resume.py's measurement, which runs below: not twice
@@ -465,7 +465,7 @@ def peers(session: nox.Session) -> None:
         "python",
         "benchmarks/peers/compare.py",
         *session.posargs,
-        env={"LANGSMITH_TRACING": "false", "DSH_HOME": session.create_tmp()},
+        env={"LANGSMITH_TRACING": "false", "DSH_SUBAGENTS_HOME": session.create_tmp()},
     )
 
 

@@ -291,7 +291,7 @@ class Venv:
         self.url = index.new_url()
         self.uv = os.environ.get("DSH_UV") or None
         env = {k: v for k, v in os.environ.items() if k not in _DROPPED}
-        env["DSH_HOME"] = str(where / "home")
+        env["DSH_SUBAGENTS_HOME"] = str(where / "home")
         self.env = env
         self.install_env = {k: v for k, v in env.items() if not _SOURCES.match(k)}
         if self.uv:

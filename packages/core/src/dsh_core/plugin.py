@@ -7,7 +7,8 @@ plugin                     provides                 config
 ========================== ======================== =============================================
 ``sessions``               ``sessions``             —
 ``session-persistence-memory`` ``session_persistence`` ``retain_disposed`` (default: every log)
-``session-persistence-jsonl`` ``session_persistence``  ``root`` (default ``$DSH_HOME/sessions``),
+``session-persistence-jsonl`` ``session_persistence``  ``root`` (default
+                                                    ``$DSH_SUBAGENTS_HOME/sessions``),
                                                     ``sync`` (``always``/``batch``/``detach``,
                                                     default ``batch``)
 ``session-query``          ``session_query``        —
