@@ -161,7 +161,12 @@ def test_the_demo_opens_with_one_line_about_plugins_and_fits_the_terminal(
     first = text.splitlines()[0]
     assert re.fullmatch(r"\d+ plugins from \d+ distributions \(`dsh-subagents plugins`.*\)", first)
     assert "entry point" not in text
-    wide = [line for line in text.splitlines() if len(line) > 80]
+    # The store's folder is printed whole (a path cannot be wrapped); every other line fits.
+    wide = [
+        line
+        for line in text.splitlines()
+        if len(line) > 80 and not line.startswith("  sessions are kept in ")
+    ]
     assert wide == []
 
 
