@@ -16,9 +16,6 @@ settings.register_profile(
     "ci", deadline=None, max_examples=60, suppress_health_check=[HealthCheck.too_slow]
 )
 settings.register_profile("thorough", deadline=None, max_examples=2000)
-# `nox -s all` runs every package's tests again with every distribution installed: that run
-# proves the installed set changes no outcome; the search itself is the `tests` sessions' job.
-settings.register_profile("rerun", deadline=None, max_examples=10)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dsh"))
 
 

@@ -273,28 +273,15 @@ def tests(session: nox.Session, dist: str) -> None:
 
 @nox.session(requires=["build"], allow_parallel=True)
 def all(session: nox.Session) -> None:
-    """Every distribution in one venv: the cross-package tests, then every package's tests.
+    """Every distribution in one venv: the cross-package tests.
 
-    The package tests ran in the ``tests`` sessions already, where their property tests search
-    on three Pythons; here they prove that installing everything changes no outcome, so their
-    property tests draw a few examples each (Hypothesis profile ``rerun``). Both parts run even
-    when the first fails.
+    Each package's own tests ran in the ``tests`` sessions (alone, on every Python); that
+    installing everything changes none of their outcomes is what ``nox -s thorough`` proves
+    (every test folder, everything installed), so the default run does not repeat them here.
     """
     _install_wheels(session, *PACKAGES)
-    cross, *packages = _every_test_folder()
-    profile = os.environ.get("HYPOTHESIS_PROFILE", "rerun")
-    parts = {
-        "the cross-package tests": ([cross], {}),
-        "the package tests": (packages, {"HYPOTHESIS_PROFILE": profile}),
-    }
-    failed = []
-    for name, (folders, env) in parts.items():
-        try:
-            _pytest(session, *folders, env=env)
-        except nox.command.CommandFailed:  # the other part still runs; the session fails after
-            failed.append(name)
-    if failed:
-        session.error(f"{' and '.join(failed)} failed")
+    cross, *_ = _every_test_folder()
+    _pytest(session, cross)
 
 
 @nox.session(requires=["build"], allow_parallel=True)
