@@ -23,7 +23,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from ._view import Transcript
+from ._view import Transcript, cut
 
 __all__ = ["LiveTranscript"]
 
@@ -71,11 +71,6 @@ def _elapsed(seconds: float) -> str:
     return f"{s}s" if s < 60 else f"{s // 60}m{s % 60:02d}s"
 
 
-def _cut(text: str) -> str:
-    flat = " ".join(text.split())
-    return flat if len(flat) <= LABEL_WIDTH else flat[: LABEL_WIDTH - 1] + "…"
-
-
 class LiveTranscript(Transcript):
     """The transcript's lines above a live region of the running children."""
 
@@ -120,7 +115,7 @@ class LiveTranscript(Transcript):
                 up = self.rows[up].parent
             name = row.label or row.id
             table.add_row(
-                "  " * depth + _cut(name),
+                "  " * depth + cut(name, LABEL_WIDTH),
                 row.provider,
                 row.mode,
                 row.status,

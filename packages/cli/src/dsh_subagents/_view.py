@@ -19,10 +19,10 @@ __all__ = ["Transcript", "cut"]
 SHOWN = 200
 
 
-def cut(text: str) -> str:
-    """``text`` on one line, at most :data:`SHOWN` characters (an ellipsis marks a cut)."""
+def cut(text: str, limit: int = SHOWN) -> str:
+    """``text`` on one line, at most ``limit`` characters (an ellipsis marks a cut)."""
     flat = " ".join(text.split())
-    return flat if len(flat) <= SHOWN else flat[: SHOWN - 1] + "…"
+    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
 
 
 class Transcript:
