@@ -79,15 +79,15 @@ def test_children_report_and_every_epoch_sends_a_settlement_notice(
     tour: tuple[str, Path],
 ) -> None:
     """tools 15.5, RPT-3, SET-1, SET-2: two children call `report` and the coordinator receives
-    both reports; each of the four epochs that ended sends one settlement notice."""
+    both reports; each of the six epochs that ended sends one settlement notice."""
     text, _ = tour
     assert len([s for s in text.splitlines() if re.match(rf"  {NAME}\s+→ report ", s)]) == 2
     arrived = _lines(text, "coordinator", "⇐")
     reports = [s for s in arrived if re.search(rf"Background subagent {NAME} reported:$", s)]
     notices = [s for s in arrived if re.search(rf"Background subagent {NAME} finished", s)]
     assert len(reports) == 2
-    assert len(notices) == 4  # three children, one of them twice
-    assert text.count("Its closing message:") == 4
+    assert len(notices) == 6  # four children, two of them twice
+    assert text.count("Its closing message:") == 6
 
 
 def test_the_coordinator_follows_up_with_a_settled_child_by_a_cold_resume(
@@ -96,7 +96,7 @@ def test_the_coordinator_follows_up_with_a_settled_child_by_a_cold_resume(
     """tools 15.5, CTL-1, CTL-2, CONT-7, CONT-10: after the flights child settled,
     `send_message` brings it back in a second epoch from the store, and it answers."""
     text, home = tour
-    (call,) = _lines(text, "coordinator", "→ send_message")
+    call, _ = _lines(text, "coordinator", "→ send_message")  # the flights child, the postcard
     child = re.search(rf'"subagent_id": "({NAME})"', call)
     assert child is not None
     name = child.group(1)
@@ -124,12 +124,12 @@ def test_a_fork_child_runs_in_the_foreground_seeded_with_completed_turns(
 def test_the_coordinator_lists_its_agents_answers_and_the_tree_is_printed(
     tour: tuple[str, Path],
 ) -> None:
-    """tools 15.5, CTL-4, CTL-5, BUG-4, LIST-6: `list_agents` shows the three continuable
+    """tools 15.5, CTL-4, CTL-5, BUG-4, LIST-6: `list_agents` shows the four continuable
     children `[ready]`; the final answer follows; the child tree read back from the store
-    lists four children, the flights child with two epochs."""
+    lists five children, the flights child with two epochs."""
     text, _ = tour
     assert _lines(text, "coordinator", "→ list_agents")
-    assert len(re.findall(rf"{NAME} \[ready\] — ", text)) == 3
+    assert len(re.findall(rf"{NAME} \[ready\] — ", text)) == 4
     answers = _lines(text, "coordinator", ">")
     assert answers[-1].split("> ", 1)[1].startswith("Your weekend in Lisbon")
     tree = text.split("the child tree, read back from the store", 1)[1]
@@ -140,15 +140,22 @@ def test_the_coordinator_lists_its_agents_answers_and_the_tree_is_printed(
 
 
 def test_an_acp_child_is_one_of_the_coordinators_children(tour: tuple[str, Path]) -> None:
-    """CLI-62: the coordinator's `postcard` tool (a `subagent` row for the `acp` provider)
-    runs a child in another process over ACP, in the transcript and in the tree; there is no
-    separate ACP section."""
+    """CLI-62, ACPC-1: the coordinator's `postcard` tool (a continuable `subagent` row for the
+    `acp` provider) runs a child in another process over ACP, in the transcript and in the
+    tree; its settlement notice reaches the coordinator, whose `send_message` follow-up is a
+    second epoch in the same ACP session; there is no separate ACP section."""
     text, _ = tour
     assert _lines(text, "coordinator", "→ postcard")
-    assert re.search(r"  acp·\w{4}\s+⇢ started: acp child \(another process, over ACP\)", text)
-    assert re.search(r"  coordinator\s+← Lisbon, Friday to Sunday", text)
+    started = r"  postcard·\w{4}\s+⇢ started: acp child \(another process, over ACP\)"
+    assert re.search(started, text)
+    assert re.search(r"  coordinator\s+← started subagent postcard·\w{4}", text)
+    assert re.search(r"  coordinator\s+⇐ Background subagent postcard·\w{4} finished", text)
+    assert re.search(r'→ send_message \{"subagent_id": "postcard·\w{4}", "message":', text)
+    follow_up = r"postcard·\w{4}\s+⇢ resumed \(epoch 2: a follow-up in the same ACP session\)"
+    assert re.search(follow_up, text)
+    assert re.search(r"  postcard·\w{4}\s+> Sign it: with love", text)
     tree = text.split("the child tree, read back from the store", 1)[1]
-    assert re.search(r"── acp·\w{4} \(acp, one-shot, in another process", tree)
+    assert re.search(r'── postcard·\w{4} "Write the postcard" \(acp, continuable, 2 epochs', tree)
     assert "one ACP child" not in text
 
 
@@ -179,7 +186,7 @@ def test_the_demo_keeps_its_store_under_dsh_home_or_store(
     done = _demo(tmp_path, "--store", "kept")
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"sessions are kept in {Path('kept')}" in done.stdout
-    assert len(list((tmp_path / "kept").glob("*.jsonl"))) == 5  # the coordinator, 4 children
+    assert len(list((tmp_path / "kept").glob("*.jsonl"))) == 6  # the coordinator, 5 children
     assert demo_store("elsewhere") == Path("elsewhere")
     monkeypatch.delenv("DSH_SUBAGENTS_HOME", raising=False)
     monkeypatch.setenv("DSH_HOME", str(tmp_path / "other-tool"))

@@ -101,7 +101,7 @@ def test_list_shows_root_sessions_only_newest_first_with_their_facts(
     assert [s["id"] for s in listing["sessions"]] == [root, "session-older"]
     first = listing["sessions"][0]
     children = [i for i, h in _headers(store).items() if h.get("parent_session") == root]
-    assert first["children"] == len(children) == 4
+    assert first["children"] == len(children) == 5
     assert first["model"] == "scripted:tour"
     assert first["first_prompt"].startswith("Plan a weekend in Lisbon")
     logged = [json.loads(line) for line in (store / f"{root}.jsonl").read_text().splitlines()[1:]]

@@ -8,8 +8,9 @@ follows up with a settled child (``send_message``: a cold resume from the demo's
 runs a ``fork`` child in the foreground, lists its agents (``list_agents``) and answers. The
 transcript is written from the session and subagent events as they happen, never from the
 script, and ends with the child tree read back from the store. One of the children is an ACP
-child: the coordinator's ``postcard`` tool (a ``subagent`` tool row for the ``acp`` provider)
-hands a task to a ``dsh-acp-agent`` process over the Agent Client Protocol.
+child: the coordinator's ``postcard`` tool (a continuable ``subagent`` tool row for the ``acp``
+provider) hands a task to a ``dsh-acp-agent`` process over the Agent Client Protocol, then a
+follow-up in the same ACP session.
 
 Children are named by their label and the last characters of their id (``flights·0007``);
 full ids are in the final tree and in ``dsh-subagents sessions tree``. Lines appear in causal
@@ -93,6 +94,8 @@ _REVIEWER = "You review a plan you were handed, and answer in one sentence."
 _POSTCARD = (
     "Lisbon, Friday to Sunday: TP1351 out, TP1356 back, Memmo Alfama, sun. About 760 EUR for two."
 )
+#: The follow-up the ACP child gets in its same ACP session (the echo model answers it back).
+_SIGNATURE = "Sign it: with love, from both of us."
 _NOTICE = r"^Background subagent (?P<child>\S+) finished"
 
 #: The embedded script of the tour (format: docs/scripted-model.md). Every agent runs on it;
@@ -146,12 +149,13 @@ TOUR_SCRIPT: Final[Mapping[str, Any]] = {
             "reply": "Within budget: about 760 EUR for two, flights and two nights included.",
         },
         # -- the coordinator --
-        {  # every child has settled (its notice is in), the flights child twice: review
+        {  # every researcher has settled (its notice is in), the flights one twice: review
             "when": {
                 "system": "coordinate",
                 "unanswered": _NOTICE,
                 "conversation": (
-                    r"(?s)(?=.*message:\s*Return)(?=.*message:\s*Memmo)(?=.*message:\s*Sunny)"
+                    r"(?s)^(?!.*Within budget)"
+                    r"(?=.*message:\s*Return)(?=.*message:\s*Memmo)(?=.*message:\s*Sunny)"
                 ),
             },
             "reply": {
@@ -177,8 +181,38 @@ TOUR_SCRIPT: Final[Mapping[str, Any]] = {
                 ]
             },
         },
+        {  # the postcard child runs in the background (continuable, in another process)
+            "when": {
+                "system": "coordinate",
+                "unanswered": "^started subagent",
+                "conversation": "Within budget",
+            },
+            "reply": "The postcard is being written in another process.",
+        },
+        {  # its first answer is in: a follow-up in the same ACP session
+            "when": {
+                "system": "coordinate",
+                "unanswered": _NOTICE + r"[\s\S]*message:\s*Lisbon, Friday to Sunday",
+            },
+            "reply": {
+                "tool_calls": [
+                    {
+                        "name": "send_message",
+                        "arguments": {"subagent_id": "{{child}}", "message": _SIGNATURE},
+                    }
+                ]
+            },
+        },
         {
-            "when": {"system": "coordinate", "unanswered": "^Lisbon, Friday to Sunday"},
+            "when": {
+                "system": "coordinate",
+                "unanswered": "^message queued",
+                "conversation": "Within budget",
+            },
+            "reply": "I asked for a signature on the postcard.",
+        },
+        {  # the signature is in too: list the agents
+            "when": {"system": "coordinate", "unanswered": _NOTICE + r"[\s\S]*message:\s*Sign"},
             "reply": {"tool_calls": [{"name": "list_agents", "arguments": {}}]},
         },
         {
@@ -294,12 +328,12 @@ def _tour_rows(store: Path, model: PluginRow | None) -> list[PluginRow | str]:
                 "persona": _REVIEWER,
             },
         ),
-        PluginRow(  # a child in another process, over the Agent Client Protocol
+        PluginRow(  # a continuable child in another process, over the Agent Client Protocol
             plugin="tool-subagent",
             config={
                 "provider": "acp",
                 "tool_name": "postcard",
-                "enable_run_in_background": False,
+                "background_mode": "continuable",
                 "max_depth": "provider-managed",  # the child's own host limits its depth
             },
         ),
@@ -452,14 +486,16 @@ class _Transcript:
             self._name(info.id, info.provider)
             if descriptor and descriptor.get("mode") == "continuable":
                 self.held[info.id] = []  # until the parent's tool result names it
-        what = "started" if n == 1 else f"resumed (epoch {n}: a cold resume from the store)"
+        remote = not info.local or info.provider == "acp"  # its turns run in another process
+        how = "a follow-up in the same ACP session" if remote else "a cold resume from the store"
+        what = "started" if n == 1 else f"resumed (epoch {n}: {how})"
         label = descriptor.get("label") if descriptor else None
         shown = f' "{label}"' if isinstance(label, str) else ""
         agent = self.agents.get(info.id)
         seeded = agent.session.header.seed_length if agent is not None else None
         if seeded:
             shown += f" (seeded with the coordinator's completed turns: {seeded} events)"
-        where = "" if info.local else " (another process, over ACP)"
+        where = " (another process, over ACP)" if remote else ""
         self._line(info.id, "⇢", f"{what}: {info.provider} child{where}{shown}")
         self.changed.set()
 

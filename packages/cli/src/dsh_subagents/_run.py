@@ -632,8 +632,11 @@ class _Run:
         return f": stopping {n} running subagent{'' if n == 1 else 's'}"
 
     def note(self, text: str) -> None:
+        # One write with its newline (print writes the end apart): a second Ctrl-C that lands
+        # between the two would leave this line unended before its own.
         with contextlib.suppress(OSError, ValueError):
-            print(f"dsh-subagents run: {text}", file=self.err, flush=True)
+            self.err.write(f"dsh-subagents run: {text}\n")
+            self.err.flush()
 
     # -- the tree ----------------------------------------------------------------------------
 
