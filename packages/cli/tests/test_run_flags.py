@@ -185,7 +185,8 @@ def test_continue_takes_the_latest_root_session(
 
 
 def test_resume_takes_a_unique_prefix(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """CLI-12: `--resume` takes an id or a unique prefix of one; a prefix of several is
+    """CLI-12, CLI-90: `--resume` takes an id or a unique prefix of one (`session-` may be left
+    out, as in `sessions show`); a prefix of several is
     `SESSION_AMBIGUOUS` and an unknown one `SESSION_NOT_FOUND` (exit status 2)."""
     store = tmp_path / "store"
     ids = [run("--store", str(store), p, capsys=capsys)[2].split()[1] for p in ("a", "b")]
@@ -193,6 +194,9 @@ def test_resume_takes_a_unique_prefix(tmp_path: Path, capsys: pytest.CaptureFixt
     short = ids[0][: first_difference + 1]
     status, out, err = run("--store", str(store), "--resume", short, "more", capsys=capsys)
     assert (status, out) == (0, "more\n") and err.split()[1] == ids[0]
+    bare = ids[1].removeprefix("session-")  # CLI-90: one rule with `sessions show/tree`
+    status, out, err = run("--store", str(store), "--resume", bare, "more", capsys=capsys)
+    assert (status, out) == (0, "more\n") and err.split()[1] == ids[1]
     status, out, err = run("--store", str(store), "--resume", "session-", "x", capsys=capsys)
     assert (status, out) == (2, "") and "[SESSION_AMBIGUOUS]" in err
     status, out, err = run("--store", str(store), "--resume", "nobody", "x", capsys=capsys)

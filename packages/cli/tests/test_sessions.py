@@ -264,10 +264,10 @@ def test_an_id_may_be_a_unique_prefix_and_an_ambiguous_or_unknown_one_is_a_usage
     )
     done = cli("sessions", "show", common, "--store", str(demo), tmp=tmp_path)
     assert done.returncode == 2
-    assert "ambiguous" in done.stderr and "[SESSIONS_AMBIGUOUS]" in done.stderr
+    assert "ambiguous" in done.stderr and "[SESSION_AMBIGUOUS]" in done.stderr
     assert all(i in done.stderr for i in ids)
     done = cli("sessions", "tree", "session-nobody", "--store", str(demo), tmp=tmp_path)
-    assert done.returncode == 2 and "[SESSIONS_NOT_FOUND]" in done.stderr
+    assert done.returncode == 2 and "[SESSION_NOT_FOUND]" in done.stderr
     assert str(demo) in done.stderr and "Traceback" not in done.stderr
 
 

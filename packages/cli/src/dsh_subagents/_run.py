@@ -48,6 +48,7 @@ from dsh_core import (
 )
 
 from ._home import home
+from ._ids import SessionsError, match_id
 from ._view import Transcript
 
 __all__ = ["RunOptions", "compose_run", "run_agent"]
@@ -440,21 +441,10 @@ async def _session_to_resume(ctx: Any, options: RunOptions) -> str | None:
         path_of = getattr(persistence, "path_of", None)
         latest: str = max(roots, key=lambda h: (_last_write(path_of, h.id), h.created_at, h.id)).id
         return latest
-    wanted = options.resume or ""
-    ids: list[str] = [h.id for h in headers]
-    if wanted in ids:
-        return wanted
-    matches = [i for i in ids if i.startswith(wanted)]
-    if not matches:
-        raise DshError(f"no stored session{place} has the id {wanted!r}", code="SESSION_NOT_FOUND")
-    if len(matches) > 1:
-        shown = ", ".join(matches[:5]) + (", ..." if len(matches) > 5 else "")
-        raise DshError(
-            f"{len(matches)} stored sessions{place} start with {wanted!r} ({shown}): give more "
-            "of the id",
-            code="SESSION_AMBIGUOUS",
-        )
-    return matches[0]
+    try:
+        return match_id((h.id for h in headers), options.resume or "", where or "the store")
+    except SessionsError as exc:
+        raise DshError(str(exc), code=exc.code) from None
 
 
 def _last_write(path_of: Callable[[str], Path] | None, session_id: str) -> int:

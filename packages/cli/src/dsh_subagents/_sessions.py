@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from ._home import home
+from ._ids import SessionsError, match_id
 
 __all__ = [
     "FULL_READ",
@@ -55,8 +56,6 @@ HEADER_LIMIT = 1 << 20
 _FIRST_READ = 4096
 #: How deep ``show --children`` inlines; deeper children are folded.
 INLINE_DEPTH = 32
-#: How many candidates an ambiguous prefix names.
-_CANDIDATES = 10
 
 _NOFOLLOW: int = getattr(os, "O_NOFOLLOW", 0)
 _FLAGS = (
@@ -101,15 +100,6 @@ def _usage(data: bytes) -> tuple[int, int]:
                 tokens_out += int(m.group(2))
         at = data.find(_ANSWER, end)
     return tokens_in, tokens_out
-
-
-class SessionsError(Exception):
-    """A usage error of ``sessions``: an unknown or ambiguous id, a store that is no folder.
-    ``code`` is stable: ``SESSIONS_NOT_FOUND``, ``SESSIONS_AMBIGUOUS``, ``SESSIONS_NO_STORE``."""
-
-    def __init__(self, message: str, *, code: str) -> None:
-        super().__init__(message)
-        self.code = code
 
 
 class Entry:
@@ -157,28 +147,8 @@ class Folder:
         return len(seen) - 1
 
     def resolve(self, prefix: str) -> str:
-        """The one stored id ``prefix`` starts (``session-`` may be left out); an exact id
-        always wins. Unknown: ``SESSIONS_NOT_FOUND``; several: ``SESSIONS_AMBIGUOUS``, naming
-        them (CLI-33)."""
-        names = [*self.sessions, *(d.id for d in self.damaged)]
-        if prefix in names:
-            return prefix
-        found = sorted(n for n in names if n.startswith(prefix))
-        if not found and not prefix.startswith("session-"):
-            found = sorted(n for n in names if n.startswith("session-" + prefix))
-        if len(found) == 1:
-            return found[0]
-        if not found:
-            raise SessionsError(
-                f"no stored session id starts with {prefix!r} in {self.root}",
-                code="SESSIONS_NOT_FOUND",
-            )
-        shown = ", ".join(found[:_CANDIDATES])
-        more = f" and {len(found) - _CANDIDATES} more" if len(found) > _CANDIDATES else ""
-        raise SessionsError(
-            f"{prefix!r} is ambiguous: {len(found)} sessions start with it: {shown}{more}",
-            code="SESSIONS_AMBIGUOUS",
-        )
+        """The one stored id ``prefix`` names (:func:`match_id`), damaged files included."""
+        return match_id([*self.sessions, *(d.id for d in self.damaged)], prefix, self.root)
 
 
 def _damage(entry: Entry, code: str, message: str) -> Entry:
