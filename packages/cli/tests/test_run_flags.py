@@ -60,6 +60,14 @@ reply = { tool_calls = [{ name = "subagent", arguments = { description = "s", pr
 """
 
 
+#: A rule for the root resumed after a stop: it answers the drained child's notice.
+STOPPED = r"""
+[[rules]]
+when = { unanswered = 'Background subagent (?P<child>\S+) was stopped' }
+reply = "Heard that {{child}} was stopped."
+"""
+
+
 def _script(tmp_path: Path, text: str, name: str = "model.toml") -> Path:
     path = tmp_path / name
     path.write_text(text, encoding="utf-8")
@@ -315,7 +323,7 @@ async def test_a_timeout_drains_the_children_and_their_notice_reaches_the_root(
 ) -> None:
     """CLI-5: `--timeout` stops a run whose child would run for ever: the child is drained
     (its turn ends aborted) and its settlement notice reaches the root, and the run exits 124
-    naming the session."""
+    naming the session; the notice is still pending when the root is resumed."""
     script = _script(tmp_path, SPIN)
     store = tmp_path / "store"
     options = RunOptions(
@@ -342,6 +350,14 @@ async def test_a_timeout_drains_the_children_and_their_notice_reaches_the_root(
         for m in e["data"].get("inserted", ())
     ]
     assert notices[-1] == f"Background subagent {child} was stopped before it finished."
+    # CLI-91: the notice outlives the run (disposing the root keeps its inbox): the resumed
+    # root's next turn takes it with the new prompt.
+    _script(tmp_path, SPIN + STOPPED)
+    out, err = io.StringIO(), io.StringIO()
+    again = RunOptions(prompt="and now?", model=f"scripted:{script}", store=str(store),
+                       resume=root)  # fmt: skip
+    status = await run_agent(again, make_plugin_manager(), out, err=err)
+    assert (status, out.getvalue()) == (0, f"Heard that {child} was stopped.\n"), err.getvalue()
 
 
 async def test_a_root_woken_for_ever_is_stopped(

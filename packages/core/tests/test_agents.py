@@ -998,6 +998,23 @@ async def test_a_send_while_disposal_runs_is_kept_and_one_after_it_is_refused() 
         assert resumed.inbox.next_step == [late]
 
 
+async def test_disposal_discards_pending_input_unless_asked_to_keep_it() -> None:
+    """host-core §9, CLI-91: disposal discards pending input durably (a resume finds none);
+    `dispose(keep_inbox=True)` leaves it pending in the log, and a resume finds it."""
+    async with scripted_host(model=["never"]) as h:
+        kept: dict[bool, list[Any]] = {}
+        for keep in (False, True):
+            sid = f"keep-{keep}"
+            handle = await h.create_agent(session_id=sid)
+            parked = user_message("a notice for later", id=f"n-{keep}")
+            handle.agent.inject(parked)  # not woken: it stays pending
+            await bounded(handle.dispose(keep_inbox=keep))
+            kept[keep] = (await h.resume_agent(sid)).agent.inbox.next_step
+        assert kept[False] == []
+        assert [m.id for m in kept[True]] == ["n-True"]
+        assert h.model.requests == []
+
+
 async def test_owner_fiber_disposal_disposes_owned_agents() -> None:
     """host-core §9: an agent created through a plugin context dies with that context."""
     async with scripted_host() as h:

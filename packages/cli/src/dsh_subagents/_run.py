@@ -724,7 +724,9 @@ class _Run:
                 if handle is not None:
                     handle.cancel()
             self.view.finish()
-            await self.handle.dispose()
+            # What the root has not taken yet (the notices of children a stop drained) stays
+            # pending in its log for `--resume` (CLI-91).
+            await self.handle.dispose(keep_inbox=True)
             for remove in removers:
                 remove()
         return self.report()

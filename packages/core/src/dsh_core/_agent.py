@@ -1208,16 +1208,30 @@ class AgentHandle:
         """Whether disposal has started."""
         return self._disposal.started
 
-    def dispose(self) -> Coroutine[Any, Any, None]:
+    def dispose(self, *, keep_inbox: bool = False) -> Coroutine[Any, Any, None]:
         """Release the agent (see the class docstring for the order): ``await
         handle.dispose()``. A caller that stops waiting never stops the release (hardening
-        11.8). (The shared disposal's coroutine itself, one coroutine less per disposal.)"""
-        return self._disposal.run(self._release)
+        11.8). (The shared disposal's coroutine itself, one coroutine less per disposal.)
+
+        ``keep_inbox`` leaves pending input in the log instead of discarding it, so that a
+        later resume finds it pending (a command line that stops a run keeps the notices its
+        drained children sent). The first caller's choice holds for racing callers."""
+        return self._disposal.run(self._release_keeping_inbox if keep_inbox else self._release)
 
     def _release(self) -> Coroutine[Any, Any, None]:
         # The teardown's coroutine itself (no coroutine of its own around it).
         return _teardown(
             self.agent, self._service, self._detach_session, announced=True, then=self._forget
+        )
+
+    def _release_keeping_inbox(self) -> Coroutine[Any, Any, None]:
+        return _teardown(
+            self.agent,
+            self._service,
+            self._detach_session,
+            announced=True,
+            then=self._forget,
+            keep_inbox=True,
         )
 
     def _forget(self) -> None:
@@ -1234,11 +1248,13 @@ async def _teardown(
     *,
     announced: bool,
     then: Callable[[], None] | None = None,
+    keep_inbox: bool = False,
 ) -> None:
     """Cancel, wait for idle, dispose the scope, unregister, detach the session and wait for
-    persistence to let go of it; ``then`` runs at the end, whatever happened."""
+    persistence to let go of it; ``then`` runs at the end, whatever happened. Pending input
+    is discarded unless ``keep_inbox``."""
     try:
-        agent.cancel(AgentCancelCause(kind="disposed"))
+        agent.cancel(AgentCancelCause(kind="disposed"), keep_inbox=keep_inbox)
         agent._disposed = True
         if agent._driver is not None:  # idle already: no coroutine to wait on
             await agent.when_idle()
