@@ -47,11 +47,12 @@ from dsh_core import (
 
 from ._config import AcpConfig
 from ._errors import ABORTED_BEFORE_START, AcpError
+from ._pool import AcpPool
 
 if TYPE_CHECKING:
     from dsh_core import GenerateOptions
 
-    from ._client import Opened
+    from ._client import Opened, Warm
 
 __all__ = ["ROUTE_PREFIX", "AcpSessions", "decode_model", "encode_model", "new_input"]
 
@@ -136,11 +137,21 @@ class AcpSessions:
     """The live processes of one provider row's continuable children, and the model adapter
     of their route (``ctx.llm``: provider ``subagent-acp/<name>``)."""
 
-    def __init__(self, *, name: str, config: AcpConfig, ctx: Context, env: dict[str, str]) -> None:
+    def __init__(
+        self,
+        *,
+        name: str,
+        config: AcpConfig,
+        ctx: Context,
+        env: dict[str, str],
+        pool: AcpPool | None = None,
+    ) -> None:
         self.name = name
         self.config = config
         self.ctx = ctx
         self.env = env
+        #: The row's warm pool (ACPC-31): a start or a cold resume takes a process from it.
+        self.pool = pool
         self.held: dict[str, _Held] = {}
         #: By child: the id of the last message a prompt carried (in this process).
         self.sent: dict[str, str] = {}
@@ -167,9 +178,13 @@ class AcpSessions:
             env=self.env,
             signal=signal,
             step=new_session_step(cwd),
+            warm=self._warm(cwd),
         )
         self._hold(_Held(opened, child_id, parent.id))
         return encode_model(opened.session_id, cwd)
+
+    def _warm(self, cwd: str) -> Warm | None:
+        return None if self.pool is None else self.pool.take(cwd)
 
     def _hold(self, held: _Held) -> None:
         old = self.held.pop(held.child_id, None)
@@ -241,6 +256,7 @@ class AcpSessions:
             env=self.env,
             signal=signal,
             step=load_session_step(self.name, child_id, session_id, cwd),
+            warm=self._warm(cwd),
         )
         held = _Held(opened, child_id, parent_id)
         self._hold(held)
