@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 from collections.abc import AsyncIterator, Sequence
@@ -44,6 +45,7 @@ from dsh_core import (
     TextBlock,
     TextDelta,
 )
+from dsh_subagent import SUBAGENTS
 
 from ._config import AcpConfig
 from ._errors import ABORTED_BEFORE_START, AcpError
@@ -213,12 +215,12 @@ class AcpSessions:
         if not held.busy and self.held.get(held.child_id) is held:
             self._drop(held)
 
-    def _drop(self, held: _Held) -> None:
+    def _drop(self, held: _Held) -> asyncio.Future[None]:
         if self.held.get(held.child_id) is held:
             del self.held[held.child_id]
-        self._release(held)
+        return self._release(held)
 
-    def _release(self, held: _Held) -> None:
+    def _release(self, held: _Held) -> asyncio.Future[None]:
         """End the process with the disposal ladder, in a task the sessions keep (and the
         plugin's unload awaits)."""
         from ._client import reap
@@ -227,17 +229,55 @@ class AcpSessions:
         task = asyncio.ensure_future(reap(held.opened.child, held.opened.conn, self.config))
         self.releasing.add(task)
         task.add_done_callback(self.releasing.discard)
+        return task
 
     def on_agent_disposed(self, agent: Agent) -> None:
         """ACPC-16: a disposed parent's children's processes end now (a disposed child's own
-        process stays until its idle time: a follow-up may come back to it)."""
+        process stays until its idle time, unless a drain released it: a follow-up may come
+        back to it)."""
         for held in [h for h in self.held.values() if h.parent_id == agent.id]:
             self._drop(held)
             self.sent.pop(held.child_id, None)
 
+    def setup(self, child: Context) -> None:
+        """The continuable setup of every child (ACPC-38): its scope's release asks whether a
+        drain released it, and if so ends its process before the release goes on."""
+        agent = child.agent
+        if agent is not None:
+            child.fiber.add(functools.partial(self._released, agent))
+
+    async def _released(self, agent: Agent) -> None:
+        """ACPC-38: a child released by a drain (not settling) has its process ended with the
+        disposal ladder and waited for, within the child's own release: child-first."""
+        held = self.held.get(agent.id)
+        if held is None or not self.ctx[SUBAGENTS].drained(agent):
+            return
+        self.sent.pop(held.child_id, None)
+        await asyncio.wait({self._drop(held)})
+
     async def close(self) -> None:
-        """The plugin unloads: every process is released, and waited for."""
+        """The plugin unloads: the children whose turns a process answers are drained first
+        (ACPC-39: each turn is cancelled, each child released, its process ended child-first);
+        then every other process is released, and each waited for."""
         self.closed = True
+        registry = self.ctx.get("agents")
+        service = self.ctx.get(SUBAGENTS)
+        if registry is not None and service is not None:
+            by_parent: dict[str, list[str]] = {}
+            for held in self.held.values():
+                if held.parent_id is not None and registry.get(held.child_id) is not None:
+                    by_parent.setdefault(held.parent_id, []).append(held.child_id)
+            drains = []
+            for parent_id, child_ids in by_parent.items():
+                parent = registry.get(parent_id)
+                if parent is not None:
+                    with contextlib.suppress(Exception):
+                        drains.append(service.drain_continuable_children(parent, child_ids))
+            for drain in drains:
+                try:
+                    await drain
+                except Exception as exc:
+                    _log.warning('subagent-acp "%s": draining at unload: %s', self.name, exc)
         for held in list(self.held.values()):
             self._drop(held)
         while self.releasing:

@@ -36,6 +36,7 @@ def _apply(ctx: Context, config: AcpConfig) -> None:
     ctx.fiber.add(sessions.close)
     ctx.llm.register_adapter(sessions.route, sessions)
     ctx.on("agent/disposed", sessions.on_agent_disposed, global_=True)
+    ctx.subagents.register_continuable_setup(sessions.setup)
     ctx.subagents.register_provider(
         AcpProvider(config=config, cwd=cwd, sessions=sessions, pool=pool)
     )
