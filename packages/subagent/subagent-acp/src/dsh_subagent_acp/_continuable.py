@@ -15,8 +15,10 @@ prompt in the same ACP session), or starts the command again and loads the sessi
 (``session/load``, or ``session/resume`` where only that is advertised); what a load replays
 is the past, never output. An agent that can do neither refuses the turn with
 ``ACP_NOT_RESUMABLE``. A process idle for ``idle_release_ms`` is released with the disposal
-ladder, and so is every process of a parent agent that is disposed, and every process when
-the plugin unloads. The command that runs is always the configured one: the store names the
+ladder, and so is every process of a parent agent that is disposed, the process of a child a
+drain releases (within the child's own release, ACPC-38), and every process when the plugin
+unloads (after draining the children whose turn runs, ACPC-39). A start or a cold resume
+takes a process from the row's warm pool when it has one (``_pool``). The command that runs is always the configured one: the store names the
 provider row, never a command.
 
 The SDK is imported on the first use, not when the plugin loads.
@@ -296,7 +298,7 @@ class AcpSessions:
             env=self.env,
             signal=signal,
             step=load_session_step(self.name, child_id, session_id, cwd),
-            warm=self._warm(cwd),
+            warm=self._warm(cwd),  # ACPC-36: a cold resume may take a pooled process
         )
         held = _Held(opened, child_id, parent_id)
         self._hold(held)

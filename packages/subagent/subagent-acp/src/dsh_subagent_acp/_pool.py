@@ -85,6 +85,7 @@ class AcpPool:
             if self.failures:
                 await asyncio.sleep(min(_BACKOFF_S * 2 ** (self.failures - 1), _BACKOFF_MAX_S))
             self.attempts += 1
+            # ACPC-37: the scrub of a direct start, taken when the process starts.
             env = child_environment(self.config.env, passed=self.config.pass_env)
             try:
                 warm = await warm_up(name=self.name, config=self.config, cwd=self.cwd, env=env)
@@ -111,8 +112,9 @@ class AcpPool:
             self.fill()
 
     def take(self, cwd: str) -> Warm | None:
-        """ACPC-31/33: a healthy pooled process for a child working in ``cwd``, handed out
-        for good; ``None`` when there is none (the caller starts one directly)."""
+        """ACPC-31..33, 37: a healthy pooled process for a child working in ``cwd``, handed
+        out for good (never taken back: ACPC-32); ``None`` when there is none, or the child
+        works elsewhere (the caller starts one directly)."""
         if self.size == 0 or self.closed or cwd != self.cwd:
             return None
         while self.ready:
