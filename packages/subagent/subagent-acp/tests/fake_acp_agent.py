@@ -132,7 +132,7 @@ def main() -> None:
     seen: dict = {}
     pending_prompt: object = None
     permission_for: object = None
-    methods_log = os.environ.get("FAKE_ACP_METHODS")
+    methods_log = os.environ.get("FAKE_ACP_METHODS", "").replace("{pid}", str(os.getpid()))
     for raw in sys.stdin:
         try:
             message = json.loads(raw)

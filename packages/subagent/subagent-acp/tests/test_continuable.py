@@ -271,3 +271,70 @@ def test_the_model_string_and_the_turns_input() -> None:
         user_message(text_blocks("two")),
     ]
     assert new_input(history) == "one\n\ntwo"
+
+
+async def _prompting(t: Tree, prompt: str) -> str:
+    """Start a child with ``prompt`` and wait (bounded) until its prompt reached the agent."""
+    prompting = asyncio.Event()
+    sessions = t.sessions
+    original = sessions._prompt
+
+    async def watched(*args: Any) -> Any:
+        prompting.set()
+        return await original(*args)
+
+    sessions._prompt = watched  # type: ignore[method-assign]
+    child_id = await t.start(prompt)
+    async with asyncio.timeout(BOUND):
+        await prompting.wait()
+    return child_id
+
+
+@pytest.mark.parametrize("kind", ["children", "descendants"])
+async def test_a_drain_ends_the_childs_process_child_first(kind: str) -> None:
+    """ACPC-38: a drain that releases a continuable ACP child ends its process with the
+    disposal ladder within the child's own release (idle time notwithstanding): the process
+    is gone by the time the drain resolves; a settled child keeps its process."""
+    async with tree("--hold-text", "hold", idle_release_ms=600_000) as t:
+        settled = await t.start("done")
+        await t.ended(1)
+        kept = t.process(settled)
+        child_id = await _prompting(t, "hold")
+        process = t.process(child_id)
+        if kind == "children":
+            release = t.svc.drain_continuable_children(t.parent, [child_id])
+        else:
+            release = t.svc.drain_continuable_descendants([t.parent])
+        async with asyncio.timeout(BOUND):
+            await release
+        assert process.exited.done()
+        assert child_id not in t.sessions.held
+        assert (await t.ended(2)).stop_reason == "aborted"
+        assert not kept.exited.done()
+    await _gone(process)
+
+
+async def test_closing_the_host_drains_running_children_before_ending_processes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ACPC-39: closing the host cancels a continuable ACP child's running turn and
+    releases the child before its process ends (child-first): the turn ends aborted, the
+    agent was sent session/cancel, and the process is gone."""
+    log = tmp_path / "methods"
+    monkeypatch.setenv("FAKE_ACP_METHODS", str(log))
+    config = {
+        "command": sys.executable,
+        "args": [FAKE_AGENT, "--hold-text", "hold"],
+        "start_timeout_ms": 10_000,
+        "idle_release_ms": 600_000,
+    }
+    async with scripted_host(
+        "subagent", "subagent-acp", modules=MODULES, config={"subagent-acp": config}
+    ) as host:
+        handle = await host.create_agent(meta=SessionMeta(cwd=os.getcwd()))
+        t = Tree(host, handle.agent)
+        child_id = await _prompting(t, "hold")
+        process = t.process(child_id)
+    await _gone(process)
+    assert (await t.ended(1)).stop_reason == "aborted"
+    assert log.read_text().split()[-1] == "session/cancel"

@@ -7,13 +7,14 @@ See ``docs/acp.md``. The SDK is imported on the first ``start()``, not with this
 from __future__ import annotations
 
 from .__about__ import __version__
-from ._config import MAX_TIMER_DELAY_MS, AcpConfig, check_config, resolve_config_cwd
+from ._config import MAX_POOL, MAX_TIMER_DELAY_MS, AcpConfig, check_config, resolve_config_cwd
 from ._errors import ABORTED_BEFORE_START, AcpError
 from ._process import child_environment, is_credential_name, is_credential_value
 from ._provider import AcpProvider
 
 __all__ = [
     "ABORTED_BEFORE_START",
+    "MAX_POOL",
     "MAX_TIMER_DELAY_MS",
     "AcpConfig",
     "AcpError",

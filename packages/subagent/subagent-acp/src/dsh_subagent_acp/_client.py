@@ -39,7 +39,7 @@ from ._errors import ABORTED_BEFORE_START, AcpError
 from ._process import ChildProcess
 from ._wire import GuardedTransport, quiet_notifications
 
-__all__ = ["AcpSubagentRun", "Opened", "open_child", "start_acp_run"]
+__all__ = ["AcpSubagentRun", "Opened", "Warm", "open_child", "start_acp_run", "warm_up"]
 
 _log = logging.getLogger("dsh.subagent.acp")
 
@@ -294,18 +294,35 @@ def load_session_step(name: str, child_id: str, session_id: str, cwd: str) -> Se
     return step
 
 
-async def open_child(
-    *,
-    name: str,
-    config: AcpConfig,
-    cwd: str,
-    env: dict[str, str],
-    signal: AbortSignal,
-    step: SessionStep,
-) -> Opened:
-    """Spawn, ``initialize``, then ``step`` (``session/new``, or a load of a stored session),
-    all within ``start_timeout_ms``; any failure reaps the child first, then raises
-    (``AcpError``, or ``AbortedError`` when ``signal`` fired)."""
+class Warm:
+    """An agent process that answered ``initialize`` and nothing else yet: its process,
+    connection, client and what it advertised (ACPC-31: what the warm pool holds)."""
+
+    __slots__ = ("child", "client", "conn", "init")
+
+    def __init__(self, child: ChildProcess, conn: Any, client: _ParentClient, init: Any) -> None:
+        self.child = child
+        self.conn = conn
+        self.client = client
+        self.init = init
+
+    def healthy(self) -> bool:
+        """ACPC-33: the process runs and both of its protocol pipes are open."""
+        process = self.child.process
+        stdin, stdout = process.stdin, process.stdout
+        return not (
+            self.child.exited.done()
+            or stdin is None
+            or stdin.is_closing()
+            or stdout is None
+            or stdout.at_eof()
+            or stdout.exception() is not None
+        )
+
+
+async def _spawn(
+    name: str, config: AcpConfig, cwd: str, env: dict[str, str]
+) -> tuple[ChildProcess, Any, _ParentClient]:
     client = _ParentClient(config.permission)
     try:
         child = await ChildProcess.spawn(config.command, config.args, cwd=cwd, env=env, label=name)
@@ -321,41 +338,89 @@ async def open_child(
     transport = GuardedTransport(child.process.stdout, child.process.stdin, peer=peer, log=_log)
     conn = acp.connect_to_agent(cast("acp.Client", client), transport)
     quiet_notifications(conn, peer=peer, log=_log)
+    return child, conn, client
+
+
+def _initialize(conn: Any) -> Any:
+    return conn.initialize(
+        protocol_version=acp.PROTOCOL_VERSION,
+        client_capabilities=ClientCapabilities(
+            fs=FileSystemCapabilities(read_text_file=False, write_text_file=False),
+            terminal=False,
+        ),
+        client_info=Implementation(name="dsh-subagent-acp", version=__version__),
+    )
+
+
+async def _failed(
+    exc: BaseException, what: str, name: str, config: AcpConfig, child: ChildProcess, conn: Any
+) -> BaseException:
+    """Reap the child of a set-up that failed with ``exc``; what to raise instead of it."""
+    await asyncio.shield(reap(child, conn, config))
+    if isinstance(exc, AbortedError | asyncio.CancelledError | AcpError):
+        return exc
+    if isinstance(exc, TimeoutError):
+        return AcpError(
+            f"subagent-acp {name!r}: the ACP child did not answer {what} within "
+            f"{config.start_timeout_ms:g} ms",
+            code="ACP_START_TIMEOUT",
+        )
+    if isinstance(exc, Exception):
+        failure = AcpError(
+            f"subagent-acp {name!r}: {what} failed: {describe(exc, child)}",
+            code="ACP_START_FAILED",
+        )
+        failure.__cause__ = exc
+        return failure
+    return exc
+
+
+async def warm_up(*, name: str, config: AcpConfig, cwd: str, env: dict[str, str]) -> Warm:
+    """ACPC-31: spawn and ``initialize`` within ``start_timeout_ms``, nothing more (a
+    pooled process); any failure reaps the child first, then raises ``AcpError``."""
+    child, conn, client = await _spawn(name, config, cwd, env)
+    try:
+        async with asyncio.timeout(config.start_timeout_ms / 1000):
+            init = await _race(_initialize(conn), child, AbortSignal())
+    except BaseException as exc:
+        failure = await _failed(exc, "initialize", name, config, child, conn)
+        if failure is exc:
+            raise
+        raise failure from failure.__cause__
+    return Warm(child, conn, client, init)
+
+
+async def open_child(
+    *,
+    name: str,
+    config: AcpConfig,
+    cwd: str,
+    env: dict[str, str],
+    signal: AbortSignal,
+    step: SessionStep,
+    warm: Warm | None = None,
+) -> Opened:
+    """Spawn, ``initialize``, then ``step`` (``session/new``, or a load of a stored session),
+    all within ``start_timeout_ms``; any failure reaps the child first, then raises
+    (``AcpError``, or ``AbortedError`` when ``signal`` fired). A ``warm`` process from the
+    pool skips the spawn and ``initialize`` (ACPC-31)."""
+    if warm is None:
+        child, conn, client = await _spawn(name, config, cwd, env)
+        init = None
+    else:
+        child, conn, client, init = warm.child, warm.conn, warm.client, warm.init
     what = "initialize"
     try:
         async with asyncio.timeout(config.start_timeout_ms / 1000):
-            init = await _race(
-                conn.initialize(
-                    protocol_version=acp.PROTOCOL_VERSION,
-                    client_capabilities=ClientCapabilities(
-                        fs=FileSystemCapabilities(read_text_file=False, write_text_file=False),
-                        terminal=False,
-                    ),
-                    client_info=Implementation(name="dsh-subagent-acp", version=__version__),
-                ),
-                child,
-                signal,
-            )
+            if init is None:
+                init = await _race(_initialize(conn), child, signal)
             what, awaitable = step(conn, init, client)
             session_id = await _race(awaitable, child, signal)
     except BaseException as exc:
-        await asyncio.shield(reap(child, conn, config))
-        if isinstance(exc, AbortedError | asyncio.CancelledError):
+        failure = await _failed(exc, what, name, config, child, conn)
+        if failure is exc:
             raise
-        if isinstance(exc, AcpError):
-            raise
-        if isinstance(exc, TimeoutError):
-            raise AcpError(
-                f"subagent-acp {name!r}: the ACP child did not answer {what} within "
-                f"{config.start_timeout_ms:g} ms",
-                code="ACP_START_TIMEOUT",
-            ) from None
-        if isinstance(exc, Exception):
-            raise AcpError(
-                f"subagent-acp {name!r}: {what} failed: {describe(exc, child)}",
-                code="ACP_START_FAILED",
-            ) from exc
-        raise
+        raise failure from failure.__cause__
     if not isinstance(session_id, str) or not session_id:
         await asyncio.shield(reap(child, conn, config))
         raise AcpError("ACP child published without a session id", code="ACP_NO_SESSION_ID")
@@ -364,11 +429,25 @@ async def open_child(
 
 
 async def start_acp_run(
-    *, name: str, config: AcpConfig, cwd: str, env: dict[str, str], text: str, signal: AbortSignal
+    *,
+    name: str,
+    config: AcpConfig,
+    cwd: str,
+    env: dict[str, str],
+    text: str,
+    signal: AbortSignal,
+    warm: Warm | None = None,
 ) -> AcpSubagentRun:
-    """ACP-1/2: spawn, ``initialize``, ``session/new``; then publish and prompt."""
+    """ACP-1/2: spawn, ``initialize`` (or a ``warm`` pooled process), ``session/new``; then
+    publish and prompt."""
     opened = await open_child(
-        name=name, config=config, cwd=cwd, env=env, signal=signal, step=new_session_step(cwd)
+        name=name,
+        config=config,
+        cwd=cwd,
+        env=env,
+        signal=signal,
+        step=new_session_step(cwd),
+        warm=warm,
     )
     run = _Run(
         name=name,

@@ -14,10 +14,13 @@ import attrs
 
 from dsh_core import PluginError
 
-__all__ = ["MAX_TIMER_DELAY_MS", "AcpConfig", "check_config", "resolve_config_cwd"]
+__all__ = ["MAX_POOL", "MAX_TIMER_DELAY_MS", "AcpConfig", "check_config", "resolve_config_cwd"]
 
 #: The longest grace a timer may be given (the reference's ``MAX_TIMER_DELAY_MS``, 2**31 - 1).
 MAX_TIMER_DELAY_MS = 2_147_483_647
+#: ACPC-30: the most agent processes a row's warm pool keeps started ahead of need. Each is a
+#: whole agent process (about a second of CPU and tens of MB for one on the Python SDK).
+MAX_POOL = 8
 _PERMISSIONS = ("reject", "allow")
 
 
@@ -28,7 +31,8 @@ class AcpConfig:
     ``command`` is required. ``start_timeout_ms`` is ours: a child that does not answer
     ``initialize`` and ``session/new`` within it fails ``start()`` and is reaped, instead of
     hanging the caller. ``idle_release_ms``: how long the process of a continuable child may
-    stay idle before it is released (ACPC-15).
+    stay idle before it is released (ACPC-15). ``pool``: how many agent processes are kept
+    started and initialized ahead of need (ACPC-30; 0, the default, keeps none).
     """
 
     command: str  # no default: a composition without it cannot mount the plugin
@@ -42,6 +46,7 @@ class AcpConfig:
     dispose_grace_ms: float = 3000
     start_timeout_ms: float = 30_000
     idle_release_ms: float = 60_000
+    pool: int = 0
 
 
 def resolve_config_cwd(value: str | None, *, launch_dir: str | None = None) -> str | None:
@@ -89,6 +94,10 @@ def _check(config: AcpConfig) -> str | None:
                 f"subagent-acp: {key} must be a positive finite number no greater than "
                 f"{MAX_TIMER_DELAY_MS}"
             )
+    if not (type(config.pool) is int and 0 <= config.pool <= MAX_POOL):
+        raise ValueError(
+            f"subagent-acp: pool must be a whole number from 0 to {MAX_POOL}, got {config.pool!r}"
+        )
     return resolve_config_cwd(config.cwd)
 
 

@@ -15,8 +15,10 @@ prompt in the same ACP session), or starts the command again and loads the sessi
 (``session/load``, or ``session/resume`` where only that is advertised); what a load replays
 is the past, never output. An agent that can do neither refuses the turn with
 ``ACP_NOT_RESUMABLE``. A process idle for ``idle_release_ms`` is released with the disposal
-ladder, and so is every process of a parent agent that is disposed, and every process when
-the plugin unloads. The command that runs is always the configured one: the store names the
+ladder, and so is every process of a parent agent that is disposed, the process of a child a
+drain releases (within the child's own release, ACPC-38), and every process when the plugin
+unloads (after draining the children whose turn runs, ACPC-39). A start or a cold resume
+takes a process from the row's warm pool when it has one (``_pool``). The command that runs is always the configured one: the store names the
 provider row, never a command.
 
 The SDK is imported on the first use, not when the plugin loads.
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 from collections.abc import AsyncIterator, Sequence
@@ -44,14 +47,16 @@ from dsh_core import (
     TextBlock,
     TextDelta,
 )
+from dsh_subagent import SUBAGENTS
 
 from ._config import AcpConfig
 from ._errors import ABORTED_BEFORE_START, AcpError
+from ._pool import AcpPool
 
 if TYPE_CHECKING:
     from dsh_core import GenerateOptions
 
-    from ._client import Opened
+    from ._client import Opened, Warm
 
 __all__ = ["ROUTE_PREFIX", "AcpSessions", "decode_model", "encode_model", "new_input"]
 
@@ -136,11 +141,21 @@ class AcpSessions:
     """The live processes of one provider row's continuable children, and the model adapter
     of their route (``ctx.llm``: provider ``subagent-acp/<name>``)."""
 
-    def __init__(self, *, name: str, config: AcpConfig, ctx: Context, env: dict[str, str]) -> None:
+    def __init__(
+        self,
+        *,
+        name: str,
+        config: AcpConfig,
+        ctx: Context,
+        env: dict[str, str],
+        pool: AcpPool | None = None,
+    ) -> None:
         self.name = name
         self.config = config
         self.ctx = ctx
         self.env = env
+        #: The row's warm pool (ACPC-31): a start or a cold resume takes a process from it.
+        self.pool = pool
         self.held: dict[str, _Held] = {}
         #: By child: the id of the last message a prompt carried (in this process).
         self.sent: dict[str, str] = {}
@@ -167,9 +182,13 @@ class AcpSessions:
             env=self.env,
             signal=signal,
             step=new_session_step(cwd),
+            warm=self._warm(cwd),
         )
         self._hold(_Held(opened, child_id, parent.id))
         return encode_model(opened.session_id, cwd)
+
+    def _warm(self, cwd: str) -> Warm | None:
+        return None if self.pool is None else self.pool.take(cwd)
 
     def _hold(self, held: _Held) -> None:
         old = self.held.pop(held.child_id, None)
@@ -198,12 +217,12 @@ class AcpSessions:
         if not held.busy and self.held.get(held.child_id) is held:
             self._drop(held)
 
-    def _drop(self, held: _Held) -> None:
+    def _drop(self, held: _Held) -> asyncio.Future[None]:
         if self.held.get(held.child_id) is held:
             del self.held[held.child_id]
-        self._release(held)
+        return self._release(held)
 
-    def _release(self, held: _Held) -> None:
+    def _release(self, held: _Held) -> asyncio.Future[None]:
         """End the process with the disposal ladder, in a task the sessions keep (and the
         plugin's unload awaits)."""
         from ._client import reap
@@ -212,17 +231,55 @@ class AcpSessions:
         task = asyncio.ensure_future(reap(held.opened.child, held.opened.conn, self.config))
         self.releasing.add(task)
         task.add_done_callback(self.releasing.discard)
+        return task
 
     def on_agent_disposed(self, agent: Agent) -> None:
         """ACPC-16: a disposed parent's children's processes end now (a disposed child's own
-        process stays until its idle time: a follow-up may come back to it)."""
+        process stays until its idle time, unless a drain released it: a follow-up may come
+        back to it)."""
         for held in [h for h in self.held.values() if h.parent_id == agent.id]:
             self._drop(held)
             self.sent.pop(held.child_id, None)
 
+    def setup(self, child: Context) -> None:
+        """The continuable setup of every child (ACPC-38): its scope's release asks whether a
+        drain released it, and if so ends its process before the release goes on."""
+        agent = child.agent
+        if agent is not None:
+            child.fiber.add(functools.partial(self._released, agent))
+
+    async def _released(self, agent: Agent) -> None:
+        """ACPC-38: a child released by a drain (not settling) has its process ended with the
+        disposal ladder and waited for, within the child's own release: child-first."""
+        held = self.held.get(agent.id)
+        if held is None or not self.ctx[SUBAGENTS].drained(agent):
+            return
+        self.sent.pop(held.child_id, None)
+        await asyncio.wait({self._drop(held)})
+
     async def close(self) -> None:
-        """The plugin unloads: every process is released, and waited for."""
+        """The plugin unloads: the children whose turns a process answers are drained first
+        (ACPC-39: each turn is cancelled, each child released, its process ended child-first);
+        then every other process is released, and each waited for."""
         self.closed = True
+        registry = self.ctx.get("agents")
+        service = self.ctx.get(SUBAGENTS)
+        if registry is not None and service is not None:
+            by_parent: dict[str, list[str]] = {}
+            for held in self.held.values():
+                if held.parent_id is not None and registry.get(held.child_id) is not None:
+                    by_parent.setdefault(held.parent_id, []).append(held.child_id)
+            drains = []
+            for parent_id, child_ids in by_parent.items():
+                parent = registry.get(parent_id)
+                if parent is not None:
+                    with contextlib.suppress(Exception):
+                        drains.append(service.drain_continuable_children(parent, child_ids))
+            for drain in drains:
+                try:
+                    await drain
+                except Exception as exc:
+                    _log.warning('subagent-acp "%s": draining at unload: %s', self.name, exc)
         for held in list(self.held.values()):
             self._drop(held)
         while self.releasing:
@@ -241,6 +298,7 @@ class AcpSessions:
             env=self.env,
             signal=signal,
             step=load_session_step(self.name, child_id, session_id, cwd),
+            warm=self._warm(cwd),  # ACPC-36: a cold resume may take a pooled process
         )
         held = _Held(opened, child_id, parent_id)
         self._hold(held)

@@ -20,6 +20,7 @@ from dsh_subagent import (
 from ._config import AcpConfig
 from ._continuable import AcpSessions
 from ._errors import ABORTED_BEFORE_START, AcpError
+from ._pool import AcpPool
 from ._process import child_environment
 
 __all__ = ["AcpProvider"]
@@ -40,6 +41,7 @@ class AcpProvider:
     config: AcpConfig
     cwd: str | None = None
     sessions: AcpSessions | None = attrs.field(default=None, eq=False)
+    pool: AcpPool | None = attrs.field(default=None, eq=False)
     name: str = attrs.field(
         default=attrs.Factory(lambda self: self.config.provider_name, takes_self=True)
     )
@@ -66,7 +68,8 @@ class AcpProvider:
         return cwd
 
     async def start(self, request: ResolvedSubagentStartRequest) -> SubagentRun:
-        """ACP-1/2: spawn, ``initialize``, ``session/new``, then publish (prompt running)."""
+        """ACP-1/2: spawn, ``initialize``, ``session/new``, then publish (prompt running); a
+        pooled process, when the row's pool has one for ``cwd``, skips the first two (ACPC-31)."""
         signal = request.signal
         if signal.aborted:
             raise AbortedError(signal.reason, ABORTED_BEFORE_START)
@@ -81,6 +84,7 @@ class AcpProvider:
             env=child_environment(self.config.env, passed=self.config.pass_env),
             text=text,
             signal=signal,
+            warm=None if self.pool is None else self.pool.take(cwd),
         )
 
     async def prepare_continuable(self, request: ContinuableCreateRequest) -> ContinuableCreateSpec:

@@ -2,16 +2,20 @@
 
 Config (:class:`AcpConfig`): ``command`` (required), ``args``, ``cwd``, ``permission``
 (``reject`` | ``allow``), ``env``, ``dispose_eof_grace_ms``, ``dispose_grace_ms``,
-``start_timeout_ms``, ``provider_name`` (default ``"acp"``). A configured ``cwd`` is resolved
+``start_timeout_ms``, ``idle_release_ms``, ``pool`` (a warm pool, off by default),
+``provider_name`` (default ``"acp"``). A configured ``cwd`` is resolved
 and checked once, here (ACP-4). Unmounting unregisters the provider; published runs go on.
 """
 
 from __future__ import annotations
 
+import os
+
 from dsh_core import Context, PluginSpec, hookimpl
 
 from ._config import AcpConfig, check_config
 from ._continuable import AcpSessions
+from ._pool import AcpPool
 from ._process import child_environment
 from ._provider import AcpProvider
 
@@ -21,13 +25,23 @@ __all__ = ["dsh_plugins"]
 def _apply(ctx: Context, config: AcpConfig) -> None:
     cwd = check_config(config)
     env = child_environment(config.env, passed=config.pass_env)
-    sessions = AcpSessions(name=config.provider_name, config=config, ctx=ctx, env=env)
+    pool = None
+    if config.pool:
+        # ACPC-31: started in the row's cwd, else the host's own working directory.
+        pool = AcpPool(name=config.provider_name, config=config, cwd=cwd or os.getcwd())
+        ctx.fiber.add(pool.close)
+    sessions = AcpSessions(name=config.provider_name, config=config, ctx=ctx, env=env, pool=pool)
     # Registered before the adapter and the listener: unloading undoes them first, then ends
     # every process of a continuable child (and waits for each).
     ctx.fiber.add(sessions.close)
     ctx.llm.register_adapter(sessions.route, sessions)
     ctx.on("agent/disposed", sessions.on_agent_disposed, global_=True)
-    ctx.subagents.register_provider(AcpProvider(config=config, cwd=cwd, sessions=sessions))
+    ctx.subagents.register_continuable_setup(sessions.setup)
+    ctx.subagents.register_provider(
+        AcpProvider(config=config, cwd=cwd, sessions=sessions, pool=pool)
+    )
+    if pool is not None:
+        pool.fill()
 
 
 @hookimpl

@@ -166,6 +166,7 @@ class Activation:
         "announced",
         "child_id",
         "closing",
+        "drained",
         "handle",
         "manager",
         "owned_children",
@@ -201,6 +202,8 @@ class Activation:
         self.accepted: set[str] = set()
         self.announced = False
         self.closing = False
+        #: A drain is releasing this epoch (not a settlement): see ``SubagentService.drained``.
+        self.drained = False
         self.owner: Activation | None = None
         self.run_id: str | None = None
         #: The run tree's slot this epoch holds (ROB-62), given back when it stops being resident.
@@ -490,15 +493,17 @@ class ContinuationManager:
 
     # -- disposal (CONT-14) ---------------------------------------------------------------------
 
-    def cancel_tree(self, act: Activation) -> None:
+    def cancel_tree(self, act: Activation, *, drain: bool = False) -> None:
         """Top-down, in one synchronous span: close and cancel ``act`` and every resident
-        descendant (inboxes cleared)."""
+        descendant (inboxes cleared); ``drain`` marks them released by a drain."""
         act.closing = True
+        if drain:
+            act.drained = True
         act.handle.agent.cancel(_PARENT_CANCEL)
         for child_id in tuple(act.owned_children):
             child = self.activations.get(child_id)
             if child is not None and not child.closing:
-                self.cancel_tree(child)
+                self.cancel_tree(child, drain=drain)
 
     async def _teardown(self, act: Activation) -> None:
         failures: list[BaseException] = []
@@ -1055,7 +1060,7 @@ class ContinuationManager:
             if not branches:  # an ownership cycle cannot form; release whatever is left
                 branches = [*self.activations.values(), *self.retiring.values()]
             for branch in branches:
-                self.cancel_tree(branch)
+                self.cancel_tree(branch, drain=True)
             outcomes = await asyncio.gather(
                 *(b.dispose() for b in branches), return_exceptions=True
             )

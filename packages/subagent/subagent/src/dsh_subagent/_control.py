@@ -261,7 +261,7 @@ def drain_descendants(manager: ContinuationManager, parents: Iterable[Agent]) ->
         _close_under(manager, root)
     for act in _descendants(manager, roots):
         if not act.closing:
-            manager.cancel_tree(act)
+            manager.cancel_tree(act, drain=True)
     return _spawn(manager, _release_descendants(manager, roots), "drain continuable descendants")
 
 
@@ -295,7 +295,7 @@ def drain_children(
     if not targets:
         return _DONE
     for act in targets:
-        manager.cancel_tree(act)
+        manager.cancel_tree(act, drain=True)
     return _spawn(manager, _dispose_all(targets, "selected"), "drain continuable children")
 
 
@@ -346,7 +346,7 @@ async def _release_descendants(
     targets = _descendants(manager, roots)
     for act in targets:
         if not act.closing:  # published meanwhile, before admission closed
-            manager.cancel_tree(act)
+            manager.cancel_tree(act, drain=True)
     inside = set(targets)
     tops = [a for a in targets if a.owner is None or a.owner not in inside]
     return await _dispose_all(tops, "scoped")

@@ -393,6 +393,14 @@ class SubagentService:
         """
         return _control.drain_children(self._state.continuation, parent, child_ids)
 
+    def drained(self, agent: Agent) -> bool:
+        """Whether continuable child ``agent``'s Activation is being released by a drain
+        (the manager's, a scoped or a selected one), not by settling. A provider that keeps
+        something alive for a child between epochs (the ``acp`` provider's agent process)
+        asks this while the child's scope is disposed, and ends it at once when true."""
+        act = self._state.continuation.activation_of(agent)
+        return act is not None and act.drained
+
 
 def _check_fields(request: SubagentStartRequest) -> None:
     """Refuse mistyped request fields before anything exists (DRV-3, hardening 11.6).
