@@ -1,0 +1,362 @@
+"""The `acp` provider's children, one-shot and continuable, served by agents that share none of
+our Python code (ACPC-50..59, interop tier: `nox -s interop` installs them; a plain pytest run
+deselects these tests):
+
+- an agent on the official TypeScript SDK (`@agentclientprotocol/sdk` 2.4 from npm, run by
+  node: tests/fixtures/acp/ts_sdk_agent.mjs); ``ACP_TS_SDK`` names the folder npm installed
+  it into;
+- the reference runtime's ACP profile (`dsh --profile acp` of the PyPI wheel
+  `deepseek-harness-runtime-bin`), its model pointed at a loopback OpenAI-compatible server;
+  ``DSH_REFERENCE_RUNTIME`` names its `dsh` command.
+
+Each test is skipped where its agent is not installed."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import select
+import shutil
+import signal
+import sys
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import dsh_subagent.plugin
+import dsh_subagent_acp.plugin
+from dsh_core import SessionMeta, blocks_text, text_blocks
+from dsh_core.testing import TestHost, scripted_host
+from dsh_llm_openai.testing import ChatCompletionsServer, text_reply
+from dsh_subagent import (
+    SUBAGENTS,
+    ContinuableStartSpec,
+    CoordinatorMessageSource,
+    SubagentFollowupOptions,
+    SubagentRunEndInfo,
+    SubagentStartRequest,
+)
+from dsh_subagent_acp._continuable import AcpSessions
+from dsh_subagent_acp._process import ChildProcess
+
+pytestmark = [pytest.mark.interop, pytest.mark.dsh_timeout(900)]
+
+FIXTURES = Path(__file__).parent / "fixtures" / "acp"
+MODULES = {"subagent": dsh_subagent.plugin, "subagent-acp": dsh_subagent_acp.plugin}
+BOUND = 180  # the reference runtime takes seconds to start on a loaded machine
+
+
+# -- the agents ---------------------------------------------------------------------------------
+
+
+def _ts_config(tmp_path: Path) -> dict[str, Any]:
+    """The provider row of the TypeScript SDK agent, its sessions in ``tmp_path``."""
+    prefix, node = os.environ.get("ACP_TS_SDK"), shutil.which("node")
+    if not prefix or node is None:
+        pytest.skip("no node, or ACP_TS_SDK names no folder (nox -s interop installs the SDK)")
+    sessions = tmp_path / "ts-sessions"
+    sessions.mkdir(exist_ok=True)
+    return {
+        "command": node,
+        "args": [str(FIXTURES / "ts_sdk_agent.mjs"), str(sessions)],
+        "env": {"ACP_TS_SDK": prefix},
+        "start_timeout_ms": BOUND * 1000,
+    }
+
+
+@contextlib.contextmanager
+def _reference(tmp_path: Path) -> Iterator[tuple[dict[str, Any], ChatCompletionsServer]]:
+    """The provider row of `dsh --profile acp` (its state under a DSH_HOME in ``tmp_path``),
+    and the loopback server its model talks to."""
+    dsh = os.environ.get("DSH_REFERENCE_RUNTIME")
+    if not dsh:
+        pytest.skip("DSH_REFERENCE_RUNTIME names no dsh command (nox -s interop installs it)")
+    with ChatCompletionsServer(default=text_reply("reference default")) as server:
+        home = tmp_path / "dsh-home"
+        home.mkdir()
+        patch = home / "loopback.yml"
+        # the llm-pi-ai entry's provider on the loopback server; the acp entry's own route
+        patch.write_text(
+            f"""
+- id: llm-pi-ai
+  config:
+    providers:
+      loopback:
+        api: openai-completions
+        baseURL: {server.base_url}
+        apiKeyEnv: LOOPBACK_API_KEY
+        models:
+          - id: loopback-model
+- id: acp
+  config:
+    provider: loopback
+    model: loopback-model
+""",
+            encoding="utf-8",
+        )
+        config = {
+            "command": dsh,
+            "args": ["--profile", "acp", "--patch", str(patch)],
+            # given on top of the scrub, which drops DSH_* and names like *_API_KEY
+            "env": {
+                "DSH_HOME": str(home),
+                "LOOPBACK_API_KEY": "loopback",
+                "DSH_TELEMETRY_MODE": "DISABLED",
+            },
+            "start_timeout_ms": BOUND * 1000,
+        }
+        yield config, server
+
+
+def _asked(server: ChatCompletionsServer, index: int) -> str:
+    """The messages of the loopback server's ``index``-th request, as JSON text."""
+    body = server.requests[index].body
+    assert isinstance(body, dict)
+    return json.dumps(body.get("messages"))
+
+
+# -- hosts, children, processes -----------------------------------------------------------------
+
+
+class _Ends:
+    def __init__(self, host: TestHost) -> None:
+        self.ends: list[SubagentRunEndInfo] = []
+        self.changed = asyncio.Event()
+        host.ctx.on("subagent/end", self._end)
+
+    def _end(self, info: SubagentRunEndInfo) -> None:
+        self.ends.append(info)
+        self.changed.set()
+
+    async def answer(self, count: int) -> str:
+        async with asyncio.timeout(BOUND):
+            while len(self.ends) < count:
+                self.changed.clear()
+                await self.changed.wait()
+        end = self.ends[count - 1]
+        assert end.stop_reason == "completed", end
+        return blocks_text(end.last_assistant_message or ())
+
+
+@contextlib.asynccontextmanager
+async def _host(store: Path, config: dict[str, Any]) -> AsyncIterator[TestHost]:
+    async with scripted_host(
+        "subagent",
+        "subagent-acp",
+        modules=MODULES,
+        config={"subagent-acp": config},
+        store="jsonl",
+        store_root=store,
+    ) as host:
+        yield host
+
+
+def _process(host: TestHost, child_id: str) -> ChildProcess:
+    provider = host.ctx[SUBAGENTS].get_provider("acp")
+    sessions = provider.sessions  # type: ignore[union-attr]
+    assert isinstance(sessions, AcpSessions)
+    return sessions.held[child_id].opened.child
+
+
+async def _start(host: TestHost, parent: Any, prompt: str) -> str:
+    spec = ContinuableStartSpec(
+        provider="acp", label="remote", prompt=text_blocks(prompt), parent=parent
+    )
+    async with asyncio.timeout(BOUND):
+        return (await host.ctx[SUBAGENTS].start_continuable(spec)).child_id
+
+
+async def _followup(parent: Any, child_id: str, text: str) -> None:
+    source = CoordinatorMessageSource(sender_session_id=parent.id)
+    async with asyncio.timeout(BOUND):
+        await parent.ctx[SUBAGENTS].followup(
+            parent, child_id, text_blocks(text), SubagentFollowupOptions(source=source)
+        )
+
+
+async def _kill(process: ChildProcess) -> None:
+    os.kill(process.pid, signal.SIGKILL)
+    async with asyncio.timeout(BOUND):
+        await process.exited
+
+
+async def _exits(pid: int) -> None:
+    """Until the process ``pid`` (not our child) has exited, bounded: its pidfd turns readable."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    try:
+        loop = asyncio.get_running_loop()
+        ready = loop.create_future()
+        loop.add_reader(fd, lambda: ready.done() or ready.set_result(None))
+        try:
+            async with asyncio.timeout(BOUND):
+                await ready
+        finally:
+            loop.remove_reader(fd)
+        assert select.select([fd], [], [], 0)[0]
+    finally:
+        os.close(fd)
+
+
+def _asked_in_store(events: list[Any]) -> list[str]:
+    return [
+        blocks_text(e.data.content)
+        for e in events
+        if e.type == "user/message" and e.data.source.kind != "plugin"  # not the context
+    ]
+
+
+# -- the TypeScript SDK -------------------------------------------------------------------------
+
+
+async def test_a_typescript_sdk_child_takes_followups_and_loads_after_a_kill(
+    tmp_path: Path,
+) -> None:
+    """ACPC-50, 51: a continuable child served by the TypeScript SDK answers; a follow-up is
+    a new prompt in the same ACP session of the same process; after kill -9 of that process
+    between turns, a follow-up starts it again and takes the session up through session/load,
+    and the replayed history is not taken as the turn's answer."""
+    config = _ts_config(tmp_path)
+    async with _host(tmp_path / "parent-sessions", config) as host:
+        ends = _Ends(host)
+        handle = await host.create_agent(meta=SessionMeta(cwd=str(tmp_path)))
+        parent = handle.agent
+        child_id = await _start(host, parent, "first")
+        assert await ends.answer(1) == "ts says: first (turn 1, last: none)"
+        process = _process(host, child_id)
+
+        await _followup(parent, child_id, "second")
+        assert await ends.answer(2) == "ts says: second (turn 2, last: first)"
+        assert _process(host, child_id) is process
+
+        await _kill(process)
+        await _followup(parent, child_id, "third")
+        # turn 3 of the same session (it was loaded), and only this turn's text
+        assert await ends.answer(3) == "ts says: third (turn 3, last: second)"
+        again = _process(host, child_id)
+        assert again.pid != process.pid
+        _, events = await host.ctx.session_persistence.load(child_id)
+        assert _asked_in_store(events) == ["first", "second", "third"]
+        await handle.dispose()
+    assert again.exited.done()
+
+
+async def test_a_typescript_sdk_child_outlives_a_killed_parent_host(tmp_path: Path) -> None:
+    """ACPC-52: kill -9 of the parent host process (a subprocess host on the JSONL store with
+    a continuable child of the TypeScript SDK agent): the orphaned agent process ends when its
+    stdin closes, and a fresh host on the same store resumes the parent, lists the child, and
+    cold-resumes it through session/load: the follow-up's answer arrives, in the same session."""
+    config = _ts_config(tmp_path)
+    store = tmp_path / "parent-sessions"
+    host_process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        str(FIXTURES / "continuable_host.py"),
+        str(store),
+        str(tmp_path),
+        json.dumps(config),
+        "first",
+        stdout=asyncio.subprocess.PIPE,
+    )
+    try:
+        assert host_process.stdout is not None
+        async with asyncio.timeout(BOUND):
+            first = json.loads(await host_process.stdout.readline())
+        assert (first["stop_reason"], first["answer"]) == (
+            "completed",
+            "ts says: first (turn 1, last: none)",
+        )
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            host_process.kill()
+        async with asyncio.timeout(BOUND):
+            await host_process.wait()
+    await _exits(first["pid"])  # its stdin closed with the host: it leaves on its own
+
+    async with _host(store, config) as host:
+        ends = _Ends(host)
+        handle = await host.resume_agent(first["parent"])
+        parent = handle.agent
+        (entry,) = await host.ctx[SUBAGENTS].list_children(parent.id)
+        assert (entry.id, entry.mode) == (first["child"], "continuable")
+        await _followup(parent, first["child"], "second")
+        assert await ends.answer(1) == "ts says: second (turn 2, last: first)"
+        process = _process(host, first["child"])
+        assert process.pid != first["pid"]
+        _, events = await host.ctx.session_persistence.load(first["child"])
+        assert _asked_in_store(events) == ["first", "second"]
+        await handle.dispose()
+    assert process.exited.done()
+
+
+# -- the reference runtime ----------------------------------------------------------------------
+
+
+async def test_the_reference_runtime_as_a_one_shot_child(tmp_path: Path) -> None:
+    """ACPC-53: `dsh --profile acp` of the reference runtime, on a loopback model, answers a
+    one-shot run: the output is its model's answer, the prompt reached its model, and its
+    process is gone after disposal."""
+    with _reference(tmp_path) as (config, server):
+        server.add(text_reply("the reference answers"))
+        async with scripted_host(
+            "subagent", "subagent-acp", modules=MODULES, config={"subagent-acp": config}
+        ) as host:
+            handle = await host.create_agent(meta=SessionMeta(cwd=str(tmp_path)))
+            request = SubagentStartRequest(
+                prompt=text_blocks("ping the reference"), parent=handle.agent
+            )
+            async with asyncio.timeout(BOUND):
+                run = await host.ctx[SUBAGENTS].start("acp", request)
+                try:
+                    result = await run.result
+                finally:
+                    await run.dispose()
+            await handle.dispose()
+        assert (result.stop_reason, blocks_text(result.output)) == (
+            "completed",
+            "the reference answers",
+        )
+        assert "ping the reference" in _asked(server, 0)
+        with pytest.raises(ProcessLookupError):
+            os.kill(run.pid, 0)  # type: ignore[attr-defined]
+
+
+async def test_the_reference_runtime_as_a_continuable_child(tmp_path: Path) -> None:
+    """ACPC-54: `dsh --profile acp` as a continuable child: a follow-up goes to the same
+    process and its model sees the first turn; after kill -9 of the process, a follow-up
+    takes the session up again through session/resume (the reference advertises resume, not
+    load), and its model sees every earlier turn."""
+    with _reference(tmp_path) as (config, server):
+        server.add(text_reply("answer one"), text_reply("answer two"), text_reply("answer three"))
+        async with _host(tmp_path / "parent-sessions", config) as host:
+            ends = _Ends(host)
+            handle = await host.create_agent(meta=SessionMeta(cwd=str(tmp_path)))
+            parent = handle.agent
+            child_id = await _start(host, parent, "question one")
+            assert await ends.answer(1) == "answer one"
+            process = _process(host, child_id)
+            assert process.__class__ is ChildProcess
+            init = host.ctx[SUBAGENTS].get_provider("acp").sessions.held[child_id].opened.init  # type: ignore[union-attr]
+            caps = init.agent_capabilities
+            assert not caps.load_session and caps.session_capabilities.resume is not None
+
+            await _followup(parent, child_id, "question two")
+            assert await ends.answer(2) == "answer two"
+            assert _process(host, child_id) is process
+            assert "question one" in _asked(server, 1) and "answer one" in _asked(server, 1)
+
+            await _kill(process)
+            await _followup(parent, child_id, "question three")
+            assert await ends.answer(3) == "answer three"
+            again = _process(host, child_id)
+            assert again.pid != process.pid
+            asked = _asked(server, 2)
+            assert all(t in asked for t in ("question one", "answer two", "question three"))
+            assert len(server.requests) == 3
+            await handle.dispose()
+        assert again.exited.done()
