@@ -39,7 +39,9 @@ from dsh_subagent import (
     SubagentFollowupOptions,
     SubagentRunEndInfo,
     SubagentStartRequest,
+    UserInterruptAuthority,
 )
+from dsh_subagent_acp._client import _ParentClient
 from dsh_subagent_acp._continuable import AcpSessions
 from dsh_subagent_acp._process import ChildProcess
 
@@ -245,6 +247,44 @@ async def test_a_typescript_sdk_child_takes_followups_and_loads_after_a_kill(
         assert _asked_in_store(events) == ["first", "second", "third"]
         await handle.dispose()
     assert again.exited.done()
+
+
+async def test_an_interrupt_cancels_a_typescript_sdk_childs_turn(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ACPC-55: interrupting a turn of a TypeScript SDK child sends session/cancel, which the
+    SDK delivers to the running prompt; the prompt answers cancelled, the turn ends aborted,
+    and a follow-up goes to the same process and session."""
+    config = _ts_config(tmp_path)
+    waiting = asyncio.Event()
+    original = _ParentClient.session_update
+
+    async def watched(self: _ParentClient, session_id: str, update: Any, **kwargs: Any) -> None:
+        await original(self, session_id, update, **kwargs)
+        if getattr(getattr(update, "content", None), "text", None) == "waiting":
+            waiting.set()
+
+    monkeypatch.setattr(_ParentClient, "session_update", watched)
+    async with _host(tmp_path / "parent-sessions", config) as host:
+        ends = _Ends(host)
+        handle = await host.create_agent(meta=SessionMeta(cwd=str(tmp_path)))
+        parent = handle.agent
+        child_id = await _start(host, parent, "first")
+        assert await ends.answer(1) == "ts says: first (turn 1, last: none)"
+        process = _process(host, child_id)
+        await _followup(parent, child_id, "wait")
+        async with asyncio.timeout(BOUND):
+            await waiting.wait()  # the agent runs the prompt: the cancel finds it running
+        host.ctx[SUBAGENTS].interrupt(child_id, UserInterruptAuthority(parent_session_id=parent.id))
+        async with asyncio.timeout(BOUND):
+            while len(ends.ends) < 2:
+                ends.changed.clear()
+                await ends.changed.wait()
+        assert ends.ends[1].stop_reason == "aborted"
+        await _followup(parent, child_id, "after")
+        assert await ends.answer(3) == "ts says: after (turn 2, last: first)"
+        assert _process(host, child_id) is process
+        await handle.dispose()
 
 
 async def test_a_typescript_sdk_child_outlives_a_killed_parent_host(tmp_path: Path) -> None:
