@@ -31,7 +31,7 @@ import dsh_subagent.plugin
 import dsh_subagent_acp.plugin
 from dsh_core import SessionMeta, blocks_text, text_blocks
 from dsh_core.testing import TestHost, scripted_host
-from dsh_llm_openai.testing import ChatCompletionsServer, text_reply
+from dsh_llm_openai.testing import ChatCompletionsServer, Reply, chunk, text_reply
 from dsh_subagent import (
     SUBAGENTS,
     ContinuableStartSpec,
@@ -364,6 +364,51 @@ async def test_the_reference_runtime_as_a_one_shot_child(tmp_path: Path) -> None
         assert "ping the reference" in _asked(server, 0)
         with pytest.raises(ProcessLookupError):
             os.kill(run.pid, 0)  # type: ignore[attr-defined]
+
+
+async def test_a_reference_child_that_works_with_a_tool_answers_with_its_last_message(
+    tmp_path: Path,
+) -> None:
+    """ACPC-56: the reference's model says something, calls its `write` tool (the child's own
+    tool, in its working directory), then answers: the one-shot run's output is the last
+    message only, not the text before the tool run together with it."""
+    with _reference(tmp_path) as (config, server):
+        call = {
+            "index": 0,
+            "id": "call_1",
+            "type": "function",
+            "function": {
+                "name": "write",
+                "arguments": json.dumps({"file_path": "made.txt", "content": "hi"}),
+            },
+        }
+        usage = {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}
+        server.add(
+            Reply(
+                chunks=(
+                    chunk(content="let me write it. "),
+                    chunk(tool_calls=[call]),
+                    chunk(finish_reason="tool_calls"),
+                    chunk(usage=usage),
+                )
+            ),
+            text_reply("written"),
+        )
+        async with scripted_host(
+            "subagent", "subagent-acp", modules=MODULES, config={"subagent-acp": config}
+        ) as host:
+            handle = await host.create_agent(meta=SessionMeta(cwd=str(tmp_path)))
+            request = SubagentStartRequest(prompt=text_blocks("make a file"), parent=handle.agent)
+            async with asyncio.timeout(BOUND):
+                run = await host.ctx[SUBAGENTS].start("acp", request)
+                try:
+                    result = await run.result
+                finally:
+                    await run.dispose()
+            await handle.dispose()
+        assert (result.stop_reason, blocks_text(result.output)) == ("completed", "written")
+        assert (tmp_path / "made.txt").read_text(encoding="utf-8") == "hi"
+        assert len(server.requests) == 2 and '"tool_call_id": "call_1"' in _asked(server, 1)
 
 
 async def test_the_reference_runtime_as_a_continuable_child(tmp_path: Path) -> None:
