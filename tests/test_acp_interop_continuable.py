@@ -206,6 +206,33 @@ async def _exits(pid: int) -> None:
         os.close(fd)
 
 
+async def _killed_host(
+    tmp_path: Path, store: Path, config: dict[str, Any], prompt: str
+) -> dict[str, Any]:
+    """Run tests/fixtures/acp/continuable_host.py until its child's first epoch ended, then
+    kill -9 it; what it printed (parent and child ids, the agent process's pid, the answer)."""
+    host_process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        str(FIXTURES / "continuable_host.py"),
+        str(store),
+        str(tmp_path),
+        json.dumps(config),
+        prompt,
+        stdout=asyncio.subprocess.PIPE,
+    )
+    try:
+        assert host_process.stdout is not None
+        async with asyncio.timeout(BOUND):
+            line = await host_process.stdout.readline()
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            host_process.kill()
+        async with asyncio.timeout(BOUND):
+            await host_process.wait()
+    first: dict[str, Any] = json.loads(line)
+    return first
+
+
 def _asked_in_store(events: list[Any]) -> list[str]:
     return [
         blocks_text(e.data.content)
@@ -247,6 +274,77 @@ async def test_a_typescript_sdk_child_takes_followups_and_loads_after_a_kill(
         assert _asked_in_store(events) == ["first", "second", "third"]
         await handle.dispose()
     assert again.exited.done()
+
+
+def _turn_failure(events: list[Any]) -> Any:
+    """The failure of the last turn in a child's log."""
+    ends = [e.data for e in events if e.type == "turn/end"]
+    return ends[-1].reason.error
+
+
+async def test_a_typescript_sdk_child_that_cannot_load_is_refused_with_the_reason(
+    tmp_path: Path,
+) -> None:
+    """ACPC-58: a TypeScript SDK agent that advertises no loadSession (and no resume) takes
+    follow-ups while its process lives; after kill -9 of it, the follow-up's turn fails
+    ACP_NOT_RESUMABLE with the documented reason, and nothing is sent that it did not
+    advertise (its sessions folder shows no second session)."""
+    config = _ts_config(tmp_path)
+    config["args"] = [*config["args"], "--no-load"]
+    async with _host(tmp_path / "parent-sessions", config) as host:
+        ends = _Ends(host)
+        handle = await host.create_agent(meta=SessionMeta(cwd=str(tmp_path)))
+        parent = handle.agent
+        child_id = await _start(host, parent, "first")
+        assert await ends.answer(1) == "ts says: first (turn 1, last: none)"
+        await _followup(parent, child_id, "second")
+        assert await ends.answer(2) == "ts says: second (turn 2, last: first)"
+        await _kill(_process(host, child_id))
+        await _followup(parent, child_id, "third")
+        async with asyncio.timeout(BOUND):
+            while len(ends.ends) < 3:
+                ends.changed.clear()
+                await ends.changed.wait()
+        assert ends.ends[2].stop_reason == "error"
+        _, events = await host.ctx.session_persistence.load(child_id)
+        failure = _turn_failure(events)
+        assert failure.code == "ACP_NOT_RESUMABLE"
+        assert failure.message.startswith(f"subagent {child_id} cannot be resumed: ")
+        assert "advertises neither session/load nor session resume" in failure.message
+        assert len(list((tmp_path / "ts-sessions").glob("*.json"))) == 1
+        await handle.dispose()
+
+
+async def test_a_session_the_typescript_sdk_agent_lost_fails_the_turn_with_its_error(
+    tmp_path: Path,
+) -> None:
+    """ACPC-59: when the agent answers session/load with an error (its stored session is
+    gone), the follow-up's turn fails ACP_START_FAILED naming the error's code, no new
+    session is started in its place, and the process that refused is not kept."""
+    config = _ts_config(tmp_path)
+    async with _host(tmp_path / "parent-sessions", config) as host:
+        ends = _Ends(host)
+        handle = await host.create_agent(meta=SessionMeta(cwd=str(tmp_path)))
+        parent = handle.agent
+        child_id = await _start(host, parent, "first")
+        assert await ends.answer(1) == "ts says: first (turn 1, last: none)"
+        await _kill(_process(host, child_id))
+        for stored in (tmp_path / "ts-sessions").glob("*.json"):
+            stored.unlink()
+        await _followup(parent, child_id, "second")
+        async with asyncio.timeout(BOUND):
+            while len(ends.ends) < 2:
+                ends.changed.clear()
+                await ends.changed.wait()
+        assert ends.ends[1].stop_reason == "error"
+        _, events = await host.ctx.session_persistence.load(child_id)
+        failure = _turn_failure(events)
+        assert failure.code == "ACP_START_FAILED"
+        assert "session/load failed: the ACP child answered with error -32002" in failure.message
+        assert list((tmp_path / "ts-sessions").glob("*.json")) == []
+        provider = host.ctx[SUBAGENTS].get_provider("acp")
+        assert child_id not in provider.sessions.held  # type: ignore[union-attr]
+        await handle.dispose()
 
 
 async def test_an_interrupt_cancels_a_typescript_sdk_childs_turn(
@@ -294,28 +392,11 @@ async def test_a_typescript_sdk_child_outlives_a_killed_parent_host(tmp_path: Pa
     cold-resumes it through session/load: the follow-up's answer arrives, in the same session."""
     config = _ts_config(tmp_path)
     store = tmp_path / "parent-sessions"
-    host_process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        str(FIXTURES / "continuable_host.py"),
-        str(store),
-        str(tmp_path),
-        json.dumps(config),
-        "first",
-        stdout=asyncio.subprocess.PIPE,
+    first = await _killed_host(tmp_path, store, config, "first")
+    assert (first["stop_reason"], first["answer"]) == (
+        "completed",
+        "ts says: first (turn 1, last: none)",
     )
-    try:
-        assert host_process.stdout is not None
-        async with asyncio.timeout(BOUND):
-            first = json.loads(await host_process.stdout.readline())
-        assert (first["stop_reason"], first["answer"]) == (
-            "completed",
-            "ts says: first (turn 1, last: none)",
-        )
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            host_process.kill()
-        async with asyncio.timeout(BOUND):
-            await host_process.wait()
     await _exits(first["pid"])  # its stdin closed with the host: it leaves on its own
 
     async with _host(store, config) as host:
@@ -448,3 +529,27 @@ async def test_the_reference_runtime_as_a_continuable_child(tmp_path: Path) -> N
             assert len(server.requests) == 3
             await handle.dispose()
         assert again.exited.done()
+
+
+async def test_a_reference_child_outlives_a_killed_parent_host(tmp_path: Path) -> None:
+    """ACPC-57: kill -9 of the parent host process with a continuable child served by the
+    reference runtime: a fresh host on the same store resumes the parent at once (the orphaned
+    `dsh` may still be leaving) and a follow-up cold-resumes the child through session/resume;
+    the orphan ends on its own when its stdin closes."""
+    with _reference(tmp_path) as (config, server):
+        server.add(text_reply("answer one"), text_reply("answer two"))
+        store = tmp_path / "parent-sessions"
+        first = await _killed_host(tmp_path, store, config, "question one")
+        assert (first["stop_reason"], first["answer"]) == ("completed", "answer one")
+        async with _host(store, config) as host:
+            ends = _Ends(host)
+            handle = await host.resume_agent(first["parent"])
+            parent = handle.agent
+            await _followup(parent, first["child"], "question two")
+            assert await ends.answer(1) == "answer two"
+            process = _process(host, first["child"])
+            assert process.pid != first["pid"]
+            assert "question one" in _asked(server, 1) and "question two" in _asked(server, 1)
+            await handle.dispose()
+        assert process.exited.done()
+        await _exits(first["pid"])
