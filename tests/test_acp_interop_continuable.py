@@ -553,3 +553,37 @@ async def test_a_reference_child_outlives_a_killed_parent_host(tmp_path: Path) -
             await handle.dispose()
         assert process.exited.done()
         await _exits(first["pid"])
+
+
+async def test_an_interrupt_cancels_a_reference_childs_turn(tmp_path: Path) -> None:
+    """ACPC-60: interrupting a reference child's turn while its model streams sends
+    session/cancel; the reference answers the prompt, the turn ends aborted, and a follow-up
+    goes to the same process and session."""
+    with _reference(tmp_path) as (config, server):
+        held = Reply(chunks=(chunk(content="thinking"),), hold=BOUND)
+        server.add(text_reply("answer one"), held, text_reply("answer three"))
+        async with _host(tmp_path / "parent-sessions", config) as host:
+            ends = _Ends(host)
+            handle = await host.create_agent(meta=SessionMeta(cwd=str(tmp_path)))
+            parent = handle.agent
+            child_id = await _start(host, parent, "question one")
+            assert await ends.answer(1) == "answer one"
+            process = _process(host, child_id)
+            server.responding.clear()
+            await _followup(parent, child_id, "question two")
+            # its model request is being answered (and held open): the turn runs
+            assert await asyncio.to_thread(server.responding.wait, BOUND)
+            host.ctx[SUBAGENTS].interrupt(
+                child_id, UserInterruptAuthority(parent_session_id=parent.id)
+            )
+            async with asyncio.timeout(BOUND):
+                while len(ends.ends) < 2:
+                    ends.changed.clear()
+                    await ends.changed.wait()
+            assert ends.ends[1].stop_reason == "aborted"
+            assert await asyncio.to_thread(server.disconnected.wait, BOUND)  # it stopped
+            await _followup(parent, child_id, "question three")
+            assert await ends.answer(3) == "answer three"
+            assert _process(host, child_id) is process
+            assert "question three" in _asked(server, 2)
+            await handle.dispose()
