@@ -276,6 +276,41 @@ async def test_a_typescript_sdk_child_takes_followups_and_loads_after_a_kill(
     assert again.exited.done()
 
 
+async def _one_shot(tmp_path: Path, config: dict[str, Any], prompt: str) -> tuple[str, str]:
+    """One one-shot run of the `acp` provider row ``config``: its stop reason and output."""
+    async with scripted_host(
+        "subagent", "subagent-acp", modules=MODULES, config={"subagent-acp": config}
+    ) as host:
+        handle = await host.create_agent(meta=SessionMeta(cwd=str(tmp_path)))
+        request = SubagentStartRequest(prompt=text_blocks(prompt), parent=handle.agent)
+        async with asyncio.timeout(BOUND):
+            run = await host.ctx[SUBAGENTS].start("acp", request)
+            try:
+                result = await run.result
+            finally:
+                await run.dispose()
+        await handle.dispose()
+    return result.stop_reason, blocks_text(result.output)
+
+
+@pytest.mark.parametrize(
+    ("permission", "answer"),
+    [("reject", "permission: cancelled"), ("allow", "permission: selected yes")],
+)
+async def test_the_typescript_sdk_takes_our_answers_to_its_requests(
+    tmp_path: Path, permission: str, answer: str
+) -> None:
+    """ACPC-61: the TypeScript SDK, which checks every answer against the protocol's schema,
+    takes our answers: a permission request is answered cancelled (``reject``) or with its
+    allow option (``allow``); fs/* and terminal/*, which we do not advertise, get -32601."""
+    config = {**_ts_config(tmp_path), "permission": permission}
+    assert await _one_shot(tmp_path, config, "ask") == ("completed", answer)
+    assert await _one_shot(tmp_path, config, "use the client") == (
+        "completed",
+        "fs/read_text_file -32601, terminal/create -32601",
+    )
+
+
 def _turn_failure(events: list[Any]) -> Any:
     """The failure of the last turn in a child's log."""
     ends = [e.data for e in events if e.type == "turn/end"]
