@@ -250,7 +250,8 @@ async def test_a_typescript_sdk_child_takes_followups_and_loads_after_a_kill(
     """ACPC-50, 51: a continuable child served by the TypeScript SDK answers; a follow-up is
     a new prompt in the same ACP session of the same process; after kill -9 of that process
     between turns, a follow-up starts it again and takes the session up through session/load,
-    and the replayed history is not taken as the turn's answer."""
+    and the replayed history is not taken as the turn's answer. Text outside ASCII (CJK, a
+    character outside the BMP) crosses both ways and survives the agent's store."""
     config = _ts_config(tmp_path)
     async with _host(tmp_path / "parent-sessions", config) as host:
         ends = _Ends(host)
@@ -260,18 +261,18 @@ async def test_a_typescript_sdk_child_takes_followups_and_loads_after_a_kill(
         assert await ends.answer(1) == "ts says: first (turn 1, last: none)"
         process = _process(host, child_id)
 
-        await _followup(parent, child_id, "second")
-        assert await ends.answer(2) == "ts says: second (turn 2, last: first)"
+        await _followup(parent, child_id, "second, 你好 🌍")
+        assert await ends.answer(2) == "ts says: second, 你好 🌍 (turn 2, last: first)"
         assert _process(host, child_id) is process
 
         await _kill(process)
         await _followup(parent, child_id, "third")
         # turn 3 of the same session (it was loaded), and only this turn's text
-        assert await ends.answer(3) == "ts says: third (turn 3, last: second)"
+        assert await ends.answer(3) == "ts says: third (turn 3, last: second, 你好 🌍)"
         again = _process(host, child_id)
         assert again.pid != process.pid
         _, events = await host.ctx.session_persistence.load(child_id)
-        assert _asked_in_store(events) == ["first", "second", "third"]
+        assert _asked_in_store(events) == ["first", "second, 你好 🌍", "third"]
         await handle.dispose()
     assert again.exited.done()
 
