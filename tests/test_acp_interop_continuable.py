@@ -1,5 +1,5 @@
 """The `acp` provider's children, one-shot and continuable, served by agents that share none of
-our Python code (ACPC-50..59, interop tier: `nox -s interop` installs them; a plain pytest run
+our Python code (ACPC-50..61, interop tier: `nox -s interop` installs them; a plain pytest run
 deselects these tests):
 
 - an agent on the official TypeScript SDK (`@agentclientprotocol/sdk` 2.4 from npm, run by
