@@ -358,6 +358,43 @@ def crash(session: nox.Session) -> None:
 #: own example agent, which only its sdist holds.
 INTEROP = ["deepagents==0.7.32", "deepagents-acp==0.0.13"]
 ACP_SDK = "agent-client-protocol==0.12.1"
+#: The official TypeScript SDK (npm), which tests/fixtures/acp/ts_sdk_agent.mjs runs on.
+ACP_TS_SDK = "@agentclientprotocol/sdk@~2.4.0"
+#: The reference runtime, whose `dsh --profile acp` serves ACP (a ~95 MB wheel).
+DSH_REFERENCE = "deepseek-harness-runtime-bin==0.2.1rc2"
+
+
+def _optional(session: nox.Session, what: str, *args: str, **kwargs: object) -> bool:
+    """Run a command that fetches an optional agent; a failure is a warning (its tests skip)."""
+    try:
+        session.run(*args, **kwargs)  # type: ignore[arg-type]
+    except nox.command.CommandFailed:
+        session.warn(f"{what} could not be installed: its interop tests are skipped")
+        return False
+    return True
+
+
+def _interop_agents(session: nox.Session, tmp: Path) -> dict[str, str]:
+    """The agents that need more than pip: the TypeScript SDK (npm, where node and npm are
+    installed) and the reference runtime (its wheel from the index). The variables that name
+    them for the tests; an agent that cannot be had is left out, and its tests skip."""
+    env: dict[str, str] = {}
+    node, npm = shutil.which("node"), shutil.which("npm")
+    prefix = tmp / "ts-sdk"
+    if node is None or npm is None:
+        session.warn("no node or npm: the TypeScript SDK's interop tests are skipped")
+    elif _optional(
+        session, ACP_TS_SDK, npm, "install", "--prefix", str(prefix), "--no-save", "--no-audit",
+        "--no-fund", "--no-package-lock", ACP_TS_SDK, external=True, silent=True,
+    ):  # fmt: skip
+        env["ACP_TS_SDK"] = str(prefix)
+    try:  # into this session's venv only: its `dsh` command is the only thing it adds
+        _install(session, DSH_REFERENCE)
+    except nox.command.CommandFailed:
+        session.warn(f"{DSH_REFERENCE} could not be installed: its interop tests are skipped")
+    else:
+        env["DSH_REFERENCE_RUNTIME"] = str(Path(session.bin) / "dsh")
+    return env
 
 
 @nox.session(requires=["build"])
@@ -381,7 +418,11 @@ def interop(session: nox.Session) -> None:
     """Slow tier, outside the default set: the tests marked ``interop`` (real agent processes).
 
     Installs the third-party agents (:data:`INTEROP`) and unpacks the SDK's sdist for its
-    ``examples/``; ``ACP_SDK_EXAMPLES`` tells the tests where they are.
+    ``examples/``; ``ACP_SDK_EXAMPLES`` tells the tests where they are. Where node and npm
+    are installed, the TypeScript SDK (:data:`ACP_TS_SDK`) goes into a temporary folder
+    (``ACP_TS_SDK``); the reference runtime (:data:`DSH_REFERENCE`) goes into this venv
+    (``DSH_REFERENCE_RUNTIME`` names its ``dsh``). Either that cannot be installed is a
+    warning, and its tests are skipped.
     """
     _install_wheels(session, *PACKAGES, extra=(*TEST_REQUIREMENTS, *INTEROP))
     tmp = Path(session.create_tmp()).resolve()
@@ -401,7 +442,7 @@ def interop(session: nox.Session) -> None:
         "-m",
         "interop",
         *_every_test_folder(),
-        env={"ACP_SDK_EXAMPLES": str(examples)},
+        env={"ACP_SDK_EXAMPLES": str(examples), **_interop_agents(session, tmp)},
         success_codes=[0, 5],
     )
 
