@@ -107,9 +107,29 @@ _PIP_TO_UV = {
 }
 
 
+#: Where the nox process that loaded this file first hands pip's settings to the sessions it
+#: starts (with ``--parallel`` each runs in a nox process of its own): pip is asked once per
+#: ``nox`` call, not once per session.
+_PIP_SOURCES_VAR = "_DSH_NOX_PIP_SOURCES"
+
+
 @functools.cache
 def _pip_sources() -> dict[str, list[str]]:
     """pip's effective source settings (environment over ``[install]`` over ``[global]``)."""
+    handed = os.environ.get(_PIP_SOURCES_VAR)
+    if handed is not None:
+        try:
+            given = json.loads(handed)
+        except ValueError:
+            given = None
+        if isinstance(given, dict):
+            return {str(k): [str(v) for v in vs] for k, vs in given.items()}
+    found = _ask_pip()
+    os.environ[_PIP_SOURCES_VAR] = json.dumps(found)
+    return found
+
+
+def _ask_pip() -> dict[str, list[str]]:
     try:
         listed = subprocess.run(
             [sys.executable, "-m", "pip", "config", "list"],
@@ -134,6 +154,10 @@ def _pip_sources() -> dict[str, list[str]]:
         if rank[section] >= found.get(name, (-1, []))[0]:
             found[name] = (rank[section], value.split())
     return {name: values for name, (_, values) in found.items()}
+
+
+if _PIP_SOURCES_VAR not in os.environ:  # the first nox process: ask now, for every session
+    _pip_sources()
 
 
 def _install(session: nox.Session, *args: str, find_links: tuple[Path, ...] = ()) -> None:
