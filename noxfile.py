@@ -334,7 +334,7 @@ def all(session: nox.Session) -> None:
     """
     _install_wheels(session, *PACKAGES)
     cross, *_ = _every_test_folder()
-    _pytest(session, cross)
+    _pytest(session, cross, env={"DSH_DIST": str(DIST)})  # wheels a test installs elsewhere
 
 
 @nox.session(requires=["build"], allow_parallel=True)
