@@ -30,9 +30,6 @@ nox.needs_version = ">=2026.8.10"  # --parallel
 nox.options.default_venv_backend = "uv|virtualenv"  # uv where it is installed, else virtualenv
 nox.options.download_python = "never"  # the matrix is the Pythons installed here: never fetch one
 nox.options.error_on_missing_interpreters = False  # a missing Python is skipped, not failed
-# The default set, biggest session first: the sessions that allow it run one per CPU at a time
-# (`-j 1` runs them one after another), each printing its output in one block when it ends.
-nox.options.sessions = ["all", "tests", "package", "typecheck", "lint"]
 nox.options.parallel = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else "auto"
 
 ROOT = Path(__file__).parent
@@ -65,6 +62,28 @@ def _load_packages() -> dict[str, dict[str, object]]:
 PACKAGES = _load_packages()
 
 
+def _test_weight(name: str) -> int:
+    """The size of a distribution's tests: the default set starts the biggest first."""
+    folder = ROOT / str(PACKAGES[name]["folder"]) / "tests"
+    return sum(path.stat().st_size for path in folder.rglob("*.py"))
+
+
+_BY_WEIGHT = sorted(PACKAGES, key=_test_weight, reverse=True)
+# The default set, in the order it starts: the sessions that allow it run one per CPU at a time
+# (`-j 1` runs them one after another), each printing its output in one block when it ends.
+# Longest first, so that no long session starts last while the other CPU has nothing left to
+# do: `all` and `package`, then each distribution's tests on every Python, the biggest test
+# folder first (mypy after the three biggest); the short ones fill the gaps at the end.
+nox.options.sessions = [
+    "all",
+    "package",
+    *(f"tests-{py}(dist='{name}')" for name in _BY_WEIGHT[:3] for py in PYTHONS),
+    "typecheck",
+    *(f"tests-{py}(dist='{name}')" for name in _BY_WEIGHT[3:] for py in PYTHONS),
+    "lint",
+]
+
+
 def _closure(name: str) -> set[str]:
     todo, seen = [name], set()
     while todo:
@@ -88,9 +107,29 @@ _PIP_TO_UV = {
 }
 
 
+#: Where the nox process that loaded this file first hands pip's settings to the sessions it
+#: starts (with ``--parallel`` each runs in a nox process of its own): pip is asked once per
+#: ``nox`` call, not once per session.
+_PIP_SOURCES_VAR = "_DSH_NOX_PIP_SOURCES"
+
+
 @functools.cache
 def _pip_sources() -> dict[str, list[str]]:
     """pip's effective source settings (environment over ``[install]`` over ``[global]``)."""
+    handed = os.environ.get(_PIP_SOURCES_VAR)
+    if handed is not None:
+        try:
+            given = json.loads(handed)
+        except ValueError:
+            given = None
+        if isinstance(given, dict):
+            return {str(k): [str(v) for v in vs] for k, vs in given.items()}
+    found = _ask_pip()
+    os.environ[_PIP_SOURCES_VAR] = json.dumps(found)
+    return found
+
+
+def _ask_pip() -> dict[str, list[str]]:
     try:
         listed = subprocess.run(
             [sys.executable, "-m", "pip", "config", "list"],
@@ -115,6 +154,10 @@ def _pip_sources() -> dict[str, list[str]]:
         if rank[section] >= found.get(name, (-1, []))[0]:
             found[name] = (rank[section], value.split())
     return {name: values for name, (_, values) in found.items()}
+
+
+if _PIP_SOURCES_VAR not in os.environ:  # the first nox process: ask now, for every session
+    _pip_sources()
 
 
 def _install(session: nox.Session, *args: str, find_links: tuple[Path, ...] = ()) -> None:
@@ -163,6 +206,21 @@ def _install_wheels(
     session.install("--no-index", "--find-links", str(DIST), "--no-deps", again, *ours)
 
 
+def _bytecode(session: nox.Session) -> dict[str, str | None]:
+    """The environment that lets a session's processes keep the bytecode they compile.
+
+    uv installs without compiling (pip compiles at install), and ``PYTHONDONTWRITEBYTECODE``
+    (set on some machines) forbids writing it later: then every process the tests start
+    compiles openai, pydantic and ours again from source, which costs about as much CPU as
+    the tests themselves. Bytecode is written where the venv is (``PYTHONPYCACHEPREFIX``),
+    never into the checkout; each module is compiled once per session, when first imported.
+    """
+    return {
+        "PYTHONDONTWRITEBYTECODE": None,
+        "PYTHONPYCACHEPREFIX": str(Path(session.virtualenv.location, "pycache")),
+    }
+
+
 def _pytest(
     session: nox.Session,
     *args: str,
@@ -177,7 +235,7 @@ def _pytest(
         ".",
         *args,
         *session.posargs,
-        env={"DSH_SUBAGENTS_HOME": session.create_tmp(), **(env or {})},
+        env={**_bytecode(session), "DSH_SUBAGENTS_HOME": session.create_tmp(), **(env or {})},
         success_codes=success_codes,
     )
 
@@ -242,14 +300,8 @@ def build(session: nox.Session) -> None:
     )
 
 
-def _test_weight(name: str) -> int:
-    """The size of a distribution's tests: the default set starts the biggest first."""
-    folder = ROOT / str(PACKAGES[name]["folder"]) / "tests"
-    return sum(path.stat().st_size for path in folder.rglob("*.py"))
-
-
 @nox.session(python=PYTHONS, requires=["build"], allow_parallel=True)
-@nox.parametrize("dist", sorted(PACKAGES, key=_test_weight, reverse=True))
+@nox.parametrize("dist", _BY_WEIGHT)
 def tests(session: nox.Session, dist: str) -> None:
     """One distribution alone in a fresh venv: only its declared dependencies, then its tests.
 
@@ -257,7 +309,8 @@ def tests(session: nox.Session, dist: str) -> None:
     count: the three Pythons search with seeds of their own, and ``thorough`` draws 2000.
     """
     _install_wheels(session, dist)
-    report = json.loads(session.run("python", "-c", _INSTALLED, silent=True) or "{}")
+    listed = session.run("python", "-c", _INSTALLED, env=_bytecode(session), silent=True)
+    report = json.loads(listed or "{}")
     expected = sorted(_closure(dist))
     if report["dists"] != expected:
         session.error(f"{dist} pulled in {report['dists']}, but declares only {expected}")
@@ -281,20 +334,27 @@ def all(session: nox.Session) -> None:
     """
     _install_wheels(session, *PACKAGES)
     cross, *_ = _every_test_folder()
-    _pytest(session, cross)
+    _pytest(session, cross, env={"DSH_DIST": str(DIST)})  # wheels a test installs elsewhere
 
 
 @nox.session(requires=["build"], allow_parallel=True)
 def package(session: nox.Session) -> None:
     """What users get from an index: `twine check --strict` on every artifact, every sdist
     rebuilt into the same wheel, and every distribution installed by name from a local
-    pypiserver into a fresh venv (tests/test_index.py, marker ``index``)."""
+    pypiserver into a fresh venv (tests/test_index.py); and the wheels installed beside the
+    DeepSeek Harness runtime (packages/cli/tests/test_beside_deepseek_harness.py). Marker
+    ``index``: these tests install from this run's dist/, once per run."""
     _install_wheels(
         session, "dsh-core", extra=(*TEST_REQUIREMENTS, "hatchling", "twine", "pypiserver")
     )
     uv = nox.virtualenv.UV if session.venv_backend == "uv" else ""
     _pytest(
-        session, "-m", "index", "tests/test_index.py", env={"DSH_DIST": str(DIST), "DSH_UV": uv}
+        session,
+        "-m",
+        "index",
+        "tests/test_index.py",
+        "packages/cli/tests/test_beside_deepseek_harness.py",
+        env={"DSH_DIST": str(DIST), "DSH_UV": uv},
     )
 
 

@@ -312,9 +312,13 @@ def test_provider_guide_builds_installs_and_passes_the_contract(tmp_path: Path) 
     run(sys.executable, "-m", "venv", venv)
     python = _venv_bin(venv, "python")
     wheels = tmp_path / "wheels"
-    run(python, "-m", "pip", "wheel", "-q", "--no-deps", "-w", wheels, guide,
-        ROOT / "packages/core", ROOT / "packages/subagent/subagent")  # fmt: skip
-    run(python, "-m", "pip", "install", "-q", "--find-links", wheels, "dsh-subagent-terse[test]")
+    # dsh-core's and dsh-subagent's wheels: the run's dist/ when nox hands it over, else built
+    given = os.environ.get("DSH_DIST")
+    ours = [] if given else [ROOT / "packages/core", ROOT / "packages/subagent/subagent"]
+    run(python, "-m", "pip", "wheel", "-q", "--no-deps", "-w", wheels, guide, *ours)
+    links = [wheels, *([Path(given)] if given else [])]
+    run(python, "-m", "pip", "install", "-q", *(f"--find-links={link}" for link in links),
+        "dsh-subagent-terse[test]")  # fmt: skip
     where = run(python, "-c", "import dsh_subagent_terse; print(dsh_subagent_terse.__file__)")
     assert Path(where.strip()).is_relative_to(venv), where
     plugins = run(python, "-c", _LIST_PLUGINS)
