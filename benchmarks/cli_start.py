@@ -11,6 +11,13 @@ spent before the request, less sensitive to a busy machine than the wall clock).
 Output is a pipe (no live tree, so ``rich`` is not imported), the home a fresh temporary
 folder (the session is stored there, as by default).
 
+Byte-code: everything the run imports is compiled first, this checkout's ``packages/`` and
+every folder on the interpreter's path (site-packages above all: uv installs without
+compiling, and with ``PYTHONDONTWRITEBYTECODE`` set no import writes a cache, so an
+uncompiled site-packages is compiled again by every run, which then measures the compiler).
+``compileall`` skips what is up to date, so only the first run pays. The warm-up run then
+checks that every module it imported had its byte-code and names those that did not.
+
     python benchmarks/cli_start.py --rounds 21
     python benchmarks/cli_start.py --importtime   # the slowest imports of one run
 """
@@ -20,10 +27,12 @@ from __future__ import annotations
 import argparse
 import compileall
 import os
+import re
 import resource
 import statistics
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import time
 from pathlib import Path
@@ -53,6 +62,62 @@ def _children_cpu() -> float:
 CPU: list[float] = []
 
 
+#: Runs the command as ``-m`` does and, at exit, prints (to stderr, after a marker) the
+#: imported modules whose byte-code cache is missing: each was compiled by this run.
+_CHECK = """
+import atexit, os, runpy, sys
+
+def _uncompiled():
+    missing = sorted(
+        name
+        for name, module in list(sys.modules.items())
+        if (cached := getattr(getattr(module, "__spec__", None), "cached", None))
+        and getattr(module.__spec__, "has_location", False)
+        and not os.path.exists(cached)
+    )
+    print("\\n@uncompiled " + " ".join(missing), file=sys.stderr)
+
+atexit.register(_uncompiled)
+sys.argv[0] = "dsh-subagents"
+runpy.run_module("dsh_subagents.cli", run_name="__main__", alter_sys=True)
+"""
+
+
+#: Test folders no run imports (the standard library's hold files that do not compile).
+_TESTS = re.compile(r"[/\\](tests?|idle_test|lib2to3)[/\\]")
+
+
+def compile_everything() -> None:
+    """Byte-compile this checkout's packages and every folder on the path (site-packages,
+    the standard library): what is up to date is skipped; a folder that cannot be written
+    (a system standard library) is left as it is."""
+    folders = [ROOT / "packages"]
+    for key in ("purelib", "platlib", "stdlib", "platstdlib"):
+        folder = Path(sysconfig.get_paths()[key])
+        if folder not in folders:
+            folders.append(folder)
+    for folder in folders:
+        if folder.is_dir() and os.access(folder, os.W_OK):
+            compileall.compile_dir(folder, quiet=2, rx=_TESTS)
+
+
+def _check_compiled(server: ChatCompletionsServer, env: dict[str, str]) -> None:
+    """One run that names the modules it imported without byte-code (each a compile in
+    every timed run): a warning, since the figures then measure the compiler."""
+    server.received.clear()
+    done = subprocess.run(
+        [sys.executable, "-c", _CHECK, "run", "--model", "openai:bench", "hi"],
+        capture_output=True,
+        env=env,
+        timeout=120,
+    )
+    if done.returncode != 0:
+        raise SystemExit(f"the run failed ({done.returncode}): {done.stderr.decode()}")
+    tail = done.stderr.decode().rpartition("@uncompiled ")[2].split()
+    if tail:
+        print(f"warning: {len(tail)} modules were imported without byte-code: {' '.join(tail)}")
+
+
 def _run(server: ChatCompletionsServer, env: dict[str, str]) -> float:
     server.received.clear()
     cpu = _children_cpu()
@@ -79,8 +144,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--importtime", action="store_true")
     args = parser.parse_args()
-    for folder in ("packages",):
-        compileall.compile_dir(ROOT / folder, quiet=1)
+    compile_everything()
     with (
         tempfile.TemporaryDirectory() as home,
         ChatCompletionsServer(default=text_reply("ok")) as server,
@@ -115,7 +179,7 @@ def main() -> None:
             for row in top:
                 print(f"{int(row[1]) / 1000:8.1f} ms  {row[2].rstrip()}")
             return
-        _run(server, env)  # warm the disk cache and the byte-code
+        _check_compiled(server, env)  # and warm the disk cache
         bare: list[float] = []
         runs: list[float] = []
         for i in range(args.rounds):
