@@ -19,7 +19,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import logging
+import json.scanner
 import os
 import re
 import shutil
@@ -29,7 +29,7 @@ import textwrap
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, TextIO, cast
 
 from ._home import home
 
@@ -67,6 +67,20 @@ _FLAGS = (
     | getattr(os, "O_BINARY", 0)
 )
 _decode = json.JSONDecoder().decode
+_scan = json.scanner.make_scanner(cast("Any", json.JSONDecoder()))  # what ``_decode`` calls
+
+
+def _parse(text: str) -> Any:
+    """``text`` as JSON, as :data:`_decode` reads it: a line the store wrote (one value, no
+    white space around it) goes straight to the scanner, anything else (and every error,
+    with its message) through the decoder."""
+    try:
+        value, end = _scan(text, 0)
+    except StopIteration:
+        end = -1
+    return value if end == len(text) else _decode(text)
+
+
 _BAD_ID = re.compile(r"[/\\\x00]")
 # An event line starts with its type (the store's encoder writes type, seq, time, data in this
 # order) and a raw newline never occurs inside one (JSON escapes it), so these find lines.
@@ -115,25 +129,19 @@ class SessionsError(Exception):
 class Entry:
     """One ``*.jsonl`` entry of the folder: a header, or a diagnostic (``code``)."""
 
-    __slots__ = ("code", "facts", "header", "id", "message", "path", "size")
+    __slots__ = ("code", "created_at", "facts", "header", "id", "message", "parent", "path", "size")
 
     def __init__(self, id: str, path: str) -> None:
         self.id, self.path, self.size = id, path, 0
         self.header: dict[str, Any] | None = None
+        #: The header's ``parent_session`` and ``created_at`` (checked: a string or
+        #: ``None``, an int), set with it; ``None`` and 0 for a damaged entry.
+        self.parent: str | None = None
+        self.created_at = 0
         self.code: str | None = None
         self.message: str | None = None
         #: A root's row facts, when the scan read them through the same open (``--all``).
         self.facts: _Facts | None = None
-
-    @property
-    def parent(self) -> str | None:
-        p = self.header.get("parent_session") if self.header else None
-        return p if isinstance(p, str) else None
-
-    @property
-    def created_at(self) -> int:
-        c = self.header.get("created_at") if self.header else None
-        return c if isinstance(c, int) and not isinstance(c, bool) else 0
 
 
 class Folder:
@@ -149,8 +157,10 @@ class Folder:
 
     def descendants(self, id: str) -> int:
         """How many sessions are below ``id`` (each counted once, whatever the links)."""
-        seen = {id}
         todo = list(self.children.get(id, ()))
+        if not todo:
+            return 0
+        seen = {id}
         while todo:
             child = todo.pop()
             if child not in seen:
@@ -207,7 +217,7 @@ def _read_header(entry: Entry, fd: int, summarise: bool = False) -> Entry | None
             entry, "SESSION_CORRUPT", f"session file {entry.path} line 1: header longer than 1 MiB"
         )
     try:
-        header = _decode(data[:end].decode())
+        header = _parse(data[:end].decode())
     except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
         if end + 1 == entry.size:  # a torn last line, here the header: never created
             return None
@@ -239,7 +249,7 @@ def _read_header(entry: Entry, fd: int, summarise: bool = False) -> Entry | None
         return _damage(
             entry, "SESSION_CORRUPT", f"session file {entry.path} line 1: malformed header"
         )
-    entry.header = header
+    entry.header, entry.parent, entry.created_at = header, parent, created
     if summarise and parent is None:
         try:
             entry.facts = _facts(*_read_on(fd, data, entry.size))
@@ -336,9 +346,15 @@ class Summary:
         "input_tokens", "model", "output_tokens", "size", "turns",
     )  # fmt: skip
 
-    def __init__(self, **fields: Any) -> None:
-        for name, value in fields.items():
-            setattr(self, name, value)
+    def __init__(
+        self, *, id: str, created_at: int, model: str | None, first_prompt: str | None,
+        turns: int, children: int, descendants: int, input_tokens: int, output_tokens: int,
+        exact: bool, size: int,
+    ) -> None:  # fmt: skip
+        self.id, self.created_at, self.size = id, created_at, size
+        self.model, self.first_prompt, self.exact = model, first_prompt, exact
+        self.turns, self.children, self.descendants = turns, children, descendants
+        self.input_tokens, self.output_tokens = input_tokens, output_tokens
 
     id: str
     created_at: int
@@ -452,7 +468,7 @@ def _first_line(data: bytes, prefix: bytes) -> Any:
     if end < 0:
         return None
     try:
-        return _decode(data[at + 1 : end].decode())
+        return _parse(data[at + 1 : end].decode())
     except (ValueError, RecursionError):
         return None
 
@@ -670,6 +686,8 @@ def _print_diagnostics(damaged: Iterable[Entry], out: TextIO) -> None:
 def _quiet_store() -> Iterator[None]:
     """The store's warnings about damaged entries stay out of the output while it is read:
     the command reports them itself, as diagnostics."""
+    import logging  # here: `list` never needs it
+
     logger = logging.getLogger("dsh.sessions")
     level = logger.level
     logger.setLevel(logging.ERROR)
