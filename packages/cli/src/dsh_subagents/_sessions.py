@@ -5,7 +5,9 @@ not boot a host: it reads each ``*.jsonl`` entry's header line itself (one open,
 a symlink, a 4 KiB read for an ordinary header; CLI-30), and then, for the rows it shows only,
 a bounded part of each file (CLI-31): the whole file up to :data:`FULL_READ` bytes, else its
 first :data:`HEAD_READ` and last :data:`TAIL_READ` bytes, with the tokens then marked as a
-lower bound. ``show`` and ``tree`` read through dsh-core (the store's ``inspect``, which checks
+lower bound; with ``--all`` (every root shown) that part is read through the header's own
+open (CLI-73), and it imports neither dsh-core nor a model SDK (CLI-70). ``show`` and ``tree``
+read through dsh-core (the store's ``inspect``, which checks
 and repairs in memory, and the subagent seam's ``list_descendants``).
 
 What the folder holds that is not a session (a damaged or foreign ``*.jsonl`` entry, a

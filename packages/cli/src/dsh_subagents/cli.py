@@ -303,7 +303,7 @@ _SDKS = {"openai": "openai"}
 
 def _warm_sdk(model: str | None) -> None:
     """Start importing the SDK of the ``--model`` provider's adapter in a thread, now: the
-    OpenAI SDK's import is most of a run's start-up (CLI-70), and started here it overlaps
+    OpenAI SDK's import is most of a run's start-up (CLI-72), and started here it overlaps
     the reading of the prompt and the host's own imports and boot, where the adapter would
     start it only at its first request. The adapter's ``import`` then finds it done or waits
     for it; a failure here is left for that import to report."""
