@@ -6,10 +6,18 @@ interpreter, for reference) and ``python -m dsh_subagents.cli run`` on the defau
 composition with ``--model openai:bench``, whose requests go to the loopback chat-completions
 server. A run is timed from just before its process is spawned to the moment the server
 receives its request. Both are printed as medians with quartiles, and so is the difference;
-then the CPU time of a whole run (user and system, spawn to exit: an upper bound of the CPU
-spent before the request, less sensitive to a busy machine than the wall clock).
+then the CPU time (user and system, every thread) of a run until its request (read from
+``/proc`` while the server holds its reply back, on Linux) and of the whole run to its exit.
+The CPU times move much less than the wall clock on a busy machine: read them there.
 Output is a pipe (no live tree, so ``rich`` is not imported), the home a fresh temporary
 folder (the session is stored there, as by default).
+
+Byte-code: everything the run imports is compiled first, this checkout's ``packages/`` and
+every folder on the interpreter's path (site-packages above all: uv installs without
+compiling, and with ``PYTHONDONTWRITEBYTECODE`` set no import writes a cache, so an
+uncompiled site-packages is compiled again by every run, which then measures the compiler).
+``compileall`` skips what is up to date, so only the first run pays. The warm-up run then
+checks that every module it imported had its byte-code and names those that did not.
 
     python benchmarks/cli_start.py --rounds 21
     python benchmarks/cli_start.py --importtime   # the slowest imports of one run
@@ -20,13 +28,17 @@ from __future__ import annotations
 import argparse
 import compileall
 import os
+import re
 import resource
 import statistics
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import time
 from pathlib import Path
+
+import attrs
 
 from dsh_llm_openai.testing import ChatCompletionsServer, text_reply
 
@@ -49,8 +61,81 @@ def _children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+#: How long the server holds its reply back: the run waits meanwhile, so its CPU time read
+#: then is the CPU time until the request.
+REPLY_DELAY = 0.2
 #: The CPU time (user + system) of each timed run, from spawn to exit.
 CPU: list[float] = []
+
+
+#: Runs the command as ``-m`` does and, at exit, prints (to stderr, after a marker) the
+#: imported modules whose byte-code cache is missing: each was compiled by this run.
+_CHECK = """
+import atexit, os, runpy, sys
+
+def _uncompiled():
+    missing = sorted(
+        name
+        for name, module in list(sys.modules.items())
+        if (cached := getattr(getattr(module, "__spec__", None), "cached", None))
+        and getattr(module.__spec__, "has_location", False)
+        and not os.path.exists(cached)
+    )
+    print("\\n@uncompiled " + " ".join(missing), file=sys.stderr)
+
+atexit.register(_uncompiled)
+sys.argv[0] = "dsh-subagents"
+runpy.run_module("dsh_subagents.cli", run_name="__main__", alter_sys=True)
+"""
+
+
+#: Test folders no run imports (the standard library's hold files that do not compile).
+_TESTS = re.compile(r"[/\\](tests?|idle_test|lib2to3)[/\\]")
+
+
+def compile_everything() -> None:
+    """Byte-compile this checkout's packages and every folder on the path (site-packages,
+    the standard library): what is up to date is skipped; a folder that cannot be written
+    (a system standard library) is left as it is."""
+    folders = [ROOT / "packages"]
+    for key in ("purelib", "platlib", "stdlib", "platstdlib"):
+        folder = Path(sysconfig.get_paths()[key])
+        if folder not in folders:
+            folders.append(folder)
+    for folder in folders:
+        if folder.is_dir() and os.access(folder, os.W_OK):
+            compileall.compile_dir(folder, quiet=2, rx=_TESTS)
+
+
+def _check_compiled(server: ChatCompletionsServer, env: dict[str, str]) -> None:
+    """One run that names the modules it imported without byte-code (each a compile in
+    every timed run): a warning, since the figures then measure the compiler."""
+    server.received.clear()
+    done = subprocess.run(
+        [sys.executable, "-c", _CHECK, "run", "--model", "openai:bench", "hi"],
+        capture_output=True,
+        env=env,
+        timeout=120,
+    )
+    if done.returncode != 0:
+        raise SystemExit(f"the run failed ({done.returncode}): {done.stderr.decode()}")
+    tail = done.stderr.decode().rpartition("@uncompiled ")[2].split()
+    if tail:
+        print(f"warning: {len(tail)} modules were imported without byte-code: {' '.join(tail)}")
+
+
+def _proc_cpu(pid: int) -> float | None:
+    """The CPU time (user + system, every thread) process ``pid`` has used so far, from
+    ``/proc`` (Linux; ``None`` elsewhere). Clock ticks: 10 ms steps, a median smooths them."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+#: The CPU time of each timed run until its first request (the reply waits meanwhile).
+CPU_TO_REQUEST: list[float] = []
 
 
 def _run(server: ChatCompletionsServer, env: dict[str, str]) -> float:
@@ -67,10 +152,13 @@ def _run(server: ChatCompletionsServer, env: dict[str, str]) -> float:
         child.kill()
         raise SystemExit(f"no request within 60 s: {child.communicate()}")
     elapsed = time.perf_counter() - start
+    to_request = _proc_cpu(child.pid)  # the reply is held back (REPLY_DELAY): it waits
     _, err = child.communicate(timeout=60)
     if child.returncode != 0:
         raise SystemExit(f"the run failed ({child.returncode}): {err.decode()}")
     CPU.append(_children_cpu() - cpu)
+    if to_request is not None:
+        CPU_TO_REQUEST.append(to_request)
     return elapsed
 
 
@@ -79,11 +167,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--importtime", action="store_true")
     args = parser.parse_args()
-    for folder in ("packages",):
-        compileall.compile_dir(ROOT / folder, quiet=1)
+    compile_everything()
     with (
         tempfile.TemporaryDirectory() as home,
-        ChatCompletionsServer(default=text_reply("ok")) as server,
+        ChatCompletionsServer(default=attrs.evolve(text_reply("ok"), delay=REPLY_DELAY)) as server,
     ):
         env = {k: v for k, v in os.environ.items() if not k.startswith("DSH_")}
         env.update(
@@ -115,7 +202,7 @@ def main() -> None:
             for row in top:
                 print(f"{int(row[1]) / 1000:8.1f} ms  {row[2].rstrip()}")
             return
-        _run(server, env)  # warm the disk cache and the byte-code
+        _check_compiled(server, env)  # and warm the disk cache
         bare: list[float] = []
         runs: list[float] = []
         for i in range(args.rounds):
@@ -129,7 +216,9 @@ def main() -> None:
     print(f"dsh-subagents run, first request   {_quartiles(runs)}")
     diffs = [r - b for r, b in zip(runs, bare, strict=True)]
     print(f"difference (pairs)                 {_quartiles(diffs)}")
-    print(f"CPU of a whole run (to its exit)   {_quartiles(CPU[1:])}")
+    if CPU_TO_REQUEST:
+        print(f"CPU to the first request           {_quartiles(CPU_TO_REQUEST)}")
+    print(f"CPU of a whole run (to its exit)   {_quartiles(CPU)}")
 
 
 if __name__ == "__main__":

@@ -5,7 +5,9 @@ not boot a host: it reads each ``*.jsonl`` entry's header line itself (one open,
 a symlink, a 4 KiB read for an ordinary header; CLI-30), and then, for the rows it shows only,
 a bounded part of each file (CLI-31): the whole file up to :data:`FULL_READ` bytes, else its
 first :data:`HEAD_READ` and last :data:`TAIL_READ` bytes, with the tokens then marked as a
-lower bound. ``show`` and ``tree`` read through dsh-core (the store's ``inspect``, which checks
+lower bound; with ``--all`` (every root shown) that part is read through the header's own
+open (CLI-73), and it imports neither dsh-core nor a model SDK (CLI-70). ``show`` and ``tree``
+read through dsh-core (the store's ``inspect``, which checks
 and repairs in memory, and the subagent seam's ``list_descendants``).
 
 What the folder holds that is not a session (a damaged or foreign ``*.jsonl`` entry, a
@@ -19,7 +21,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import logging
+import json.scanner
 import os
 import re
 import shutil
@@ -29,7 +31,7 @@ import textwrap
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, TextIO, cast
 
 from ._home import home
 from ._ids import SessionsError, match_id
@@ -66,6 +68,20 @@ _FLAGS = (
     | getattr(os, "O_BINARY", 0)
 )
 _decode = json.JSONDecoder().decode
+_scan = json.scanner.make_scanner(cast("Any", json.JSONDecoder()))  # what ``_decode`` calls
+
+
+def _parse(text: str) -> Any:
+    """``text`` as JSON, as :data:`_decode` reads it: a line the store wrote (one value, no
+    white space around it) goes straight to the scanner, anything else (and every error,
+    with its message) through the decoder."""
+    try:
+        value, end = _scan(text, 0)
+    except StopIteration:
+        end = -1
+    return value if end == len(text) else _decode(text)
+
+
 _BAD_ID = re.compile(r"[/\\\x00]")
 # An event line starts with its type (the store's encoder writes type, seq, time, data in this
 # order) and a raw newline never occurs inside one (JSON escapes it), so these find lines.
@@ -105,23 +121,19 @@ def _usage(data: bytes) -> tuple[int, int]:
 class Entry:
     """One ``*.jsonl`` entry of the folder: a header, or a diagnostic (``code``)."""
 
-    __slots__ = ("code", "header", "id", "message", "path", "size")
+    __slots__ = ("code", "created_at", "facts", "header", "id", "message", "parent", "path", "size")
 
     def __init__(self, id: str, path: str) -> None:
         self.id, self.path, self.size = id, path, 0
         self.header: dict[str, Any] | None = None
+        #: The header's ``parent_session`` and ``created_at`` (checked: a string or
+        #: ``None``, an int), set with it; ``None`` and 0 for a damaged entry.
+        self.parent: str | None = None
+        self.created_at = 0
         self.code: str | None = None
         self.message: str | None = None
-
-    @property
-    def parent(self) -> str | None:
-        p = self.header.get("parent_session") if self.header else None
-        return p if isinstance(p, str) else None
-
-    @property
-    def created_at(self) -> int:
-        c = self.header.get("created_at") if self.header else None
-        return c if isinstance(c, int) and not isinstance(c, bool) else 0
+        #: A root's row facts, when the scan read them through the same open (``--all``).
+        self.facts: _Facts | None = None
 
 
 class Folder:
@@ -137,8 +149,10 @@ class Folder:
 
     def descendants(self, id: str) -> int:
         """How many sessions are below ``id`` (each counted once, whatever the links)."""
-        seen = {id}
         todo = list(self.children.get(id, ()))
+        if not todo:
+            return 0
+        seen = {id}
         while todo:
             child = todo.pop()
             if child not in seen:
@@ -156,9 +170,11 @@ def _damage(entry: Entry, code: str, message: str) -> Entry:
     return entry
 
 
-def _read_header(entry: Entry, fd: int) -> Entry | None:
+def _read_header(entry: Entry, fd: int, summarise: bool = False) -> Entry | None:
     """The entry's header from the open file (``None``: cut inside its header, never
-    created, as the store leaves it out), or the entry marked damaged with the store's code."""
+    created, as the store leaves it out), or the entry marked damaged with the store's code.
+    With ``summarise``, a root's row facts are read on through the same open (``--all``
+    shows every root: one open per file instead of two)."""
     data = os.read(fd, _FIRST_READ)
     end = data.find(b"\n")
     while end < 0 and len(data) <= HEADER_LIMIT:
@@ -173,7 +189,7 @@ def _read_header(entry: Entry, fd: int) -> Entry | None:
             entry, "SESSION_CORRUPT", f"session file {entry.path} line 1: header longer than 1 MiB"
         )
     try:
-        header = _decode(data[:end].decode())
+        header = _parse(data[:end].decode())
     except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
         if end + 1 == entry.size:  # a torn last line, here the header: never created
             return None
@@ -205,11 +221,16 @@ def _read_header(entry: Entry, fd: int) -> Entry | None:
         return _damage(
             entry, "SESSION_CORRUPT", f"session file {entry.path} line 1: malformed header"
         )
-    entry.header = header
+    entry.header, entry.parent, entry.created_at = header, parent, created
+    if summarise and parent is None:
+        try:
+            entry.facts = _facts(*_read_on(fd, data, entry.size))
+        except OSError:  # as when the row's own read fails: listed, with nothing read
+            entry.facts = _facts(b"", b"", False)
     return entry
 
 
-def _entry(name: str, path: str, is_reg: bool) -> Entry | None:
+def _entry(name: str, path: str, is_reg: bool, summarise: bool = False) -> Entry | None:
     """One ``*.jsonl`` entry: opened without following a symlink, its header line read."""
     entry = Entry(id=name[:-6], path=path)
     if not entry.id or entry.id in (".", "..") or _BAD_ID.search(entry.id):
@@ -235,17 +256,18 @@ def _entry(name: str, path: str, is_reg: bool) -> Entry | None:
         if not stat.S_ISREG(st.st_mode):
             return _damage(entry, "SESSION_FILE_UNSAFE", unsafe)
         entry.size = st.st_size
-        return _read_header(entry, fd)
+        return _read_header(entry, fd, summarise)
     except OSError as exc:
         return _damage(entry, "SESSION_IO", f"cannot read session file {path}: {exc}")
     finally:
         os.close(fd)
 
 
-def scan_folder(root: Path) -> Folder:
+def scan_folder(root: Path, summarise: bool = False) -> Folder:
     """Every ``*.jsonl`` entry of ``root``: one open and one header read each (CLI-30). A
     folder that does not exist holds nothing; ``root`` naming anything else than a folder is
-    ``SESSIONS_NO_STORE``."""
+    ``SESSIONS_NO_STORE``. With ``summarise``, each root's row facts are read through the
+    same open, within the same bounds as :func:`_read_span` (CLI-31)."""
     folder = Folder(root=root)
     try:
         it = os.scandir(root)
@@ -268,7 +290,7 @@ def scan_folder(root: Path) -> Folder:
                 is_reg = d.is_file(follow_symlinks=False)
             except OSError:
                 is_reg = False
-            entry = _entry(name, d.path, is_reg)
+            entry = _entry(name, d.path, is_reg, summarise)
             if entry is None:
                 continue
             if entry.code is not None:
@@ -296,9 +318,15 @@ class Summary:
         "input_tokens", "model", "output_tokens", "size", "turns",
     )  # fmt: skip
 
-    def __init__(self, **fields: Any) -> None:
-        for name, value in fields.items():
-            setattr(self, name, value)
+    def __init__(
+        self, *, id: str, created_at: int, model: str | None, first_prompt: str | None,
+        turns: int, children: int, descendants: int, input_tokens: int, output_tokens: int,
+        exact: bool, size: int,
+    ) -> None:  # fmt: skip
+        self.id, self.created_at, self.size = id, created_at, size
+        self.model, self.first_prompt, self.exact = model, first_prompt, exact
+        self.turns, self.children, self.descendants = turns, children, descendants
+        self.input_tokens, self.output_tokens = input_tokens, output_tokens
 
     id: str
     created_at: int
@@ -348,8 +376,8 @@ def _read_span(path: str, size: int) -> tuple[bytes, bytes, bool]:
         if size <= FULL_READ:
             chunks: list[bytes] = []
             got = 0
-            while got <= FULL_READ:
-                more = os.read(fd, FULL_READ + 1 - got)
+            while got <= FULL_READ:  # the size known, plus one byte to see it grew
+                more = os.read(fd, min(FULL_READ + 1 - got, max(size - got, 0) + 1))
                 if not more:
                     break
                 chunks.append(more)
@@ -370,6 +398,38 @@ def _read_span(path: str, size: int) -> tuple[bytes, bytes, bool]:
         os.close(fd)
 
 
+def _read_on(fd: int, first: bytes, size: int) -> tuple[bytes, bytes, bool]:
+    """:func:`_read_span`'s head, tail and whether the file was read whole, from a file
+    whose first bytes (``first``, read from its start) are in hand: what is read on stays
+    within the same bounds, and ends at the size the file had when it was opened (what was
+    appended since is the next listing's)."""
+    if size <= FULL_READ:
+        chunks = [first]
+        got = len(first)
+        while got < size:  # the rest of the file as it was when opened
+            more = os.read(fd, size - got)
+            if not more:
+                break
+            chunks.append(more)
+            got += len(more)
+        data = b"".join(chunks) if len(chunks) > 1 else first
+        if len(data) <= FULL_READ:
+            return data, b"", True
+        return data[:HEAD_READ], data[-TAIL_READ:], False
+    if len(first) >= HEAD_READ:
+        head = first[:HEAD_READ]
+    else:
+        head = first + _pread(fd, HEAD_READ - len(first), len(first))
+    return head, _pread(fd, TAIL_READ, max(size - TAIL_READ, HEAD_READ)), False
+
+
+def _pread(fd: int, n: int, at: int) -> bytes:
+    if hasattr(os, "pread"):
+        return os.pread(fd, n, at)
+    os.lseek(fd, at, os.SEEK_SET)  # pragma: no cover - Windows
+    return os.read(fd, n)  # pragma: no cover
+
+
 def _first_line(data: bytes, prefix: bytes) -> Any:
     """The first complete line of ``data`` starting with ``prefix`` (after a newline), parsed;
     ``None`` when there is none or it is not JSON."""
@@ -380,7 +440,7 @@ def _first_line(data: bytes, prefix: bytes) -> Any:
     if end < 0:
         return None
     try:
-        return _decode(data[at + 1 : end].decode())
+        return _parse(data[at + 1 : end].decode())
     except (ValueError, RecursionError):
         return None
 
@@ -395,6 +455,53 @@ def _text_of(content: Any) -> str:
     )
 
 
+# The encoder's layout of the two lines a row reads a field of (fields in declaration order,
+# no spaces): a line that fits is read by these without parsing the rest of it (in a real
+# session the request header carries the system prompt and every tool's schema); one that
+# does not (an escape in the string, a second block, another layout) is parsed whole.
+_ROUTE = re.compile(
+    rb'\{"type":"request/header","seq":\d+,"time":\d+,"data":\{"header":\{"config":\{'
+    rb'"provider":"([^"\\\n]*)","model":"([^"\\\n]*)"[,}]'
+)
+_PROMPT = re.compile(
+    rb'\{"type":"user/message","seq":\d+,"time":\d+,"data":\{"id":"[^"\\\n]*","role":"user",'
+    rb'"content":\[\{"text":"([^"\\\n]*)","type":"text"\}\][,}]'
+)
+_PROMPT_LINE = b'{"type":"user/message",'
+_ROUTE_LINE = b'{"type":"request/header",'
+
+
+def _fast(data: bytes, prefix: bytes, pattern: re.Pattern[bytes]) -> re.Match[bytes] | None:
+    """``pattern`` matched at the first complete line of ``data`` starting with ``prefix``
+    (what :func:`_first_line` would parse), or ``None``."""
+    at = data.find(b"\n" + prefix)
+    if at < 0 or data.find(b"\n", at + 1) < 0:
+        return None
+    return pattern.match(data, at + 1)
+
+
+def _prompt_of(head: bytes) -> str | None:
+    """The text of the first ``user/message`` of ``head`` (``None``: none there)."""
+    m = _fast(head, _PROMPT_LINE, _PROMPT)
+    if m is not None:
+        with contextlib.suppress(UnicodeDecodeError):
+            return m.group(1).decode()
+    event = _first_line(head, _PROMPT_LINE)
+    if isinstance(event, dict) and isinstance(event.get("data"), dict):
+        return _text_of(event["data"].get("content"))
+    return None
+
+
+def _route_of(head: bytes) -> str | None:
+    """``provider:model`` of the first ``request/header`` of ``head`` (``None``: none)."""
+    m = _fast(head, _ROUTE_LINE, _ROUTE)
+    if m is not None:
+        with contextlib.suppress(UnicodeDecodeError):
+            provider, model = m.group(1).decode(), m.group(2).decode()
+            return f"{provider}:{model}" if model else provider
+    return _model_of(_first_line(head, _ROUTE_LINE))
+
+
 def _model_of(event: Any) -> str | None:
     try:
         config = event["data"]["header"]["config"]
@@ -406,20 +513,18 @@ def _model_of(event: Any) -> str | None:
     return f"{provider}:{model}" if isinstance(model, str) and model else provider
 
 
-def _summarise(entry: Entry, folder: Folder) -> Summary:
-    """A root's row from a bounded read of its file (CLI-31): the first prompt and the model
-    from its head; the turns from the last ``turn/start`` read; the tokens summed over the
-    ``usage`` of each ``assistant/message`` read (exact when the whole file was read)."""
-    try:
-        head, tail, whole = _read_span(entry.path, entry.size)
-    except OSError:
-        head, tail, whole = b"", b"", False
+#: What a root's row shows of its log: first prompt, model, turns, input and output tokens,
+#: and whether they are exact (the whole file was read).
+_Facts = tuple[str | None, str | None, int, int, int, bool]
+
+
+def _facts(head: bytes, tail: bytes, whole: bool) -> _Facts:
+    """A row's facts from a bounded read (CLI-31): the first prompt and the model from the
+    head; the turns from the last ``turn/start`` read; the tokens summed over the ``usage``
+    of each ``assistant/message`` read (exact when the whole file was read)."""
     head = b"\n" + head  # the header line is not an event; every event line follows a newline
-    prompt_event = _first_line(head, b'{"type":"user/message",')
-    prompt = None
-    if isinstance(prompt_event, dict) and isinstance(prompt_event.get("data"), dict):
-        prompt = _text_of(prompt_event["data"].get("content"))
-    model = _model_of(_first_line(head, b'{"type":"request/header",'))
+    prompt = _prompt_of(head)
+    model = _route_of(head)
     turns = 0
     for part in (tail, head):
         at = part.rfind(_TURN_START)
@@ -432,6 +537,19 @@ def _summarise(entry: Entry, folder: Folder) -> Summary:
     if tail:  # from its first complete line on
         more_in, more_out = _usage(tail[tail.find(b"\n") :] if b"\n" in tail else b"")
         tokens_in, tokens_out = tokens_in + more_in, tokens_out + more_out
+    return prompt, model, turns, tokens_in, tokens_out, whole
+
+
+def _summarise(entry: Entry, folder: Folder) -> Summary:
+    """A root's row: its facts (read by the scan, else from a bounded read of its file now)
+    and its children from the folder."""
+    facts = entry.facts
+    if facts is None:
+        try:
+            facts = _facts(*_read_span(entry.path, entry.size))
+        except OSError:
+            facts = _facts(b"", b"", False)
+    prompt, model, turns, tokens_in, tokens_out, whole = facts
     return Summary(
         id=entry.id,
         created_at=entry.created_at,
@@ -449,8 +567,9 @@ def _summarise(entry: Entry, folder: Folder) -> Summary:
 
 def list_sessions(root: Path, limit: int | None) -> tuple[Folder, list[Summary], int]:
     """The folder, the newest ``limit`` root sessions (all with ``None``) summarised, and
-    how many roots there are. A root is a session whose header names no parent."""
-    folder = scan_folder(root)
+    how many roots there are. A root is a session whose header names no parent. Listing
+    every root reads each one's facts in the scan, through the header's open."""
+    folder = scan_folder(root, summarise=limit is None)
     roots = [e for e in folder.sessions.values() if e.parent is None]
     roots.sort(key=lambda e: (e.created_at, e.id), reverse=True)
     shown = roots if limit is None else roots[:limit]
@@ -539,6 +658,8 @@ def _print_diagnostics(damaged: Iterable[Entry], out: TextIO) -> None:
 def _quiet_store() -> Iterator[None]:
     """The store's warnings about damaged entries stay out of the output while it is read:
     the command reports them itself, as diagnostics."""
+    import logging  # here: `list` never needs it
+
     logger = logging.getLogger("dsh.sessions")
     level = logger.level
     logger.setLevel(logging.ERROR)

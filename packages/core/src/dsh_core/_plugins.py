@@ -106,7 +106,37 @@ def _dist_of(ep: md.EntryPoint) -> tuple[str | None, str | None]:
     dist = getattr(ep, "dist", None)
     if dist is None:
         return None, None
-    return dist.metadata["Name"], dist.version
+    found = _name_version(dist)
+    if found is not None:
+        return found
+    meta = dist.metadata  # parsed once for both (``dist.version`` would parse it again)
+    return meta["Name"], meta["Version"]
+
+
+def _name_version(dist: md.Distribution) -> tuple[str, str] | None:
+    """``Name`` and ``Version`` from the head of the distribution's metadata file, read as
+    the plain ``Key: value`` lines it starts with; ``None`` when they are not both there
+    plainly (the caller then parses it whole). Discovery needs only these two, and parsing
+    every plugin's metadata as a message (the long description included) is a measurable
+    part of a command's start-up."""
+    text = dist.read_text("METADATA") or dist.read_text("PKG-INFO")
+    if not text:
+        return None
+    found: dict[str, str] = {}
+    lines = text.split("\n", 64)[:64]
+    for i, line in enumerate(lines):
+        if not line.strip():
+            break  # the headers end at the first blank line
+        key, _, value = line.partition(": ")
+        if key not in ("Name", "Version"):
+            continue
+        folded = i + 1 < len(lines) and lines[i + 1][:1] in (" ", "\t")
+        if folded or not value or value != value.strip():
+            return None  # a folded value, or spaces the parse keeps or drops: let it decide
+        found[key] = value
+        if len(found) == 2:
+            return found["Name"], found["Version"]
+    return None
 
 
 def _describe(exc: BaseException) -> str:
