@@ -18,8 +18,8 @@ is the past, never output. An agent that can do neither refuses the turn with
 ladder, and so is every process of a parent agent that is disposed, the process of a child a
 drain releases (within the child's own release, ACPC-38), and every process when the plugin
 unloads (after draining the children whose turn runs, ACPC-39). A start or a cold resume
-takes a process from the row's warm pool when it has one (``_pool``). The command that runs is always the configured one: the store names the
-provider row, never a command.
+takes a process from the row's warm pool when it has one (``_pool``). The command that runs
+is always the configured one: the store names the provider row, never a command.
 
 The SDK is imported on the first use, not when the plugin loads.
 """
