@@ -894,33 +894,29 @@ class Agent:
             i += len(group)
             # Each call's id, name and arguments are those of a block of the assistant/message
             # the log just took (checked or vouched for), so its tool/call needs no check.
-            call_seqs = [
-                session._append_vouched(
-                    "tool/call",
-                    _tool_call(
-                        turn=turn, step=step, call_id=c.id, name=c.name, arguments=c.arguments
-                    ),
-                ).seq
-                for c in group
-            ]
+            # Loops, not comprehensions: a comprehension over these locals would turn each into
+            # a cell the parked coroutine keeps for the collector to walk (PERF-6).
+            call_seqs = []
+            for c in group:
+                call = _tool_call(
+                    turn=turn, step=step, call_id=c.id, name=c.name, arguments=c.arguments
+                )
+                call_seqs.append(session._append_vouched("tool/call", call).seq)
             progress[1] = i
             # The calls are on disk before they run (DUR-3).
             unwritten = _unwritten_calls(session) if session._checkpointer is not None else None
             if signal.aborted:
-                results = [
-                    failure("tool call aborted before dispatch", "ABORTED_BEFORE_DISPATCH")
-                    for _ in group
-                ]
+                aborted = failure("tool call aborted before dispatch", "ABORTED_BEFORE_DISPATCH")
+                results = [aborted] * len(group)
             elif unwritten is not None:
-                results = [unwritten for _ in group]
+                results = [unwritten] * len(group)
             elif len(group) == 1:
                 results = [await tools.execute(self._call_input(group[0], signal))]
             else:
-                results = list(
-                    await asyncio.gather(
-                        *(tools.execute(self._call_input(c, signal)) for c in group)
-                    )
-                )
+                runs = []
+                for c in group:
+                    runs.append(tools.execute(self._call_input(c, signal)))  # noqa: PERF401
+                results = list(await asyncio.gather(*runs))
             for c, seq, result in zip(group, call_seqs, results, strict=True):
                 self._log_result(turn, step, c, seq, result)
                 progress[0] += 1
