@@ -260,6 +260,33 @@ class _Listener:
         self.order = order  # the dispatch order among every listener of the name
 
 
+class _Unlisten:
+    """The remover :meth:`Context.on` returns: one slotted object rather than a closure (a
+    function, its cell tuple and four cells), each an object the cyclic collector walks
+    while the listening context lives (PERF-6)."""
+
+    __slots__ = ("_bus", "_entry", "_name", "_tag")
+
+    def __init__(
+        self, bus: dict[str, _Channel], name: str, tag: Scope | None, entry: _Listener
+    ) -> None:
+        self._bus = bus
+        self._name = name
+        self._tag = tag
+        self._entry = entry
+
+    def __call__(self) -> None:
+        bus = self._bus
+        channel = bus.get(self._name)
+        entries = channel.by_tag.get(self._tag) if channel is not None else None
+        if channel is None or not entries or self._entry not in entries:
+            return
+        entry = self._entry
+        channel.put(self._tag, [e for e in entries if e is not entry])
+        if not channel.by_tag:
+            del bus[self._name]
+
+
 def _order_of(entry: _Listener) -> int:
     return entry.order
 
@@ -616,16 +643,7 @@ class Context:
         current = channel.by_tag.get(tag, ())
         channel.put(tag, [entry, *current] if prepend else [*current, entry])
 
-        def remove() -> None:
-            channel = bus.get(name)
-            entries = channel.by_tag.get(tag) if channel is not None else None
-            if channel is None or not entries or entry not in entries:
-                return
-            channel.put(tag, [e for e in entries if e is not entry])
-            if not channel.by_tag:
-                del bus[name]
-
-        return self.fiber.add(remove)
+        return self.fiber.add(_Unlisten(bus, name, tag, entry))
 
     def has_listeners(self, name: str) -> bool:
         """Whether anything listens to ``name`` (cheap; lets hot paths skip building payloads)."""
