@@ -866,69 +866,65 @@ class Agent:
         the calls early (the turn task cancelled, an exception the registry does not contain),
         the calls left are answered (``ABORTED`` once logged, ``ABORTED_BEFORE_DISPATCH``
         before) before it propagates, so no later request carries an unanswered call.
-        """
-        # calls[:progress[0]] have their tool/result, calls[:progress[1]] their tool/call.
-        progress = [0, 0]
-        try:
-            return await self._run_groups(calls, turn, step, signal, tools, progress)
-        except BaseException:
-            self._answer_rest(calls, progress, turn, step)
-            raise
 
-    async def _run_groups(
-        self,
-        calls: list[ToolCallBlock],
-        turn: int,
-        step: int,
-        signal: AbortSignal,
-        tools: ToolRegistry,
-        progress: list[int],
-    ) -> bool:
+        One coroutine with two counters, not a wrapper around a second one sharing a list: a
+        parent waiting on its tool keeps one frame and no list less for the cyclic collector
+        to walk (PERF-6).
+        """
+        # calls[:answered] have their tool/result, calls[:logged] their tool/call.
+        answered = logged = 0
         session = self.session
         concluded = False
         i = 0
-        while i < len(calls):
-            group = [calls[i]]
-            definition = tools.get(calls[i].name)
-            if definition is not None and definition.concurrency_safe:
-                while i + len(group) < len(calls):
-                    nxt = tools.get(calls[i + len(group)].name)
-                    if nxt is None or not nxt.concurrency_safe:
-                        break
-                    group.append(calls[i + len(group)])
-            i += len(group)
-            # Each call's id, name and arguments are those of a block of the assistant/message
-            # the log just took (checked or vouched for), so its tool/call needs no check.
-            # Loops, not comprehensions: a comprehension over these locals would turn each into
-            # a cell the parked coroutine keeps for the collector to walk (PERF-6).
-            call_seqs = []
-            for c in group:
-                call = _tool_call(
-                    turn=turn, step=step, call_id=c.id, name=c.name, arguments=c.arguments
-                )
-                call_seqs.append(session._append_vouched("tool/call", call).seq)
-            progress[1] = i
-            # The calls are on disk before they run (DUR-3).
-            unwritten = _unwritten_calls(session) if session._checkpointer is not None else None
-            if signal.aborted:
-                aborted = failure("tool call aborted before dispatch", "ABORTED_BEFORE_DISPATCH")
-                results = [aborted] * len(group)
-            elif unwritten is not None:
-                results = [unwritten] * len(group)
-            elif len(group) == 1:
-                results = [await tools.execute(self._call_input(group[0], signal))]
-            else:
-                runs = []
+        try:
+            while i < len(calls):
+                group = [calls[i]]
+                definition = tools.get(calls[i].name)
+                if definition is not None and definition.concurrency_safe:
+                    while i + len(group) < len(calls):
+                        nxt = tools.get(calls[i + len(group)].name)
+                        if nxt is None or not nxt.concurrency_safe:
+                            break
+                        group.append(calls[i + len(group)])
+                i += len(group)
+                # Each call's id, name and arguments are those of a block of the
+                # assistant/message the log just took (checked or vouched for), so its
+                # tool/call needs no check. Loops, not comprehensions: a comprehension over
+                # these locals would turn each into a cell the parked coroutine keeps for the
+                # collector to walk (PERF-6).
+                call_seqs = []
                 for c in group:
-                    runs.append(tools.execute(self._call_input(c, signal)))  # noqa: PERF401
-                results = list(await asyncio.gather(*runs))
-            for c, seq, result in zip(group, call_seqs, results, strict=True):
-                self._log_result(turn, step, c, seq, result)
-                progress[0] += 1
-                for extra in result.additional_contexts:
-                    self.inbox.insert("next-step", extra)
-                if result.ok and result.concludes_turn:
-                    concluded = True
+                    call = _tool_call(
+                        turn=turn, step=step, call_id=c.id, name=c.name, arguments=c.arguments
+                    )
+                    call_seqs.append(session._append_vouched("tool/call", call).seq)
+                logged = i
+                # The calls are on disk before they run (DUR-3).
+                unwritten = _unwritten_calls(session) if session._checkpointer is not None else None
+                if signal.aborted:
+                    aborted = failure(
+                        "tool call aborted before dispatch", "ABORTED_BEFORE_DISPATCH"
+                    )
+                    results = [aborted] * len(group)
+                elif unwritten is not None:
+                    results = [unwritten] * len(group)
+                elif len(group) == 1:
+                    results = [await tools.execute(self._call_input(group[0], signal))]
+                else:
+                    runs = []
+                    for c in group:
+                        runs.append(tools.execute(self._call_input(c, signal)))  # noqa: PERF401
+                    results = list(await asyncio.gather(*runs))
+                for c, seq, result in zip(group, call_seqs, results, strict=True):
+                    self._log_result(turn, step, c, seq, result)
+                    answered += 1
+                    for extra in result.additional_contexts:
+                        self.inbox.insert("next-step", extra)
+                    if result.ok and result.concludes_turn:
+                        concluded = True
+        except BaseException:
+            self._answer_rest(calls, answered, logged, turn, step)
+            raise
         return concluded
 
     def _log_result(
@@ -970,13 +966,12 @@ class Agent:
             )
 
     def _answer_rest(
-        self, calls: list[ToolCallBlock], progress: list[int], turn: int, step: int
+        self, calls: list[ToolCallBlock], done: int, logged: int, turn: int, step: int
     ) -> None:
         """Answer the calls of a response that have no ``tool/result`` yet (see _run_calls):
         a logged call ``ABORTED``, one not yet logged its ``tool/call`` then
         ``ABORTED_BEFORE_DISPATCH``. Best effort: if the log refuses, the original exception
         propagates (a crash repair answers them on the next load)."""
-        done, logged = progress
         try:
             for n, c in enumerate(calls[done:], start=done):
                 if n < logged:
