@@ -1453,26 +1453,36 @@ class AgentRegistry:
     ) -> AgentHandle:
         svc = self._svc
         owner_ctx = self._ctx
-        owner_gone = AbortController()
-        stop_watch: Registration = owner_ctx.fiber.add(
-            lambda: owner_gone.abort(AgentCancelCause(kind="disposed", reason="owner disposed"))
-        )
-        creation, detach_creation = fuse((signal, owner_gone.signal, svc.closing.signal))
+        closing = svc.closing.signal
+        if owner_ctx.fiber.state != "active":
+            owner_ctx.fiber.add(_noop)  # raises INACTIVE_EFFECT, as registering would
+        # What stops the creation: the caller's signal, the owner's disposal, the registry
+        # closing. Until the setup awaits, nothing can dispose the owner (a disposal runs only
+        # when awaited), so the inputs are checked directly; the fused signal and the watch on
+        # the owner, which cost more than the rest of a creation's checks, are built only for
+        # a setup that awaits (PERF-6).
+        watch: _CreationWatch | None = None
         fiber = Fiber(f"agent:{session.header.id}")
         agent = Agent(session, agent_options, svc, fiber, svc.host_ctx)
         detach_session: Callable[[], None] | None = None
         announced = False
         try:
-            creation.throw_if_aborted()
+            _stop_if_aborted(signal, closing)
             if setup is not None:
                 produced = setup(agent.ctx)
                 if inspect.isawaitable(produced):
-                    produced = await race_abort(produced, creation)
-                creation.throw_if_aborted()
+                    watch = _CreationWatch(owner_ctx, signal, closing)
+                    produced = await race_abort(produced, watch.creation)
+                    watch.creation.throw_if_aborted()
+                else:
+                    _stop_if_aborted(signal, closing)
                 if produced is not None:
                     _check_commit(produced)
                     produced()
-            creation.throw_if_aborted()
+            if watch is not None:
+                watch.creation.throw_if_aborted()
+            else:
+                _stop_if_aborted(signal, closing)
             detach_session = agent.ctx.sessions.enter(session)
             if session.header.id in svc.agents:
                 raise AgentError(
@@ -1483,18 +1493,54 @@ class AgentRegistry:
             agent.ctx.sessions.announce(session)
             announced = True
             agent.ctx.emit_veto("agent/created", agent)
-            creation.throw_if_aborted()
+            if watch is not None:
+                watch.creation.throw_if_aborted()
+            else:
+                _stop_if_aborted(signal, closing)
         except BaseException:
-            stop_watch.forget()
-            detach_creation()
+            if watch is not None:
+                watch.close()
             # The same teardown as a handle's (it unregisters only this agent, if registered).
             await _teardown(agent, svc, detach_session, announced=announced)
             raise
-        stop_watch.forget()
-        detach_creation()
+        if watch is not None:
+            watch.close()
         agent.ctx.emit("agent/session-start", agent, source)
         handle._detach_owner = owner_ctx.fiber.add(handle.dispose)
         return handle
+
+
+def _noop() -> None:
+    return None
+
+
+def _stop_if_aborted(signal: AbortSignal | None, closing: AbortSignal) -> None:
+    """Raise :class:`AbortedError` if the caller's signal or the registry's closing fired
+    (in that order, as the fused signal of :class:`_CreationWatch` reports them)."""
+    if signal is not None and signal.aborted:
+        raise AbortedError(signal.reason)
+    if closing.aborted:
+        raise AbortedError(closing.reason)
+
+
+class _CreationWatch:
+    """A creation's fused stop signal, for a setup that awaits: the caller's signal, the
+    owner's disposal (watched on the owner's fiber) and the registry closing."""
+
+    __slots__ = ("_detach", "_stop_watch", "creation")
+
+    def __init__(
+        self, owner_ctx: Context, signal: AbortSignal | None, closing: AbortSignal
+    ) -> None:
+        owner_gone = AbortController()
+        self._stop_watch: Registration = owner_ctx.fiber.add(
+            lambda: owner_gone.abort(AgentCancelCause(kind="disposed", reason="owner disposed"))
+        )
+        self.creation, self._detach = fuse((signal, owner_gone.signal, closing))
+
+    def close(self) -> None:
+        self._stop_watch.forget()
+        self._detach()
 
 
 def _dispose_preparation(preparation: SessionPreparation) -> None:
