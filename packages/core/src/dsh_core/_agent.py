@@ -1284,7 +1284,7 @@ async def _teardown(
             released = getattr(persistence, "released", None)
             if released is not None:
                 await released(agent.id)
-        agent.ctx._bound.clear()  # views refer back to the context: let refcounting free them
+        agent.ctx._unbind()  # views refer back to the context: let refcounting free them
     finally:
         if then is not None:
             then()
