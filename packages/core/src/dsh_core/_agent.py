@@ -589,6 +589,7 @@ class Agent:
                     if decision.messages is not entered:
                         entered = decision.messages
                         trusted = False  # a listener's messages enter here: checked at the append
+                    del decision  # not kept by this frame while the step runs (PERF-5)
                 if not entered and step_no == 1:
                     break
                 step = step_no
@@ -744,6 +745,9 @@ class Agent:
             break
         blocks = assembler.blocks()
         self._log_answer(turn, step, config, blocks, assembler, chunk_seqs, False, vouched)
+        # Logged: the request and the response's parts are not needed while the tools run
+        # (a parent's may run a long time), so this frame stops keeping them (PERF-5).
+        del assembler, chunk_seqs, options
         if finish.reason == "max-tokens":
             return "max-tokens"
         calls = [b for b in blocks if isinstance(b, ToolCallBlock)]
