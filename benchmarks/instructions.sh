@@ -1,5 +1,7 @@
 #!/bin/sh
-# Instructions per turn or per delegation (``tool``: through the real ``subagent`` tool), counted by callgrind (deterministic, unlike time).
+# Instructions per turn or per delegation, counted by callgrind (deterministic, unlike time).
+# ``delegation`` is delegation.py's spawn:memory route (a bench tool calls start()), ``tool``
+# its spawn:tool route (the parent calls the real ``subagent`` tool).
 #   benchmarks/instructions.sh TREE turn|delegation|tool|resume
 # Runs the measurement twice (small and large count, the cyclic GC off) and prints the
 # difference divided by the difference in count, so set-up and imports cancel out. ``resume``
