@@ -130,8 +130,13 @@ async def _measure(
     rows: list[Any] = ["subagent", f"subagent-{provider}"]
     if real_tool:
         rows.append(PluginRow(plugin="tool-subagent", config={"provider": provider}))
+    config: dict[str, Any] = {}
+    retain = os.environ.get("DSH_BENCH_RETAIN")
+    if retain is not None:  # --retain: the memory store's bound on disposed logs
+        config["session-persistence-memory"] = {"retain_disposed": int(retain)}
     async with scripted_host(
         *rows,
+        config=config,
         # record=False: the test double keeps no request history (a real adapter keeps none).
         model=ScriptedAdapter(model, record=False),
         store=store,  # type: ignore[arg-type]
@@ -184,7 +189,9 @@ async def _measure(
             assert await host.run(handle.agent, "stand by") == "standing by"
         await one()
         gc.collect()  # each phase starts clean: no collection owed by what ran before it
-        clock = time.perf_counter
+        # --cpu: the process's CPU time, which a busy machine's other processes inflate far
+        # less than the wall time (what waiting for the CPU adds is left out).
+        clock = time.process_time if os.environ.get("DSH_BENCH_CPU") else time.perf_counter
         done = 0
         t0 = clock()
         while done < n_seq or clock() - t0 < seconds:
@@ -248,11 +255,21 @@ def main() -> None:
     parser.add_argument("--only", choices=CONFIGS, action="append", help="run only these")
     parser.add_argument("--live", type=int, default=0, help="idle agents kept alive meanwhile")
     parser.add_argument("--json", help="also write the rows (and every round) to this file")
+    parser.add_argument(
+        "--cpu", action="store_true", help="time with the process's CPU time, not the wall clock"
+    )
+    parser.add_argument(
+        "--retain", type=int, help="the memory store's retain_disposed (default: keep every log)"
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         _child(args.child, args.seq, args.conc, args.live, args.seconds)
         return
+    if args.cpu:  # read by each configuration's process
+        os.environ["DSH_BENCH_CPU"] = "1"
+    if args.retain is not None:
+        os.environ["DSH_BENCH_RETAIN"] = str(args.retain)
     configs = list(dict.fromkeys(args.only or CONFIGS))
     rounds: dict[str, list[dict[str, Any]]] = {config: [] for config in configs}
     for i in range(args.rounds):
@@ -264,6 +281,8 @@ def main() -> None:
         for config, runs in rounds.items()
     }
     live = f", {args.live} idle agents alive" if args.live else ""
+    live += ", CPU time" if args.cpu else ""
+    live += f", retain_disposed={args.retain}" if args.retain is not None else ""
     print(
         f"python {sys.version.split()[0]}; medians of {args.rounds} fresh processes per "
         f"configuration (alternating); each phase >= {args.seconds:g} s: sequential (at least "

@@ -1,6 +1,8 @@
 #!/bin/sh
 # Instructions per turn or per delegation, counted by callgrind (deterministic, unlike time).
-#   benchmarks/instructions.sh TREE turn|delegation|resume
+# ``delegation`` is delegation.py's spawn:memory route (a bench tool calls start()), ``tool``
+# its spawn:tool route (the parent calls the real ``subagent`` tool).
+#   benchmarks/instructions.sh TREE turn|delegation|tool|resume
 # Runs the measurement twice (small and large count, the cyclic GC off) and prints the
 # difference divided by the difference in count, so set-up and imports cancel out. ``resume``
 # counts per stored event a cold-resume follow-up (benchmarks/resume.py) up to acceptance, in
@@ -14,8 +16,10 @@ case $what in
   turn) small=200; large=1200; call="import turn; asyncio.run(turn.measure(N, 50, False))" ;;
   delegation) small=50; large=350
     call="import delegation, tempfile, pathlib; asyncio.run(delegation._measure('spawn', 'memory', N, 1, pathlib.Path(tempfile.mkdtemp())))" ;;
+  tool) small=50; large=350
+    call="import delegation, tempfile, pathlib; asyncio.run(delegation._measure('spawn', 'tool', N, 1, pathlib.Path(tempfile.mkdtemp())))" ;;
   resume) small=1000; large=10000 ;;
-  *) echo "usage: $0 TREE turn|delegation|resume" >&2; exit 2 ;;
+  *) echo "usage: $0 TREE turn|delegation|tool|resume" >&2; exit 2 ;;
 esac
 count() {
   out=$(mktemp)

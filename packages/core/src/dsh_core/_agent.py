@@ -297,16 +297,21 @@ class _TurnAborted(Exception):
 # -- the agent ------------------------------------------------------------------------------------
 
 
-def _notifier(ref: weakref.ReferenceType[Agent]) -> Callable[[str, Message], None]:
+class _Notifier:
     """The inbox's callback into its agent, through a weak link: a bound method would make
-    agent and inbox a cycle that only the cyclic collector frees (with the live log)."""
+    agent and inbox a cycle that only the cyclic collector frees (with the live log). One
+    slotted object rather than a closure (a function, its cell tuple and a cell): each is an
+    object the cyclic collector walks while the agent lives (PERF-6)."""
 
-    def notify(name: str, message: Message) -> None:
-        agent = ref()
+    __slots__ = ("_ref",)
+
+    def __init__(self, ref: weakref.ReferenceType[Agent]) -> None:
+        self._ref = ref
+
+    def __call__(self, name: str, message: Message) -> None:
+        agent = self._ref()
         if agent is not None:
             agent._notify(name, message)
-
-    return notify
 
 
 class Agent:
@@ -352,7 +357,7 @@ class Agent:
         # Read on every step: kept here, not looked up through the context each time.
         self._scope = self.ctx.scope
         self._listeners = host_ctx.host.listeners
-        self.inbox = Inbox(session, _notifier(weakref.ref(self)), heard=self._listeners)
+        self.inbox = Inbox(session, _Notifier(weakref.ref(self)), heard=self._listeners)
         self._controller: AbortController | None = None
         self._driver: asyncio.Task[None] | None = None
         self._idle: list[asyncio.Future[None]] | None = None
@@ -505,12 +510,14 @@ class Agent:
         )
         driver.add_done_callback(self._driver_done)
 
-    def _open_turn(self) -> list[Message]:
+    def _open_turn(self) -> tuple[Message, ...]:
         self._controller = AbortController()
         self._set_status("running")
         self._turn += 1
         self.session._append_vouched("turn/start", _turn_start(turn=self._turn))
-        claimed = self.inbox.claim(turn_boundary=True)
+        # A tuple: the turn's first batch as is, one object the driver's and the turn's frames
+        # share (not a list and a copy of it) while the turn runs (PERF-5).
+        claimed = tuple(self.inbox.claim(turn_boundary=True))
         if claimed and "agent/inbox/claimed" in self._listeners:  # tested here: once a turn
             self._emit_claimed(claimed)
         return claimed
@@ -519,7 +526,7 @@ class Agent:
         for m in claimed:
             self.ctx.emit("agent/inbox/claimed", self, m, self._turn)
 
-    async def _drive(self, claimed: list[Message]) -> None:
+    async def _drive(self, claimed: tuple[Message, ...]) -> None:
         try:
             while True:
                 await self._run_turn(claimed)
@@ -545,7 +552,7 @@ class Agent:
                 if self._driver is None:
                     self._went_idle()
 
-    async def _run_turn(self, claimed: list[Message]) -> None:
+    async def _run_turn(self, claimed: tuple[Message, ...]) -> None:
         turn = self._turn
         assert self._controller is not None
         signal = self._controller.signal
@@ -554,7 +561,7 @@ class Agent:
         max_tokens = False
         step = 0
         open_step = False
-        batch: tuple[Message, ...] = tuple(claimed)
+        batch = claimed
         limit = self.options.max_steps or self._service.max_steps
         try:
             while True:
@@ -584,6 +591,7 @@ class Agent:
                     if decision.messages is not entered:
                         entered = decision.messages
                         trusted = False  # a listener's messages enter here: checked at the append
+                    del decision  # not kept by this frame while the step runs (PERF-5)
                 if not entered and step_no == 1:
                     break
                 step = step_no
@@ -739,6 +747,9 @@ class Agent:
             break
         blocks = assembler.blocks()
         self._log_answer(turn, step, config, blocks, assembler, chunk_seqs, False, vouched)
+        # Logged: the request and the response's parts are not needed while the tools run
+        # (a parent's may run a long time), so this frame stops keeping them (PERF-5).
+        del assembler, chunk_seqs, options
         if finish.reason == "max-tokens":
             return "max-tokens"
         calls = [b for b in blocks if isinstance(b, ToolCallBlock)]
@@ -828,38 +839,15 @@ class Agent:
         ``SESSION_EVENT_NOT_JSON``) and so fails the request like an adapter error (an
         ``error`` finish, host-core §3); should it accept, the message is checked too.
         """
-        assembler = BlockAssembler()
-        seqs: list[int] = []
-        session = self.session
-        task = self._driver  # the task running this turn (_stream runs only inside _drive)
-        interrupted = False
-        vouched = True
-        append_vouched = session._append_vouched
-
-        def on_abort(_: object) -> None:
-            nonlocal interrupted
-            if task is not None and asyncio.current_task() is not task and not task.done():
-                interrupted = True
-                task.cancel()
-
-        def sink(chunk: StreamChunk) -> bool:
-            nonlocal vouched
-            try:
-                data = _checked_chunk_data(turn, step, chunk)
-            except Unfit:
-                vouched = False
-                data = _chunk_data(turn=turn, step=step, chunk=chunk)
-                seqs.append(session.append("assistant/chunk", data).seq)  # the verdict, or raises
-            else:
-                seqs.append(append_vouched("assistant/chunk", data).seq)
-            assembler.add(chunk)
-            return signal.aborted
-
-        remove = signal.add_listener(on_abort)
+        # The task running this turn (_stream runs only inside _drive).
+        sink = _Sink(self.session, turn, step, signal, self._driver)
+        assembler = sink.assembler
+        task = sink.task
+        remove = signal.add_listener(sink.on_abort)
         try:
-            await self.ctx.llm.consume(options, sink)
+            await self.ctx.llm.consume(options, sink.chunk)
         except asyncio.CancelledError:
-            if not interrupted or task is None:
+            if not sink.interrupted or task is None:
                 raise
             task.uncancel()
         except Exception as exc:
@@ -867,7 +855,7 @@ class Agent:
                 assembler.add(Finish(reason="error", failure=failure_of(exc)))
         finally:
             remove()
-        return assembler, seqs, vouched
+        return assembler, sink.seqs, sink.vouched
 
     async def _run_calls(
         self,
@@ -884,73 +872,65 @@ class Agent:
         the calls early (the turn task cancelled, an exception the registry does not contain),
         the calls left are answered (``ABORTED`` once logged, ``ABORTED_BEFORE_DISPATCH``
         before) before it propagates, so no later request carries an unanswered call.
-        """
-        # calls[:progress[0]] have their tool/result, calls[:progress[1]] their tool/call.
-        progress = [0, 0]
-        try:
-            return await self._run_groups(calls, turn, step, signal, tools, progress)
-        except BaseException:
-            self._answer_rest(calls, progress, turn, step)
-            raise
 
-    async def _run_groups(
-        self,
-        calls: list[ToolCallBlock],
-        turn: int,
-        step: int,
-        signal: AbortSignal,
-        tools: ToolRegistry,
-        progress: list[int],
-    ) -> bool:
+        One coroutine with two counters, not a wrapper around a second one sharing a list: a
+        parent waiting on its tool keeps one frame and no list less for the cyclic collector
+        to walk (PERF-6).
+        """
+        # calls[:answered] have their tool/result, calls[:logged] their tool/call.
+        answered = logged = 0
         session = self.session
         concluded = False
         i = 0
-        while i < len(calls):
-            group = [calls[i]]
-            definition = tools.get(calls[i].name)
-            if definition is not None and definition.concurrency_safe:
-                while i + len(group) < len(calls):
-                    nxt = tools.get(calls[i + len(group)].name)
-                    if nxt is None or not nxt.concurrency_safe:
-                        break
-                    group.append(calls[i + len(group)])
-            i += len(group)
-            # Each call's id, name and arguments are those of a block of the assistant/message
-            # the log just took (checked or vouched for), so its tool/call needs no check.
-            call_seqs = [
-                session._append_vouched(
-                    "tool/call",
-                    _tool_call(
+        try:
+            while i < len(calls):
+                group = [calls[i]]
+                definition = tools.get(calls[i].name)
+                if definition is not None and definition.concurrency_safe:
+                    while i + len(group) < len(calls):
+                        nxt = tools.get(calls[i + len(group)].name)
+                        if nxt is None or not nxt.concurrency_safe:
+                            break
+                        group.append(calls[i + len(group)])
+                i += len(group)
+                # Each call's id, name and arguments are those of a block of the
+                # assistant/message the log just took (checked or vouched for), so its
+                # tool/call needs no check. Loops, not comprehensions: a comprehension over
+                # these locals would turn each into a cell the parked coroutine keeps for the
+                # collector to walk (PERF-6).
+                call_seqs = []
+                for c in group:
+                    call = _tool_call(
                         turn=turn, step=step, call_id=c.id, name=c.name, arguments=c.arguments
-                    ),
-                ).seq
-                for c in group
-            ]
-            progress[1] = i
-            # The calls are on disk before they run (DUR-3).
-            unwritten = _unwritten_calls(session) if session._checkpointer is not None else None
-            if signal.aborted:
-                results = [
-                    failure("tool call aborted before dispatch", "ABORTED_BEFORE_DISPATCH")
-                    for _ in group
-                ]
-            elif unwritten is not None:
-                results = [unwritten for _ in group]
-            elif len(group) == 1:
-                results = [await tools.execute(self._call_input(group[0], signal))]
-            else:
-                results = list(
-                    await asyncio.gather(
-                        *(tools.execute(self._call_input(c, signal)) for c in group)
                     )
-                )
-            for c, seq, result in zip(group, call_seqs, results, strict=True):
-                self._log_result(turn, step, c, seq, result)
-                progress[0] += 1
-                for extra in result.additional_contexts:
-                    self.inbox.insert("next-step", extra)
-                if result.ok and result.concludes_turn:
-                    concluded = True
+                    call_seqs.append(session._append_vouched("tool/call", call).seq)
+                logged = i
+                # The calls are on disk before they run (DUR-3).
+                unwritten = _unwritten_calls(session) if session._checkpointer is not None else None
+                if signal.aborted:
+                    aborted = failure(
+                        "tool call aborted before dispatch", "ABORTED_BEFORE_DISPATCH"
+                    )
+                    results = [aborted] * len(group)
+                elif unwritten is not None:
+                    results = [unwritten] * len(group)
+                elif len(group) == 1:
+                    results = [await tools.execute(self._call_input(group[0], signal))]
+                else:
+                    runs = []
+                    for c in group:
+                        runs.append(tools.execute(self._call_input(c, signal)))  # noqa: PERF401
+                    results = list(await asyncio.gather(*runs))
+                for c, seq, result in zip(group, call_seqs, results, strict=True):
+                    self._log_result(turn, step, c, seq, result)
+                    answered += 1
+                    for extra in result.additional_contexts:
+                        self.inbox.insert("next-step", extra)
+                    if result.ok and result.concludes_turn:
+                        concluded = True
+        except BaseException:
+            self._answer_rest(calls, answered, logged, turn, step)
+            raise
         return concluded
 
     def _log_result(
@@ -992,13 +972,12 @@ class Agent:
             )
 
     def _answer_rest(
-        self, calls: list[ToolCallBlock], progress: list[int], turn: int, step: int
+        self, calls: list[ToolCallBlock], done: int, logged: int, turn: int, step: int
     ) -> None:
         """Answer the calls of a response that have no ``tool/result`` yet (see _run_calls):
         a logged call ``ABORTED``, one not yet logged its ``tool/call`` then
         ``ABORTED_BEFORE_DISPATCH``. Best effort: if the log refuses, the original exception
         propagates (a crash repair answers them on the next load)."""
-        done, logged = progress
         try:
             for n, c in enumerate(calls[done:], start=done):
                 if n < logged:
@@ -1042,6 +1021,61 @@ def _max_steps(limit: int) -> TurnEndReason:
 def _model_source(provider: str, model: str) -> ModelSource:
     """The (immutable) source of an answer from ``provider``/``model``, shared by answers."""
     return ModelSource(provider=provider, model=model)
+
+
+class _Sink:
+    """What :meth:`Agent._stream` keeps while a response streams: the chunk sink and the abort
+    listener, as two methods of one slotted object rather than two closures over ten cells (a
+    parked request keeps them all, each an object the cyclic collector walks; PERF-6)."""
+
+    __slots__ = (
+        "assembler",
+        "interrupted",
+        "seqs",
+        "session",
+        "signal",
+        "step",
+        "task",
+        "turn",
+        "vouched",
+    )
+
+    def __init__(
+        self,
+        session: Session,
+        turn: int,
+        step: int,
+        signal: AbortSignal,
+        task: asyncio.Task[None] | None,
+    ) -> None:
+        self.assembler = BlockAssembler()
+        self.seqs: list[int] = []
+        self.session = session
+        self.turn = turn
+        self.step = step
+        self.signal = signal
+        self.task = task
+        self.interrupted = False
+        self.vouched = True
+
+    def on_abort(self, _: object) -> None:
+        task = self.task
+        if task is not None and asyncio.current_task() is not task and not task.done():
+            self.interrupted = True
+            task.cancel()
+
+    def chunk(self, chunk: StreamChunk) -> bool:
+        try:
+            data = _checked_chunk_data(self.turn, self.step, chunk)
+        except Unfit:
+            self.vouched = False
+            data = _chunk_data(turn=self.turn, step=self.step, chunk=chunk)
+            # the verdict, or raises
+            self.seqs.append(self.session.append("assistant/chunk", data).seq)
+        else:
+            self.seqs.append(self.session._append_vouched("assistant/chunk", data).seq)
+        self.assembler.add(chunk)
+        return self.signal.aborted
 
 
 class _RequestFailed(LlmError):
@@ -1272,7 +1306,7 @@ async def _teardown(
             released = getattr(persistence, "released", None)
             if released is not None:
                 await released(agent.id)
-        agent.ctx._bound.clear()  # views refer back to the context: let refcounting free them
+        agent.ctx._unbind()  # views refer back to the context: let refcounting free them
     finally:
         if then is not None:
             then()
@@ -1441,26 +1475,36 @@ class AgentRegistry:
     ) -> AgentHandle:
         svc = self._svc
         owner_ctx = self._ctx
-        owner_gone = AbortController()
-        stop_watch: Registration = owner_ctx.fiber.add(
-            lambda: owner_gone.abort(AgentCancelCause(kind="disposed", reason="owner disposed"))
-        )
-        creation, detach_creation = fuse((signal, owner_gone.signal, svc.closing.signal))
+        closing = svc.closing.signal
+        if owner_ctx.fiber.state != "active":
+            owner_ctx.fiber.add(_noop)  # raises INACTIVE_EFFECT, as registering would
+        # What stops the creation: the caller's signal, the owner's disposal, the registry
+        # closing. Until the setup awaits, nothing can dispose the owner (a disposal runs only
+        # when awaited), so the inputs are checked directly; the fused signal and the watch on
+        # the owner, which cost more than the rest of a creation's checks, are built only for
+        # a setup that awaits (PERF-6).
+        watch: _CreationWatch | None = None
         fiber = Fiber(f"agent:{session.header.id}")
         agent = Agent(session, agent_options, svc, fiber, svc.host_ctx)
         detach_session: Callable[[], None] | None = None
         announced = False
         try:
-            creation.throw_if_aborted()
+            _stop_if_aborted(signal, closing)
             if setup is not None:
                 produced = setup(agent.ctx)
                 if inspect.isawaitable(produced):
-                    produced = await race_abort(produced, creation)
-                creation.throw_if_aborted()
+                    watch = _CreationWatch(owner_ctx, signal, closing)
+                    produced = await race_abort(produced, watch.creation)
+                    watch.creation.throw_if_aborted()
+                else:
+                    _stop_if_aborted(signal, closing)
                 if produced is not None:
                     _check_commit(produced)
                     produced()
-            creation.throw_if_aborted()
+            if watch is not None:
+                watch.creation.throw_if_aborted()
+            else:
+                _stop_if_aborted(signal, closing)
             detach_session = agent.ctx.sessions.enter(session)
             if session.header.id in svc.agents:
                 raise AgentError(
@@ -1471,18 +1515,54 @@ class AgentRegistry:
             agent.ctx.sessions.announce(session)
             announced = True
             agent.ctx.emit_veto("agent/created", agent)
-            creation.throw_if_aborted()
+            if watch is not None:
+                watch.creation.throw_if_aborted()
+            else:
+                _stop_if_aborted(signal, closing)
         except BaseException:
-            stop_watch.forget()
-            detach_creation()
+            if watch is not None:
+                watch.close()
             # The same teardown as a handle's (it unregisters only this agent, if registered).
             await _teardown(agent, svc, detach_session, announced=announced)
             raise
-        stop_watch.forget()
-        detach_creation()
+        if watch is not None:
+            watch.close()
         agent.ctx.emit("agent/session-start", agent, source)
         handle._detach_owner = owner_ctx.fiber.add(handle.dispose)
         return handle
+
+
+def _noop() -> None:
+    return None
+
+
+def _stop_if_aborted(signal: AbortSignal | None, closing: AbortSignal) -> None:
+    """Raise :class:`AbortedError` if the caller's signal or the registry's closing fired
+    (in that order, as the fused signal of :class:`_CreationWatch` reports them)."""
+    if signal is not None and signal.aborted:
+        raise AbortedError(signal.reason)
+    if closing.aborted:
+        raise AbortedError(closing.reason)
+
+
+class _CreationWatch:
+    """A creation's fused stop signal, for a setup that awaits: the caller's signal, the
+    owner's disposal (watched on the owner's fiber) and the registry closing."""
+
+    __slots__ = ("_detach", "_stop_watch", "creation")
+
+    def __init__(
+        self, owner_ctx: Context, signal: AbortSignal | None, closing: AbortSignal
+    ) -> None:
+        owner_gone = AbortController()
+        self._stop_watch: Registration = owner_ctx.fiber.add(
+            lambda: owner_gone.abort(AgentCancelCause(kind="disposed", reason="owner disposed"))
+        )
+        self.creation, self._detach = fuse((signal, owner_gone.signal, closing))
+
+    def close(self) -> None:
+        self._stop_watch.forget()
+        self._detach()
 
 
 def _dispose_preparation(preparation: SessionPreparation) -> None:

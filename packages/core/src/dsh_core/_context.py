@@ -260,6 +260,33 @@ class _Listener:
         self.order = order  # the dispatch order among every listener of the name
 
 
+class _Unlisten:
+    """The remover :meth:`Context.on` returns: one slotted object rather than a closure (a
+    function, its cell tuple and four cells), each an object the cyclic collector walks
+    while the listening context lives (PERF-6)."""
+
+    __slots__ = ("_bus", "_entry", "_name", "_tag")
+
+    def __init__(
+        self, bus: dict[str, _Channel], name: str, tag: Scope | None, entry: _Listener
+    ) -> None:
+        self._bus = bus
+        self._name = name
+        self._tag = tag
+        self._entry = entry
+
+    def __call__(self) -> None:
+        bus = self._bus
+        channel = bus.get(self._name)
+        entries = channel.by_tag.get(self._tag) if channel is not None else None
+        if channel is None or not entries or self._entry not in entries:
+            return
+        entry = self._entry
+        channel.put(self._tag, [e for e in entries if e is not entry])
+        if not channel.by_tag:
+            del bus[self._name]
+
+
 def _order_of(entry: _Listener) -> int:
     return entry.order
 
@@ -357,10 +384,8 @@ def _service_property(name: str) -> Any:
 
     def get(self: Context) -> Any:
         service = self.host.services.get(name)
-        if service is not None:
-            cached = self._bound.get(name)
-            if cached is not None and cached[0] is service:
-                return cached[1]
+        if service is not None and self._bound_to.get(name) is service:
+            return self._bound[name]
         return self._required(name)
 
     get.__name__ = name
@@ -384,7 +409,7 @@ class Context:
     agent and owned by its fiber.
     """
 
-    __slots__ = ("_agent", "_bound", "_detach", "fiber", "host", "scope")
+    __slots__ = ("_agent", "_bound", "_bound_to", "_detach", "fiber", "host", "scope")
 
     def __init__(
         self, host: Host, fiber: Fiber, scope: Scope | None = None, agent: Agent | None = None
@@ -393,7 +418,11 @@ class Context:
         self.fiber = fiber
         self.scope = scope
         self._agent = _link(agent) if agent is not None else None
-        self._bound: dict[str, tuple[object, object]] = {}
+        # The views bound here, by service name, and the service each was bound from: two
+        # dicts rather than one of (service, view) pairs, which made a tuple per bound service
+        # for the cyclic collector to walk while the context lives (PERF-5).
+        self._bound: dict[str, object] = {}
+        self._bound_to: dict[str, object] = {}
         self._detach: Callable[[], Awaitable[None]] | None = None
 
     @property
@@ -535,15 +564,20 @@ class Context:
         service = self.host.services.get(key)
         if service is None:
             return None
-        cached = self._bound.get(key)
-        if cached is not None and cached[0] is service:
-            return cached[1]
+        if self._bound_to.get(key) is service:
+            return self._bound[key]
         bind = getattr(service, "__dsh_bind__", None)
         if bind is None:
             return service
         view = bind(self)
-        self._bound[key] = (service, view)
+        self._bound[key] = view
+        self._bound_to[key] = service
         return view
+
+    def _unbind(self) -> None:
+        """Forget the views bound here (each refers back to this context)."""
+        self._bound_to.clear()
+        self._bound.clear()
 
     def _required(self, key: str) -> Any:
         found = self._service(key)
@@ -616,16 +650,7 @@ class Context:
         current = channel.by_tag.get(tag, ())
         channel.put(tag, [entry, *current] if prepend else [*current, entry])
 
-        def remove() -> None:
-            channel = bus.get(name)
-            entries = channel.by_tag.get(tag) if channel is not None else None
-            if channel is None or not entries or entry not in entries:
-                return
-            channel.put(tag, [e for e in entries if e is not entry])
-            if not channel.by_tag:
-                del bus[name]
-
-        return self.fiber.add(remove)
+        return self.fiber.add(_Unlisten(bus, name, tag, entry))
 
     def has_listeners(self, name: str) -> bool:
         """Whether anything listens to ``name`` (cheap; lets hot paths skip building payloads)."""

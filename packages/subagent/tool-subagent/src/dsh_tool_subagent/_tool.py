@@ -231,6 +231,15 @@ def _cancelled_here() -> bool:
     return task is not None and task.cancelling() > 0
 
 
+def _output_data(output: tuple[ContentBlock, ...]) -> list[Any]:
+    """``unstructure(output)``; an answer of text blocks (the usual one) built directly, the
+    same dicts without the converter's dispatch per block."""
+    for block in output:
+        if block.__class__ is not TextBlock:
+            return unstructure(output)  # type: ignore[no-any-return]
+    return [{"text": block.text, "type": "text"} for block in output]  # type: ignore[attr-defined]
+
+
 def _foreground_failure(result: SubagentResult) -> str:
     """TOOL-7: headline, then ``\\nDiagnostic: <d>``, then the partial output when any."""
     reason = result.stop_reason
@@ -478,7 +487,7 @@ class SubagentTool:
             ) from exc
         if failed is not None:
             raise ToolError(failed, code="SUBAGENT_RUN_FAILED")
-        return {"kind": "foreground", "runId": child.id, "output": unstructure(result.output)}
+        return {"kind": "foreground", "runId": child.id, "output": _output_data(result.output)}
 
     def _start_job(
         self, run: ToolRunContext, parent: Any, label: str, prompt: tuple[TextBlock, ...]
