@@ -234,7 +234,7 @@ async def test_memory_store_offers_no_load(tmp_path: Path) -> None:
 def test_the_demo_runs_an_acp_child(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """acp 16.4, CLI-62: with everything installed, the coordinator of `dsh-subagents demo`
     delegates to an ACP child (a dsh-acp-agent process) through its `postcard` tool and gets
-    its answer as the tool's result."""
+    its answer in the settlement notice, then a follow-up in the same ACP session."""
     import io
 
     from dsh_subagents.cli import main
@@ -246,4 +246,6 @@ def test_the_demo_runs_an_acp_child(monkeypatch: pytest.MonkeyPatch, tmp_path: P
     assert main(["demo"], out=out) == 0, out.getvalue()
     text = out.getvalue()
     assert "⇢ started: acp child (another process, over ACP)" in text
-    assert "← Lisbon, Friday to Sunday" in text
+    assert "← started subagent postcard·" in text
+    assert "Its closing message:" in text and "Lisbon, Friday to Sunday" in text
+    assert "(epoch 2: a follow-up in the same ACP session)" in text
