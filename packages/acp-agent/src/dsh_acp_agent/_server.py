@@ -114,6 +114,19 @@ class _Text:
             return AgentThoughtChunk(session_update="agent_thought_chunk", content=block)
         return AgentMessageChunk(session_update="agent_message_chunk", content=block)
 
+    def params(self, session_id: str) -> dict[str, Any]:
+        """The ``session/update`` params of :meth:`update`, as the SDK serializes them, built
+        without its models (ACPC-70: the same frame; the text is ours, a ``str`` already)."""
+        parts = self.parts
+        text = parts[0] if len(parts) == 1 else "".join(parts)
+        return {
+            "sessionId": session_id,
+            "update": {
+                "content": {"text": text, "type": "text"},
+                "sessionUpdate": "agent_thought_chunk" if self.thought else "agent_message_chunk",
+            },
+        }
+
 
 def _add_text(pending: list[_Pending], thought: bool, text: str) -> None:
     last = pending[-1] if pending else None
@@ -297,10 +310,15 @@ class DshAcpAgent:
         self.options = options
         self.durable = durable
         self.conn: Any = None
+        self.notify: Callable[[str, dict[str, Any]], Awaitable[None]] | None = None
         self.sessions: dict[str, _Live] = {}
 
     def on_connect(self, conn: Any) -> None:
         self.conn = conn
+        # The SDK connection's own notification sender (its transport and observers), where
+        # the SDK has one: streamed text is sent through it as params (see ``_send``).
+        inner = getattr(conn, "_conn", None)
+        self.notify = getattr(inner, "send_notification", None)
 
     async def initialize(
         self,
@@ -435,8 +453,13 @@ class DshAcpAgent:
         return answer
 
     def _send(self, session_id: str, update: _Pending) -> Any:
-        """Send one ``session/update`` (building it first if it is streamed text)."""
+        """Send one ``session/update`` (building it first if it is streamed text). Streamed
+        text, nearly every update, goes out as its params (ACPC-70): the SDK's models would
+        validate our own values and serialize them back to this very dict."""
         if update.__class__ is _Text:
+            notify = self.notify
+            if notify is not None:
+                return notify("session/update", update.params(session_id))
             update = update.update()
         return self.conn.session_update(session_id=session_id, update=update)
 
