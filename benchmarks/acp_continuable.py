@@ -1,15 +1,23 @@
 """Continuable ACP children with dsh-acp-agent as the child process (JSONL stores on both
-sides): the start (process start, initialize, session/new, first turn), a warm follow-up
-round trip (``followup`` until the epoch's ``subagent/end``), and a cold resume after kill -9
-of the child (the command started again, session/load, the turn).
+sides; the parent's test-time invariant checkers off, as in a real host): the start (process
+start, initialize, session/new, first turn), a warm follow-up round trip (``followup`` until
+the epoch's ``subagent/end``), each beside one prompt round trip of the SDK-only echo agent of
+``acp.py`` (the order flipped every pair; the medians and the pairs' ratio, with the CPU of
+both processes), and a cold resume after kill -9 of the child (the command started again,
+``session/load``, the turn), split into the process start to ``initialize`` answered, the
+load's replay, and the turn. ``--followups 200`` makes the cold resume one of a 200-turn
+session.
 
 With ``--pool-rounds N`` it measures instead a new child's start-to-first-update (from
 ``start_continuable`` to the first ``session/update`` of its answer) with and without the
 warm pool: two hosts, one whose ``acp`` row has ``pool = 1`` and one without, N rounds of one
 child each, the order flipped every round; the pooled host's pool is full before each of its
-rounds (its refill is not timed). Medians of each side and of the rounds' ratios.
+rounds (its refill is not timed). Medians of each side and of the rounds' ratios, the time
+until the child is ready (``start_continuable`` returned: ``session/new`` answered, the child
+created), and the CPU of both processes to the answer.
 
     python benchmarks/acp_continuable.py [--followups 20] [--kills 3]
+    python benchmarks/acp_continuable.py --followups 200 --kills 3
     python benchmarks/acp_continuable.py --pool-rounds 15
 """
 
@@ -18,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import importlib.util
 import os
 import signal
 import statistics
@@ -25,6 +34,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 # This folder holds acp.py, which would shadow the SDK's package: the tests' helpers instead.
 _HERE = Path(__file__).resolve().parent
@@ -40,9 +50,108 @@ from dsh_subagent_acp import _client  # noqa: E402
 from dsh_subagent_acp._continuable import AcpSessions  # noqa: E402
 
 
+def _raw_agent() -> str:
+    """The SDK-only echo agent of ``acp.py`` (loaded from its file: the folder is not on
+    ``sys.path``, where that file would shadow the SDK)."""
+    spec = importlib.util.spec_from_file_location("acp_bench", _HERE / "acp.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    raw: str = module.RAW_AGENT
+    return raw
+
+
+@contextlib.asynccontextmanager
+async def _host(tmp: Path):  # type: ignore[no-untyped-def]
+    """The tests' host (dsh-acp-agent children on a JSONL store, a JSONL parent), with the
+    test-time invariant checkers off, as in a real host: they re-read a resumed child's whole
+    log, which a follow-up to a settled child does each time."""
+    paths = [str(helpers.FIXTURES), *filter(None, os.environ.get("PYTHONPATH", "").split(":"))]
+    config = {
+        "command": sys.executable,
+        "args": ["-m", "dsh_acp_agent", "--config", str(helpers._child_config(tmp))],
+        "env": {"PYTHONPATH": ":".join(paths)},
+        "start_timeout_ms": helpers.BOUND * 1000,
+    }
+    async with scripted_host(
+        "subagent",
+        "subagent-acp",
+        modules=helpers.MODULES,
+        config={"subagent-acp": config},
+        store="jsonl",
+        store_root=tmp / "parent-sessions",
+        invariants=False,
+    ) as host:
+        yield host
+
+
+class _Raw:
+    """The SDK-only echo agent, spawned and warm: ``round_trip()`` times one prompt."""
+
+    def __init__(self, conn: Any, sid: str) -> None:
+        self.conn, self.sid = conn, sid
+
+    async def round_trip(self) -> float:
+        import acp
+
+        t = time.perf_counter()
+        await self.conn.prompt(session_id=self.sid, prompt=[acp.text_block("ping")])
+        return time.perf_counter() - t
+
+
+#: Marks of a cold resume: when the child answered ``initialize``, and ``session/load``.
+_MARKS: dict[str, float] = {}
+
+
+def _mark_phases() -> None:
+    initialize, load_step = _client._initialize, _client.load_session_step
+
+    async def timed_initialize(conn: Any) -> Any:
+        answer = await initialize(conn)
+        _MARKS["initialize"] = time.perf_counter()
+        return answer
+
+    def timed_load_step(*args: Any) -> Any:
+        step = load_step(*args)
+
+        def timed(conn: Any, init: Any, client: Any) -> tuple[str, Any]:
+            what, awaitable = step(conn, init, client)
+
+            async def load() -> Any:
+                found = await awaitable
+                _MARKS["load"] = time.perf_counter()
+                return found
+
+            return what, load()
+
+        return timed
+
+    _client._initialize = timed_initialize  # type: ignore[assignment]
+    _client.load_session_step = timed_load_step  # type: ignore[assignment]
+
+
+def _median_ms(values: list[float]) -> str:
+    return f"{statistics.median(values) * 1000:.1f} ms"
+
+
 async def _run(followups: int, kills: int) -> None:
+    import acp
+
+    _mark_phases()
     tmp = Path(tempfile.mkdtemp())
-    async with helpers._host(tmp) as host:
+    raw_script = tmp / "raw_agent.py"
+    raw_script.write_text(_raw_agent(), encoding="utf-8")
+    sink = _Sink()
+    async with (
+        _host(tmp) as host,
+        acp.spawn_agent_process(
+            sink, sys.executable, "-P", str(raw_script), env=dict(os.environ)
+        ) as (raw_conn, _),
+    ):
+        await raw_conn.initialize(protocol_version=acp.PROTOCOL_VERSION)
+        raw = _Raw(raw_conn, (await raw_conn.new_session(cwd=str(tmp), mcp_servers=[])).session_id)
+        for _ in range(20):
+            await raw.round_trip()
         ends = helpers._Ends(host)
         handle = await host.create_agent(meta=SessionMeta(cwd=str(tmp)))
         parent = handle.agent
@@ -53,30 +162,80 @@ async def _run(followups: int, kills: int) -> None:
         child_id = (await host.ctx[SUBAGENTS].start_continuable(spec)).child_id
         await ends.answer(1)
         start = time.perf_counter() - t
-        n, warm, cold = 1, [], []
-        for i in range(followups):
+        n, warm, sdk, ratios, cpu, child_cpu, cold = 1, [], [], [], [], [], []
+
+        async def followup(i: int) -> float:
+            nonlocal n
+            pid = helpers._process(host, child_id).pid
+            before, own = _cpu(pid), time.process_time()
             t = time.perf_counter()
             await helpers._followup(parent, child_id, f"q{i}")
             n += 1
             await ends.answer(n)
-            warm.append(time.perf_counter() - t)
+            wall = time.perf_counter() - t
+            cpu.append(time.process_time() - own)
+            child_cpu.append(_cpu(pid) - before)
+            return wall
+
+        for i in range(followups):
+            if i % 2 == 0:
+                a = await followup(i)
+                b = await raw.round_trip()
+            else:
+                b = await raw.round_trip()
+                a = await followup(i)
+            warm.append(a)
+            sdk.append(b)
+            ratios.append(a / b)
+        phases: list[tuple[float, float, float]] = []
         for i in range(kills):
             process = helpers._process(host, child_id)
             os.kill(process.pid, signal.SIGKILL)
             await process.exited
+            _MARKS.clear()
             t = time.perf_counter()
             await helpers._followup(parent, child_id, f"c{i}")
             n += 1
             await ends.answer(n)
-            cold.append(time.perf_counter() - t)
+            done = time.perf_counter()
+            cold.append(done - t)
+            phases.append((_MARKS["initialize"] - t, _MARKS["load"] - _MARKS["initialize"],
+                           done - _MARKS["load"]))  # fmt: skip
         print(f"start: {start * 1000:.0f} ms")
-        print(f"warm follow-up: median {statistics.median(warm) * 1000:.1f} ms ({followups})")
+        print(
+            f"warm follow-up ({followups}, each beside one SDK-only prompt, the order flipped "
+            "every pair): medians of all, the first 20 and the last 20 (the parent resumes the "
+            "settled local child from its store at each follow-up: its cost grows with the log)"
+        )
+        for label, part in (
+            ("all", slice(None)),
+            ("first 20", slice(0, 20)),
+            ("last 20", slice(max(0, followups - 20), followups)),
+        ):
+            print(
+                f"  {label:<9} follow-up {_median_ms(warm[part])}, SDK-only round trip "
+                f"{_median_ms(sdk[part])}, ratio {statistics.median(ratios[part]):.2f}x; CPU: "
+                f"parent {_median_ms(cpu[part])}, child "
+                f"{statistics.fmean(child_cpu[part]) * 1000:.1f} ms (a mean: /proc counts ticks)"
+            )
         if cold:
             print(
-                f"cold resume after kill -9: median {statistics.median(cold) * 1000:.0f} ms "
-                f"({kills}, session of up to {n} turns)"
+                f"cold resume after kill -9 ({kills}, session of up to {n} turns): median "
+                f"{_median_ms(cold)}: to initialize answered (process start, imports) "
+                f"{_median_ms([p[0] for p in phases])}, session/load "
+                f"{_median_ms([p[1] for p in phases])}, then the turn "
+                f"{_median_ms([p[2] for p in phases])}"
             )
+        print(f"load average at the end: {os.getloadavg()[0]:.1f}")
         await handle.dispose()
+
+
+class _Sink:
+    async def session_update(self, session_id: str, update: Any, **kwargs: Any) -> None:
+        pass
+
+    async def request_permission(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError
 
 
 #: By client object: when its first session/update arrived (the pool rounds' end mark).
@@ -129,6 +288,7 @@ async def _first_update(host: TestHost, ends: helpers._Ends, refilled: TestHost)
     cpu = time.process_time()
     t = time.perf_counter()
     child_id = (await host.ctx[SUBAGENTS].start_continuable(spec)).child_id
+    _READY.append(time.perf_counter() - t)
     opened = _sessions(host).held[child_id].opened
     await ends.answer(len(ends.ends) + 1)
     first = _FIRST.pop(id(opened.client)) - t
@@ -137,6 +297,9 @@ async def _first_update(host: TestHost, ends: helpers._Ends, refilled: TestHost)
     return first
 
 
+#: Per timed start: seconds until ``start_continuable`` returned (``session/new`` answered,
+#: the child created: ready for its first turn, which runs next).
+_READY: list[float] = []
 #: Per timed start: (this process's CPU, the child process's CPU), start to answer.
 _CPU: list[tuple[float, float]] = []
 
@@ -158,19 +321,23 @@ async def _pool_rounds(rounds: int) -> None:
         await _first_update(*sides["pool"], warm)
         times: dict[str, list[float]] = {"no pool": [], "pool": []}
         cpu: dict[str, list[tuple[float, float]]] = {"no pool": [], "pool": []}
+        ready: dict[str, list[float]] = {"no pool": [], "pool": []}
         for i in range(rounds):
             order = ["no pool", "pool"] if i % 2 == 0 else ["pool", "no pool"]
             for side in order:
                 times[side].append(await _first_update(*sides[side], warm))
                 cpu[side].append(_CPU.pop())
+                ready[side].append(_READY.pop())
         ratios = [c / w for c, w in zip(times["no pool"], times["pool"], strict=True)]
         for side, values in times.items():
             median = statistics.median(values) * 1000
             ours = statistics.median(c for c, _ in cpu[side]) * 1000
-            child = statistics.median(c for _, c in cpu[side]) * 1000
+            # the child's CPU is a mean: /proc counts it in ticks (10 ms)
+            child = statistics.fmean(c for _, c in cpu[side]) * 1000
             print(
-                f"start-to-first-update, {side}: median {median:.1f} ms "
-                f"(CPU to the answer: parent {ours:.0f} ms, child {child:.0f} ms)"
+                f"start-to-first-update, {side}: median {median:.1f} ms; ready (session/new "
+                f"answered, the child created) {statistics.median(ready[side]) * 1000:.1f} ms "
+                f"(CPU to the answer: parent {ours:.1f} ms, child {child:.1f} ms)"
             )
         print(f"no pool / pool: median {statistics.median(ratios):.1f}x ({rounds} rounds)")
         print(f"load average at the end: {os.getloadavg()[0]:.1f}")

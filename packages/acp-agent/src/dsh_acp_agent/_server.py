@@ -37,6 +37,7 @@ from acp.schema import (
     PromptResponse,
     ResourceContentBlock,
     TextContentBlock,
+    UserMessageChunk,
 )
 
 from dsh_core import (
@@ -97,30 +98,48 @@ _USER_CANCEL = AgentCancelCause(kind="user", reason="session/cancel")
 _Pending = Any
 
 
+#: The kinds of text update, by their ``sessionUpdate``: an answer's, its reasoning's, and (in
+#: a load's replay) the user's.
+_MESSAGE, _THOUGHT, _USER = "agent_message_chunk", "agent_thought_chunk", "user_message_chunk"
+_CHUNKS: dict[str, Any] = {
+    _MESSAGE: AgentMessageChunk,
+    _THOUGHT: AgentThoughtChunk,
+    _USER: UserMessageChunk,
+}
+
+
 class _Text:
-    """Streamed text of one kind (an answer's, or its reasoning's) not sent yet: the deltas
+    """Text of one kind (``_MESSAGE``, ``_THOUGHT`` or ``_USER``) not sent yet: the deltas
     that arrive while the prompt is busy sending go out as one update."""
 
-    __slots__ = ("parts", "thought")
+    __slots__ = ("kind", "parts")
 
-    def __init__(self, thought: bool, text: str) -> None:
-        self.thought = thought
+    def __init__(self, kind: str, text: str) -> None:
+        self.kind = kind
         self.parts = [text]
 
     def update(self) -> Any:
         parts = self.parts
         block = TextContentBlock(type="text", text=parts[0] if len(parts) == 1 else "".join(parts))
-        if self.thought:
-            return AgentThoughtChunk(session_update="agent_thought_chunk", content=block)
-        return AgentMessageChunk(session_update="agent_message_chunk", content=block)
+        return _CHUNKS[self.kind](session_update=self.kind, content=block)
+
+    def params(self, session_id: str) -> dict[str, Any]:
+        """The ``session/update`` params of :meth:`update`, as the SDK serializes them, built
+        without its models (ACPC-70: the same frame; the text is ours, a ``str`` already)."""
+        parts = self.parts
+        text = parts[0] if len(parts) == 1 else "".join(parts)
+        return {
+            "sessionId": session_id,
+            "update": {"content": {"text": text, "type": "text"}, "sessionUpdate": self.kind},
+        }
 
 
-def _add_text(pending: list[_Pending], thought: bool, text: str) -> None:
+def _add_text(pending: list[_Pending], kind: str, text: str) -> None:
     last = pending[-1] if pending else None
-    if last.__class__ is _Text and last.thought is thought:
+    if last.__class__ is _Text and last.kind is kind:
         last.parts.append(text)
     else:
-        pending.append(_Text(thought, text))
+        pending.append(_Text(kind, text))
 
 
 #: ACP-side error code of a ``session/load`` whose session another live process holds (ACPC-1):
@@ -222,9 +241,9 @@ class _Live:
             if isinstance(chunk, TextDelta):
                 if not chunk.text:
                     return
-                _add_text(self.pending, False, chunk.text)
+                _add_text(self.pending, _MESSAGE, chunk.text)
             elif isinstance(chunk, ReasoningDelta) and chunk.text:
-                _add_text(self.pending, True, chunk.text)
+                _add_text(self.pending, _THOUGHT, chunk.text)
             else:
                 return
         elif kind == "turn/end":
@@ -297,10 +316,15 @@ class DshAcpAgent:
         self.options = options
         self.durable = durable
         self.conn: Any = None
+        self.notify: Callable[[str, dict[str, Any]], Awaitable[None]] | None = None
         self.sessions: dict[str, _Live] = {}
 
     def on_connect(self, conn: Any) -> None:
         self.conn = conn
+        # The SDK connection's own notification sender (its transport and observers), where
+        # the SDK has one: streamed text is sent through it as params (see ``_send``).
+        inner = getattr(conn, "_conn", None)
+        self.notify = getattr(inner, "send_notification", None)
 
     async def initialize(
         self,
@@ -358,7 +382,7 @@ class DshAcpAgent:
             live = self.sessions[session_id] = _Live(handle, self._send)
         for message in live.agent.session.derive_messages():
             for update in self._replay(message):
-                await self.conn.session_update(session_id=session_id, update=update)
+                await self._send(session_id, update)
         return LoadSessionResponse()
 
     @staticmethod
@@ -367,11 +391,11 @@ class DshAcpAgent:
         for block in message.content:
             if isinstance(block, TextBlock) and block.text:
                 if message.role == "user":
-                    out.append(helpers.update_user_message_text(block.text))
+                    out.append(_Text(_USER, block.text))
                 elif message.role == "assistant":
-                    out.append(helpers.update_agent_message_text(block.text))
+                    out.append(_Text(_MESSAGE, block.text))
             elif isinstance(block, ReasoningBlock) and block.text:
-                out.append(helpers.update_agent_thought_text(block.text))
+                out.append(_Text(_THOUGHT, block.text))
             elif isinstance(block, ToolCallBlock):
                 out.append(
                     helpers.start_tool_call(
@@ -435,8 +459,13 @@ class DshAcpAgent:
         return answer
 
     def _send(self, session_id: str, update: _Pending) -> Any:
-        """Send one ``session/update`` (building it first if it is streamed text)."""
+        """Send one ``session/update`` (building it first if it is streamed text). Streamed
+        text, nearly every update, goes out as its params (ACPC-70): the SDK's models would
+        validate our own values and serialize them back to this very dict."""
         if update.__class__ is _Text:
+            notify = self.notify
+            if notify is not None:
+                return notify("session/update", update.params(session_id))
             update = update.update()
         return self.conn.session_update(session_id=session_id, update=update)
 

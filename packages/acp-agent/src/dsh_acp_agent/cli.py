@@ -18,7 +18,7 @@ import signal
 import stat
 import sys
 from collections.abc import Sequence
-from typing import BinaryIO, cast
+from typing import Any, BinaryIO, cast
 
 from .__about__ import __version__
 from ._config import AgentServerConfig, ConfigError, load_config
@@ -140,6 +140,34 @@ def _tune_collector() -> None:
     gc.set_threshold(YOUNG_THRESHOLD, older, oldest)
 
 
+def _no_docstrings(*args: object, **kwargs: object) -> None:
+    """In place of pydantic's reading of attribute docstrings (see :func:`_import_sdk`)."""
+
+
+def _import_sdk() -> None:
+    """Import the SDK's protocol models without reading their fields' docstrings (ACPC-71).
+
+    The SDK's models ask pydantic for ``use_attribute_docstrings``: at import, pydantic reads
+    and parses the source of each of some 280 classes to find them, about a fifth of the
+    process's start (hundreds of ms on a small machine). A docstring only becomes a field's
+    ``description`` in a JSON schema; this process never makes one, and validation and the
+    frames it sends do not read it. Only the console script does this, as its process is its
+    own, and only around the SDK's import: models imported later keep their docstrings. With
+    a pydantic that has no such hook it is a plain import.
+    """
+    fields: Any = None
+    with contextlib.suppress(ImportError):
+        from pydantic._internal import _fields as fields
+    original = getattr(fields, "_update_fields_from_docstrings", None)
+    if original is not None:
+        fields._update_fields_from_docstrings = _no_docstrings
+    try:
+        import acp.schema  # noqa: F401
+    finally:
+        if original is not None:
+            fields._update_fields_from_docstrings = original
+
+
 def _exit_now(status: int) -> None:
     """End the process without the interpreter's teardown (ACPC-9).
 
@@ -178,6 +206,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     out = _claim_stdout()
     _tune_collector()
+    _import_sdk()
     try:
         asyncio.run(_main(config, out))
     except Exception as exc:  # a boot that failed: a plugin missing, a config refused
