@@ -56,7 +56,7 @@ def test_a_metadata_head_read_plainly_or_parsed_names_the_same(
     monkeypatch.syspath_prepend(str(root))
     (ep,) = [e for e in md.entry_points(group="dsh") if e.name == "odd"]
     assert ep.dist is not None
-    parsed = (ep.dist.metadata["Name"], ep.dist.version)
+    parsed = (ep.dist.metadata.get("Name"), ep.dist.metadata.get("Version"))
     assert _dist_of(ep) == parsed
     pm = make_plugin_manager(autoload=False, only=["odd"])
     (found,) = pm.discovered

@@ -110,7 +110,8 @@ def _dist_of(ep: md.EntryPoint) -> tuple[str | None, str | None]:
     if found is not None:
         return found
     meta = dist.metadata  # parsed once for both (``dist.version`` would parse it again)
-    return meta["Name"], meta["Version"]
+    # ``get``: a missing header is None without the deprecation warning of ``[]`` (3.12+).
+    return meta.get("Name"), meta.get("Version")
 
 
 def _name_version(dist: md.Distribution) -> tuple[str, str] | None:
