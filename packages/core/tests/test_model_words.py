@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -68,21 +69,45 @@ raw_texts = st.one_of(
 )
 
 
-async def _run(arguments: Any) -> tuple[str, str | None]:
-    async def body(args: Any, run: ToolRunContext) -> str:
-        return "ran"
+async def _body(args: Any, run: ToolRunContext) -> str:
+    return "ran"
 
+
+async def _execute(h: Any, arguments: Any) -> tuple[str, str | None]:
+    async with asyncio.timeout(10):
+        result = await h.ctx.tools.execute(
+            ToolExecutionInput(
+                call_id="c1", name="probe", arguments=arguments, signal=AbortSignal()
+            )
+        )
+    return blocks_text(result.content), result.error.code if result.error else None
+
+
+async def _run(arguments: Any) -> tuple[str, str | None]:
     async with scripted_host() as h:
         h.ctx.tools.register(
-            ToolDefinition(name="probe", description="p", parameters=SCHEMA, execute=body)
+            ToolDefinition(name="probe", description="p", parameters=SCHEMA, execute=_body)
         )
-        async with asyncio.timeout(10):
-            result = await h.ctx.tools.execute(
-                ToolExecutionInput(
-                    call_id="c1", name="probe", arguments=arguments, signal=AbortSignal()
-                )
-            )
-    return blocks_text(result.content), result.error.code if result.error else None
+        return await _execute(h, arguments)
+
+
+Probe = Callable[[Any], tuple[str, str | None]]
+
+
+@pytest.fixture(scope="module")
+def probe() -> Iterator[Probe]:
+    """One host for every example of the property tests (a tool call leaves nothing behind
+    in it; booting a host per example was most of their time)."""
+    with asyncio.Runner() as runner:
+        host = scripted_host()
+        h = runner.run(host.__aenter__())
+        h.ctx.tools.register(
+            ToolDefinition(name="probe", description="p", parameters=SCHEMA, execute=_body)
+        )
+        try:
+            yield lambda arguments: runner.run(_execute(h, arguments))
+        finally:
+            runner.run(host.__aexit__(None, None, None))
 
 
 def _plain(text: str) -> None:
@@ -95,11 +120,11 @@ _SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[Hea
 
 @_SETTINGS
 @given(raw=raw_texts)
-def test_hostile_argument_text_is_refused_in_plain_words(raw: str) -> None:
+def test_hostile_argument_text_is_refused_in_plain_words(raw: str, probe: Probe) -> None:
     """ROB-90: whatever text the model sends as arguments, an error reads as plain words (no
     repr, no parser or validator wording, no raw control character), bounded in length, in
     the INVALID_ARGS shape "invalid arguments for probe: <what>. <what to do>"."""
-    text, code = asyncio.run(_run(raw))
+    text, code = probe(raw)
     if code is None:
         return
     assert code == "INVALID_ARGS"
@@ -123,7 +148,7 @@ field_faults = st.one_of(
 
 @_SETTINGS
 @given(fault=field_faults)
-def test_a_wrong_field_is_named(fault: tuple[str, Any]) -> None:
+def test_a_wrong_field_is_named(fault: tuple[str, Any], probe: Probe) -> None:
     """ROB-91: a field of the wrong type, out of range, too long or not JSON at all (a number
     of 5,000 digits, infinity, NaN, negative zero) is named, JSON-quoted, in plain words."""
     field, value = fault
@@ -132,7 +157,7 @@ def test_a_wrong_field_is_named(fault: tuple[str, Any]) -> None:
     for sent in (raw, arguments):
         if sent is None:
             continue
-        text, code = asyncio.run(_run(sent))
+        text, code = probe(sent)
         assert code == "INVALID_ARGS", text
         assert text.startswith(HEAD) and f'"{field}"' in text, text[:300]
         _plain(text)
@@ -143,11 +168,13 @@ def test_a_wrong_field_is_named(fault: tuple[str, Any]) -> None:
     missing=st.sets(st.sampled_from(["name", "count"]), min_size=1),
     extra=st.dictionaries(names, values, max_size=3),
 )
-def test_missing_and_unknown_fields_are_named(missing: set[str], extra: dict[str, Any]) -> None:
+def test_missing_and_unknown_fields_are_named(
+    missing: set[str], extra: dict[str, Any], probe: Probe
+) -> None:
     """ROB-91: a missing required field, and else an unknown one, is named JSON-quoted (the
     allowed ones listed for an unknown one)."""
     arguments = {k: v for k, v in VALID.items() if k not in missing}
-    text, code = asyncio.run(_run(json.dumps({**arguments, **extra})))
+    text, code = probe(json.dumps({**arguments, **extra}))
     assert code == "INVALID_ARGS"
     if extra:  # an unknown one, a missing one, or a value inside an unknown one ("k[0]")
         assert any(f'"{k}' in text for k in (*extra, *missing)), text
