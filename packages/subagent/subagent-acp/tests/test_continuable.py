@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import signal
 import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -16,97 +14,18 @@ import pytest
 
 import dsh_subagent.plugin
 import dsh_subagent_acp.plugin
-from dsh_core import Agent, SessionMeta, blocks_text, text_blocks
-from dsh_core.testing import TestHost, scripted_host
+from dsh_core import SessionMeta, blocks_text, text_blocks
+from dsh_core.testing import scripted_host
 from dsh_subagent import (
-    SUBAGENTS,
     ContinuableStartSpec,
-    CoordinatorMessageSource,
-    SubagentFollowupOptions,
-    SubagentRunEndInfo,
-    SubagentService,
     UserInterruptAuthority,
 )
-from dsh_subagent_acp._continuable import AcpSessions, decode_model, encode_model, new_input
+from dsh_subagent_acp._continuable import decode_model, encode_model, new_input
 from dsh_subagent_acp._process import ChildProcess
 
 FAKE_AGENT = str(Path(__file__).with_name("fake_acp_agent.py"))
 MODULES = {"subagent": dsh_subagent.plugin, "subagent-acp": dsh_subagent_acp.plugin}
 BOUND = 20
-
-
-class Tree:
-    """A host with the ``acp`` provider, a parent agent, and the epoch ends it saw."""
-
-    def __init__(self, host: TestHost, parent: Agent) -> None:
-        self.host = host
-        self.parent = parent
-        self.ends: list[SubagentRunEndInfo] = []
-        self.changed = asyncio.Event()
-        host.ctx.on("subagent/end", self._end)
-
-    def _end(self, info: SubagentRunEndInfo) -> None:
-        self.ends.append(info)
-        self.changed.set()
-
-    @property
-    def svc(self) -> SubagentService:
-        return self.parent.ctx[SUBAGENTS]
-
-    @property
-    def sessions(self) -> AcpSessions:
-        provider = self.svc.get_provider("acp")
-        assert provider is not None
-        sessions = provider.sessions  # type: ignore[attr-defined]
-        assert isinstance(sessions, AcpSessions)
-        return sessions
-
-    async def start(self, prompt: str = "hi") -> str:
-        spec = ContinuableStartSpec(
-            provider="acp", label="remote", prompt=text_blocks(prompt), parent=self.parent
-        )
-        async with asyncio.timeout(BOUND):
-            return (await self.svc.start_continuable(spec)).child_id
-
-    async def followup(self, child_id: str, prompt: str) -> None:
-        source = CoordinatorMessageSource(sender_session_id=self.parent.id)
-        async with asyncio.timeout(BOUND):
-            await self.svc.followup(
-                self.parent, child_id, text_blocks(prompt), SubagentFollowupOptions(source=source)
-            )
-
-    async def ended(self, count: int) -> SubagentRunEndInfo:
-        async with asyncio.timeout(BOUND):
-            while len(self.ends) < count:
-                self.changed.clear()
-                await self.changed.wait()
-        return self.ends[count - 1]
-
-    def pid(self, child_id: str) -> int:
-        return self.process(child_id).pid
-
-    def process(self, child_id: str) -> ChildProcess:
-        return self.sessions.held[child_id].opened.child
-
-
-@contextlib.asynccontextmanager
-async def tree(*flags: str, **changes: Any) -> AsyncIterator[Tree]:
-    config = {
-        "command": sys.executable,
-        "args": [FAKE_AGENT, *flags],
-        "dispose_eof_grace_ms": 3000,
-        "dispose_grace_ms": 3000,
-        "start_timeout_ms": 10_000,
-        **changes,
-    }
-    async with scripted_host(
-        "subagent", "subagent-acp", modules=MODULES, config={"subagent-acp": config}
-    ) as host:
-        handle = await host.create_agent(meta=SessionMeta(cwd=os.getcwd()))
-        try:
-            yield Tree(host, handle.agent)
-        finally:
-            await handle.dispose()
 
 
 async def _gone(child: ChildProcess) -> None:
@@ -121,11 +40,11 @@ def _turn_ends(agent_events: Any) -> list[Any]:
     return [e.data for e in agent_events if e.type == "turn/end"]
 
 
-async def test_a_followup_is_a_new_prompt_of_the_same_live_session() -> None:
+async def test_a_followup_is_a_new_prompt_of_the_same_live_session(acp: Any) -> None:
     """ACPC-10, ACPC-11: a continuable ACP child answers its prompt, settles, and a
     follow-up goes to the same live process, as a new prompt of the same ACP session; the
     descriptor keeps the route and the ACP session; the child is listed like any other."""
-    async with tree() as t:
+    async with acp.tree() as t:
         child_id = await t.start("first")
         first = await t.ended(1)
         assert (first.stop_reason, blocks_text(first.last_assistant_message or ())) == (
@@ -146,10 +65,10 @@ async def test_a_followup_is_a_new_prompt_of_the_same_live_session() -> None:
         assert (entry.id, entry.mode) == (child_id, "continuable")
 
 
-async def test_a_child_killed_between_turns_resumes_through_load() -> None:
+async def test_a_child_killed_between_turns_resumes_through_load(acp: Any) -> None:
     """ACPC-13: after kill -9 of the child between turns, a follow-up starts the command
     again and loads the ACP session; what the load replays is not output."""
-    async with tree("--load") as t:
+    async with acp.tree("--load") as t:
         child_id = await t.start("first")
         await t.ended(1)
         pid = t.pid(child_id)
@@ -163,9 +82,9 @@ async def test_a_child_killed_between_turns_resumes_through_load() -> None:
         assert t.pid(child_id) != pid
 
 
-async def test_an_agent_that_only_resumes_is_resumed() -> None:
+async def test_an_agent_that_only_resumes_is_resumed(acp: Any) -> None:
     """ACPC-13: an agent that advertises session resume but not load is resumed with it."""
-    async with tree("--resume", idle_release_ms=1) as t:
+    async with acp.tree("--resume", idle_release_ms=1) as t:
         child_id = await t.start("first")
         await t.ended(1)
         await t.followup(child_id, "again")
@@ -173,10 +92,10 @@ async def test_an_agent_that_only_resumes_is_resumed() -> None:
         assert blocks_text(second.last_assistant_message or ()) == "echo: again"
 
 
-async def test_an_agent_that_cannot_load_refuses_the_resume_and_says_why() -> None:
+async def test_an_agent_that_cannot_load_refuses_the_resume_and_says_why(acp: Any) -> None:
     """ACPC-14: when the process is gone and the agent advertises neither load nor resume,
     the follow-up's turn fails ACP_NOT_RESUMABLE, saying why; the epoch ends error."""
-    async with tree() as t:
+    async with acp.tree() as t:
         child_id = await t.start("first")
         await t.ended(1)
         pid = t.pid(child_id)
@@ -193,10 +112,10 @@ async def test_an_agent_that_cannot_load_refuses_the_resume_and_says_why() -> No
         assert child_id not in t.sessions.held
 
 
-async def test_an_idle_process_is_released_and_comes_back_through_load() -> None:
+async def test_an_idle_process_is_released_and_comes_back_through_load(acp: Any) -> None:
     """ACPC-15: a process idle for idle_release_ms is released (the ladder ends it); the
     next follow-up starts it again and loads the session."""
-    async with tree("--load", idle_release_ms=50) as t:
+    async with acp.tree("--load", idle_release_ms=50) as t:
         child_id = await t.start("first")
         await t.ended(1)
         await _gone(t.process(child_id))
@@ -206,10 +125,10 @@ async def test_an_idle_process_is_released_and_comes_back_through_load() -> None
         assert blocks_text(second.last_assistant_message or ()) == "echo: later"
 
 
-async def test_disposing_the_parent_ends_its_childrens_processes() -> None:
+async def test_disposing_the_parent_ends_its_childrens_processes(acp: Any) -> None:
     """ACPC-16: disposing the parent agent ends its continuable children's processes at
     once (idle time notwithstanding); unloading the plugin ends the others."""
-    async with tree(idle_release_ms=600_000) as t:
+    async with acp.tree(idle_release_ms=600_000) as t:
         child_id = await t.start()
         await t.ended(1)
         process = t.process(child_id)
@@ -227,10 +146,10 @@ async def test_disposing_the_parent_ends_its_childrens_processes() -> None:
     await _gone(process)
 
 
-async def test_an_interrupt_cancels_the_childs_prompt() -> None:
+async def test_an_interrupt_cancels_the_childs_prompt(acp: Any) -> None:
     """ACPC-17: interrupting a continuable ACP child's turn sends session/cancel; the child
     answers cancelled, the turn ends aborted, and the process is kept for the next turn."""
-    async with tree("--hold-text", "hold") as t:
+    async with acp.tree("--hold-text", "hold") as t:
         prompting = asyncio.Event()
         sessions = t.sessions
         prompt = sessions._prompt
@@ -273,7 +192,7 @@ def test_the_model_string_and_the_turns_input() -> None:
     assert new_input(history) == "one\n\ntwo"
 
 
-async def _prompting(t: Tree, prompt: str) -> str:
+async def _prompting(t: Any, prompt: str) -> str:
     """Start a child with ``prompt`` and wait (bounded) until its prompt reached the agent."""
     prompting = asyncio.Event()
     sessions = t.sessions
@@ -291,11 +210,11 @@ async def _prompting(t: Tree, prompt: str) -> str:
 
 
 @pytest.mark.parametrize("kind", ["children", "descendants"])
-async def test_a_drain_ends_the_childs_process_child_first(kind: str) -> None:
+async def test_a_drain_ends_the_childs_process_child_first(kind: str, acp: Any) -> None:
     """ACPC-38: a drain that releases a continuable ACP child ends its process with the
     disposal ladder within the child's own release (idle time notwithstanding): the process
     is gone by the time the drain resolves; a settled child keeps its process."""
-    async with tree("--hold-text", "hold", idle_release_ms=600_000) as t:
+    async with acp.tree("--hold-text", "hold", idle_release_ms=600_000) as t:
         settled = await t.start("done")
         await t.ended(1)
         kept = t.process(settled)
@@ -315,7 +234,9 @@ async def test_a_drain_ends_the_childs_process_child_first(kind: str) -> None:
 
 
 async def test_closing_the_host_drains_running_children_before_ending_processes(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    acp: Any,
 ) -> None:
     """ACPC-39: closing the host cancels a continuable ACP child's running turn and
     releases the child before its process ends (child-first): the turn ends aborted, the
@@ -332,7 +253,7 @@ async def test_closing_the_host_drains_running_children_before_ending_processes(
         "subagent", "subagent-acp", modules=MODULES, config={"subagent-acp": config}
     ) as host:
         handle = await host.create_agent(meta=SessionMeta(cwd=os.getcwd()))
-        t = Tree(host, handle.agent)
+        t = acp.Tree(host, handle.agent)
         child_id = await _prompting(t, "hold")
         process = t.process(child_id)
     await _gone(process)

@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import signal
-import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -16,110 +13,17 @@ import pytest
 
 import dsh_subagent.plugin
 import dsh_subagent_acp.plugin
-from dsh_core import Agent, PluginError, SessionMeta, blocks_text, text_blocks
-from dsh_core.testing import TestHost, scripted_host
+from dsh_core import PluginError, SessionMeta, blocks_text, text_blocks
 from dsh_subagent import (
-    SUBAGENTS,
-    ContinuableStartSpec,
-    CoordinatorMessageSource,
-    SubagentFollowupOptions,
-    SubagentRunEndInfo,
-    SubagentService,
     SubagentStartRequest,
 )
 from dsh_subagent_acp import MAX_POOL, AcpConfig, AcpError, check_config
-from dsh_subagent_acp._continuable import AcpSessions
-from dsh_subagent_acp._pool import MAX_FAILURES, AcpPool
+from dsh_subagent_acp._pool import MAX_FAILURES
 from dsh_subagent_acp._process import ChildProcess
 
 FAKE_AGENT = str(Path(__file__).with_name("fake_acp_agent.py"))
 MODULES = {"subagent": dsh_subagent.plugin, "subagent-acp": dsh_subagent_acp.plugin}
 BOUND = 20
-
-
-class Pooled:
-    """A host with a pooled ``acp`` provider, a parent agent, and the epoch ends it saw."""
-
-    def __init__(self, host: TestHost, parent: Agent) -> None:
-        self.host = host
-        self.parent = parent
-        self.ends: list[SubagentRunEndInfo] = []
-        self.changed = asyncio.Event()
-        host.ctx.on("subagent/end", self._end)
-
-    def _end(self, info: SubagentRunEndInfo) -> None:
-        self.ends.append(info)
-        self.changed.set()
-
-    @property
-    def svc(self) -> SubagentService:
-        return self.parent.ctx[SUBAGENTS]
-
-    @property
-    def sessions(self) -> AcpSessions:
-        provider = self.svc.get_provider("acp")
-        assert provider is not None
-        sessions = provider.sessions  # type: ignore[attr-defined]
-        assert isinstance(sessions, AcpSessions)
-        return sessions
-
-    @property
-    def pool(self) -> AcpPool:
-        assert self.sessions.pool is not None
-        return self.sessions.pool
-
-    async def filled(self) -> set[int]:
-        """Wait (bounded) until the pool is full; the pids it holds."""
-        async with asyncio.timeout(BOUND):
-            await self.pool.filled()
-        return {warm.child.pid for warm in self.pool.ready}
-
-    async def start(self, prompt: str = "hi", parent: Agent | None = None) -> str:
-        spec = ContinuableStartSpec(
-            provider="acp", label="remote", prompt=text_blocks(prompt), parent=parent or self.parent
-        )
-        async with asyncio.timeout(BOUND):
-            return (await self.svc.start_continuable(spec)).child_id
-
-    async def followup(self, child_id: str, prompt: str) -> None:
-        source = CoordinatorMessageSource(sender_session_id=self.parent.id)
-        async with asyncio.timeout(BOUND):
-            await self.svc.followup(
-                self.parent, child_id, text_blocks(prompt), SubagentFollowupOptions(source=source)
-            )
-
-    async def ended(self, count: int) -> SubagentRunEndInfo:
-        async with asyncio.timeout(BOUND):
-            while len(self.ends) < count:
-                self.changed.clear()
-                await self.changed.wait()
-        return self.ends[count - 1]
-
-    def process(self, child_id: str) -> ChildProcess:
-        return self.sessions.held[child_id].opened.child
-
-
-@contextlib.asynccontextmanager
-async def pooled(
-    *flags: str, parent_cwd: str | None = None, **changes: Any
-) -> AsyncIterator[Pooled]:
-    config = {
-        "command": sys.executable,
-        "args": [FAKE_AGENT, *flags],
-        "dispose_eof_grace_ms": 3000,
-        "dispose_grace_ms": 3000,
-        "start_timeout_ms": 10_000,
-        "pool": 2,
-        **changes,
-    }
-    async with scripted_host(
-        "subagent", "subagent-acp", modules=MODULES, config={"subagent-acp": config}
-    ) as host:
-        handle = await host.create_agent(meta=SessionMeta(cwd=parent_cwd or os.getcwd()))
-        try:
-            yield Pooled(host, handle.agent)
-        finally:
-            await handle.dispose()
 
 
 def _gone(pid: int) -> bool:
@@ -150,20 +54,22 @@ def test_a_bad_pool_size_is_a_config_error(value: Any) -> None:
     assert f"pool must be a whole number from 0 to {MAX_POOL}" in str(caught.value)
 
 
-async def test_the_pool_is_off_by_default_and_a_bad_size_fails_the_boot() -> None:
+async def test_the_pool_is_off_by_default_and_a_bad_size_fails_the_boot(acp: Any) -> None:
     """ACPC-30: without `pool` no process is started ahead of need; `pool` above the cap
     fails the boot with PLUGIN_CONFIG."""
-    async with pooled(pool=0) as p:
+    async with acp.tree(pool=0) as p:
         assert p.sessions.pool is None
         assert p.svc.get_provider("acp").pool is None  # type: ignore[union-attr]
     with pytest.raises(PluginError) as caught:
-        async with pooled(pool=MAX_POOL + 1):
+        async with acp.tree(pool=MAX_POOL + 1):
             pass
     assert caught.value.code == "PLUGIN_CONFIG"
 
 
 async def test_a_child_gets_a_fresh_pooled_process_and_the_pool_refills(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    acp: Any,
 ) -> None:
     """ACPC-31, ACPC-32: N processes are started and initialized ahead of need (initialize
     was their only traffic); a new child takes one, the pool refills with a new process, and
@@ -171,7 +77,7 @@ async def test_a_child_gets_a_fresh_pooled_process_and_the_pool_refills(
     comes back to the pool."""
     log = tmp_path / "{pid}"
     monkeypatch.setenv("FAKE_ACP_METHODS", str(log))
-    async with pooled(idle_release_ms=600_000) as p:
+    async with acp.tree(idle_release_ms=600_000, pool=2) as p:
         first_pool = await p.filled()
         assert len(first_pool) == 2 and p.pool.attempts == 2
         assert all(_methods(log, pid) == ["initialize"] for pid in first_pool)
@@ -193,9 +99,9 @@ async def test_a_child_gets_a_fresh_pooled_process_and_the_pool_refills(
         assert pid not in await p.filled()
 
 
-async def test_a_one_shot_child_gets_a_pooled_process() -> None:
+async def test_a_one_shot_child_gets_a_pooled_process(acp: Any) -> None:
     """ACPC-31: a one-shot start takes a pooled process too."""
-    async with pooled() as p:
+    async with acp.tree(pool=2) as p:
         pids = await p.filled()
         request = SubagentStartRequest(prompt=text_blocks("once"), parent=p.parent)
         async with asyncio.timeout(BOUND):
@@ -208,10 +114,10 @@ async def test_a_one_shot_child_gets_a_pooled_process() -> None:
         assert run.pid in pids  # type: ignore[attr-defined]
 
 
-async def test_a_dead_or_closed_pooled_process_is_never_handed_out() -> None:
+async def test_a_dead_or_closed_pooled_process_is_never_handed_out(acp: Any) -> None:
     """ACPC-33: a pooled process killed while it waits is reaped and replaced; one whose
     pipe closed (it keeps running) is found at hand-out, discarded and never handed out."""
-    async with pooled("--hold-eof", dispose_eof_grace_ms=50, dispose_grace_ms=1000) as p:
+    async with acp.tree("--hold-eof", dispose_eof_grace_ms=50, dispose_grace_ms=1000, pool=2) as p:
         await p.filled()
         killed = p.pool.ready[0].child
         os.kill(killed.pid, signal.SIGKILL)
@@ -226,11 +132,11 @@ async def test_a_dead_or_closed_pooled_process_is_never_handed_out() -> None:
         await _exited(closed)
 
 
-async def test_a_failing_refill_backs_off_and_stops() -> None:
+async def test_a_failing_refill_backs_off_and_stops(acp: Any) -> None:
     """ACPC-34: a command whose processes fail at initialize is retried with back-off, then
     the pool stops trying (it never spins); a start that finds the pool empty allows one
     more try."""
-    async with pooled("--exit-at-init", pool=3) as p:
+    async with acp.tree("--exit-at-init", pool=3) as p:
         filler = p.pool._filler
         assert filler is not None
         async with asyncio.timeout(BOUND):
@@ -245,19 +151,19 @@ async def test_a_failing_refill_backs_off_and_stops() -> None:
         assert p.pool.attempts == MAX_FAILURES + 1
 
 
-async def test_unloading_ends_every_pooled_process() -> None:
+async def test_unloading_ends_every_pooled_process(acp: Any) -> None:
     """ACPC-35: closing the host ends every pooled process; their pids are gone."""
-    async with pooled(pool=3) as p:
+    async with acp.tree(pool=3) as p:
         await p.filled()
         processes = [warm.child for warm in p.pool.ready]
     for process in processes:
         assert process.exited.done() and _gone(process.pid)
 
 
-async def test_a_cold_resume_takes_a_pooled_process() -> None:
+async def test_a_cold_resume_takes_a_pooled_process(acp: Any) -> None:
     """ACPC-36: after kill -9 of the child, its follow-up loads the session in a pooled
     process of the same row."""
-    async with pooled("--load", pool=1) as p:
+    async with acp.tree("--load", pool=1) as p:
         child = await p.start("first")
         await p.ended(1)
         process = p.process(child)
@@ -271,7 +177,9 @@ async def test_a_cold_resume_takes_a_pooled_process() -> None:
 
 
 async def test_pooled_processes_get_the_scrub_and_a_child_elsewhere_starts_directly(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    acp: Any,
 ) -> None:
     """ACPC-37: a pooled process gets the same scrubbed environment as a direct start and
     runs in the row's directory; a child working elsewhere gets a process started directly
@@ -279,7 +187,7 @@ async def test_pooled_processes_get_the_scrub_and_a_child_elsewhere_starts_direc
     monkeypatch.setenv("SOME_SERVICE_TOKEN", "ambient-secret")
     monkeypatch.setenv("PROXY_URL", "http://user:pw@proxy:3128")
     monkeypatch.setenv("PLAIN_SETTING", "kept")
-    async with pooled("--prompt", "env", pool=1, env={"GIVEN_KEY": "given"}) as p:
+    async with acp.tree("--prompt", "env", pool=1, env={"GIVEN_KEY": "given"}) as p:
         (pooled_pid,) = await p.filled()
         child = await p.start()
         report = json.loads(blocks_text((await p.ended(1)).last_assistant_message or ()))
