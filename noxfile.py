@@ -204,6 +204,68 @@ def _install_wheels(
     _install(session, *names, *extra, find_links=(DIST,))
     again = "--reinstall" if session.venv_backend == "uv" else "--force-reinstall"
     session.install("--no-index", "--find-links", str(DIST), "--no-deps", again, *ours)
+    _share_bytecode(session, harvest=False)
+
+
+#: Bytecode compiled by this ``nox`` call's sessions, shared between their venvs (see
+#: :func:`_share_bytecode`); emptied by ``build``, which runs once per call before the others.
+BYTECODE = ROOT / ".nox" / "_bytecode"
+
+
+def _site_packages(session: nox.Session) -> tuple[Path, str] | None:
+    """The venv's site-packages and the bytecode tag its CPython writes (``cpython-311``)."""
+    for site in Path(session.virtualenv.location).glob("lib/python3.*/site-packages"):
+        return site, "cpython-3" + site.parent.name.removeprefix("python3.")
+    return None  # another layout (Windows, PyPy): nothing is shared, every module compiles
+
+
+def _bytecode_key(source: os.stat_result, tag: str) -> str:
+    # uv links every venv's copy of a file to the one file in its cache: the same inode,
+    # size and modification time name the same source text for the whole call.
+    return f"{source.st_ino}-{source.st_size}-{source.st_mtime_ns}.{tag}.pyc"
+
+
+def _share_bytecode(session: nox.Session, *, harvest: bool) -> None:
+    """Lend a new venv the bytecode earlier sessions compiled, or give back what it compiled.
+
+    Every session's venv holds the same pytest, hypothesis, attrs, dsh-core...; compiling
+    them again in each of the 30-odd sessions took about 5 s of CPU apiece. The files of
+    one installed distribution are hard links to one file in uv's cache, so a module's
+    bytecode compiled in one venv is valid in every other (CPython checks the source's
+    modification time and size, which the links share): before its tests, a session links
+    the bytecode of every installed module that an earlier session compiled into its own
+    ``PYTHONPYCACHEPREFIX`` (``harvest=False``); after them, it links what it compiled into
+    the shared folder (``harvest=True``). Installs that copy files (pip, another file
+    system) have other inodes and share nothing: they only compile, as before.
+    """
+    found = _site_packages(session)
+    if found is None:
+        return
+    site, tag = found
+    prefix = Path(session.virtualenv.location, "pycache")
+    BYTECODE.mkdir(parents=True, exist_ok=True)
+    shared = set(os.listdir(BYTECODE))
+    suffix = f".{tag}.pyc"
+    mirror = prefix / site.relative_to(site.anchor)
+    for folder, _, names in os.walk(site if not harvest else mirror):
+        for name in names:
+            if harvest and name.endswith(suffix):
+                compiled = Path(folder, name)
+                source = site / compiled.parent.relative_to(mirror) / (name[: -len(suffix)] + ".py")
+            elif not harvest and name.endswith(".py"):
+                source = Path(folder, name)
+                compiled = mirror / source.parent.relative_to(site) / (name[:-3] + suffix)
+            else:
+                continue
+            try:
+                key = _bytecode_key(source.stat(), tag)
+                if harvest and key not in shared:
+                    os.link(compiled, BYTECODE / key)
+                elif not harvest and key in shared:
+                    compiled.parent.mkdir(parents=True, exist_ok=True)
+                    os.link(BYTECODE / key, compiled)
+            except OSError:  # gone, already there, another file system: compile instead
+                continue
 
 
 def _bytecode(session: nox.Session) -> dict[str, str | None]:
@@ -227,17 +289,20 @@ def _pytest(
     env: dict[str, str] | None = None,
     success_codes: list[int] | None = None,
 ) -> None:
-    session.run(
-        "pytest",
-        "-c",
-        "pyproject.toml",
-        "--rootdir",
-        ".",
-        *args,
-        *session.posargs,
-        env={**_bytecode(session), "DSH_SUBAGENTS_HOME": session.create_tmp(), **(env or {})},
-        success_codes=success_codes,
-    )
+    try:
+        session.run(
+            "pytest",
+            "-c",
+            "pyproject.toml",
+            "--rootdir",
+            ".",
+            *args,
+            *session.posargs,
+            env={**_bytecode(session), "DSH_SUBAGENTS_HOME": session.create_tmp(), **(env or {})},
+            success_codes=success_codes,
+        )
+    finally:
+        _share_bytecode(session, harvest=True)
 
 
 def _every_test_folder() -> list[str]:
@@ -288,8 +353,9 @@ def build(session: nox.Session) -> None:
     however many sessions require it. The build runs without isolation, in this session's venv
     that holds the build backend (hatchling), one process for every distribution.
     """
-    if DIST.exists():
-        shutil.rmtree(DIST)
+    for made in (DIST, BYTECODE):  # this call's artifacts only
+        if made.exists():
+            shutil.rmtree(made)
     DIST.mkdir()
     _install(session, "hatchling")
     folders = [str(ROOT / str(info["folder"])) for info in PACKAGES.values()]
@@ -310,6 +376,7 @@ def tests(session: nox.Session, dist: str) -> None:
     """
     _install_wheels(session, dist)
     listed = session.run("python", "-c", _INSTALLED, env=_bytecode(session), silent=True)
+    _share_bytecode(session, harvest=True)  # dsh-core and its dependencies, for the next ones
     report = json.loads(listed or "{}")
     expected = sorted(_closure(dist))
     if report["dists"] != expected:
