@@ -212,60 +212,69 @@ def _install_wheels(
 BYTECODE = ROOT / ".nox" / "_bytecode"
 
 
-def _site_packages(session: nox.Session) -> tuple[Path, str] | None:
-    """The venv's site-packages and the bytecode tag its CPython writes (``cpython-311``)."""
-    for site in Path(session.virtualenv.location).glob("lib/python3.*/site-packages"):
-        return site, "cpython-3" + site.parent.name.removeprefix("python3.")
-    return None  # another layout (Windows, PyPy): nothing is shared, every module compiles
-
-
-def _bytecode_key(source: os.stat_result, tag: str) -> str:
-    # uv links every venv's copy of a file to the one file in its cache: the same inode,
-    # size and modification time name the same source text for the whole call.
-    return f"{source.st_ino}-{source.st_size}-{source.st_mtime_ns}.{tag}.pyc"
-
-
 def _share_bytecode(session: nox.Session, *, harvest: bool) -> None:
     """Lend a new venv the bytecode earlier sessions compiled, or give back what it compiled.
 
-    Every session's venv holds the same pytest, hypothesis, attrs, dsh-core...; compiling
-    them again in each of the 30-odd sessions took about 5 s of CPU apiece. The files of
-    one installed distribution are hard links to one file in uv's cache, so a module's
-    bytecode compiled in one venv is valid in every other (CPython checks the source's
-    modification time and size, which the links share): before its tests, a session links
-    the bytecode of every installed module that an earlier session compiled into its own
-    ``PYTHONPYCACHEPREFIX`` (``harvest=False``); after them, it links what it compiled into
-    the shared folder (``harvest=True``). Installs that copy files (pip, another file
-    system) have other inodes and share nothing: they only compile, as before.
+    Every session's venv holds the same pytest, hypothesis, attrs, dsh-core..., and with
+    ``PYTHONPYCACHEPREFIX`` set CPython also compiles the standard library again into it:
+    compiling all that again in each of the 30-odd sessions took about 5 s of CPU apiece.
+    The files of an installed distribution are hard links to one file in uv's cache, and
+    the standard library and the checkout are the same files for every venv: a module's
+    bytecode compiled in one venv is valid in every other of its Python (CPython checks the
+    source's modification time and size). So before its tests a session links into its own
+    prefix the bytecode of every module an earlier session compiled whose source it has (the
+    same inode, size and modification time: the same text for the whole call), and after
+    them it gives back what it compiled (``harvest=True``). Installs that copy files (pip,
+    another file system) have other inodes and share nothing: they only compile, as before.
     """
-    found = _site_packages(session)
-    if found is None:
-        return
-    site, tag = found
-    prefix = Path(session.virtualenv.location, "pycache")
-    BYTECODE.mkdir(parents=True, exist_ok=True)
-    shared = set(os.listdir(BYTECODE))
+    venv = Path(session.virtualenv.location)
+    sites = list(venv.glob("lib/python3.*/site-packages"))
+    if len(sites) != 1:
+        return  # another layout (Windows, PyPy): nothing is shared, every module compiles
+    site, prefix = sites[0], venv / "pycache"
+    tag = "cpython-3" + site.parent.name.removeprefix("python3.")
     suffix = f".{tag}.pyc"
-    mirror = prefix / site.relative_to(site.anchor)
-    for folder, _, names in os.walk(site if not harvest else mirror):
+    store = BYTECODE / tag
+    store.mkdir(parents=True, exist_ok=True)
+
+    def key(source: Path) -> str:
+        found = source.stat()
+        return f"{found.st_ino}-{found.st_size}-{found.st_mtime_ns}.pyc"
+
+    def mirror(source: Path) -> Path:  # where CPython looks for the bytecode of `source`
+        return prefix / source.parent.relative_to(source.anchor) / (source.stem + suffix)
+
+    if not harvest:
+        for listing in store.glob("*.list"):
+            for line in listing.read_text().splitlines():
+                known, _, where = line.partition("\t")
+                source = site / where[5:] if where.startswith("site:") else Path(where)
+                try:
+                    if key(source) == known:
+                        mirror(source).parent.mkdir(parents=True, exist_ok=True)
+                        os.link(store / known, mirror(source))
+                except OSError:  # gone, changed, already there: CPython compiles it
+                    continue
+        return
+    lines = []
+    for folder, _, names in os.walk(prefix):
         for name in names:
-            if harvest and name.endswith(suffix):
-                compiled = Path(folder, name)
-                source = site / compiled.parent.relative_to(mirror) / (name[: -len(suffix)] + ".py")
-            elif not harvest and name.endswith(".py"):
-                source = Path(folder, name)
-                compiled = mirror / source.parent.relative_to(site) / (name[:-3] + suffix)
-            else:
-                continue
+            if not name.endswith(suffix):
+                continue  # pytest's rewritten test modules and other interpreters' bytecode
+            compiled = Path(folder, name)
+            parent = Path(compiled.anchor, compiled.parent.relative_to(prefix))
+            source = parent / (name[: -len(suffix)] + ".py")
             try:
-                key = _bytecode_key(source.stat(), tag)
-                if harvest and key not in shared:
-                    os.link(compiled, BYTECODE / key)
-                elif not harvest and key in shared:
-                    compiled.parent.mkdir(parents=True, exist_ok=True)
-                    os.link(BYTECODE / key, compiled)
-            except OSError:  # gone, already there, another file system: compile instead
+                known = key(source)
+                os.link(compiled, store / known)
+            except FileExistsError:
+                continue  # shared already
+            except OSError:
                 continue
+            where = f"site:{source.relative_to(site)}" if source.is_relative_to(site) else source
+            lines.append(f"{known}\t{where}\n")
+    if lines:
+        (store / f"{venv.name}-{os.getpid()}-{len(lines)}.list").write_text("".join(lines))
 
 
 def _bytecode(session: nox.Session) -> dict[str, str | None]:
