@@ -273,8 +273,10 @@ def _share_bytecode(session: nox.Session, *, harvest: bool) -> None:
                 continue
             where = f"site:{source.relative_to(site)}" if source.is_relative_to(site) else source
             lines.append(f"{known}\t{where}\n")
-    if lines:
-        (store / f"{venv.name}-{os.getpid()}-{len(lines)}.list").write_text("".join(lines))
+    if lines:  # whole or not at all: a session starting meanwhile reads every list
+        name = f"{venv.name}-{os.getpid()}-{len(lines)}"
+        (store / f"{name}.tmp").write_text("".join(lines))
+        os.replace(store / f"{name}.tmp", store / f"{name}.list")
 
 
 def _bytecode(session: nox.Session) -> dict[str, str | None]:
