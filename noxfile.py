@@ -639,8 +639,10 @@ def bench(session: nox.Session) -> None:
     session log, cold resume, the OpenAI-compatible adapter against its loopback server,
     listing, and ACP children. Every script in benchmarks/README.md runs, with its defaults;
     ``nox -s bench -- ARGS`` passes ARGS to ``delegation.py``."""
-    _install_wheels(session, *PACKAGES, extra=())
-    env = {"DSH_SUBAGENTS_HOME": session.create_tmp()}
+    # pytest: acp_continuable.py drives its host through the continuable ACP tests' helpers
+    _install_wheels(session, *PACKAGES, extra=("pytest",))
+    # bytecode kept, as a user's install has it (the first import of a run compiles)
+    env = {**_bytecode(session), "DSH_SUBAGENTS_HOME": session.create_tmp()}
     session.run("python", "benchmarks/turn.py", env=env)
     session.run("python", "benchmarks/delegation.py", *session.posargs, env=env)
     # its resume part is resume.py's measurement, which runs below: not twice
