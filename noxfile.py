@@ -450,7 +450,9 @@ def all(session: nox.Session) -> None:
     """
     _install_wheels(session, *PACKAGES)
     cross, *_ = _every_test_folder()
-    _pytest(session, cross, env={"DSH_DIST": str(DIST)})  # wheels a test installs elsewhere
+    uv = nox.virtualenv.UV if session.venv_backend == "uv" else ""
+    # the wheels a test installs elsewhere, and the uv that installs them fastest
+    _pytest(session, cross, env={"DSH_DIST": str(DIST), "DSH_UV": uv})
 
 
 @nox.session(requires=["build"], allow_parallel=True)
