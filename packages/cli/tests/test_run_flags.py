@@ -404,20 +404,3 @@ async def test_a_root_woken_for_ever_is_stopped(
     assert status == 1, err.getvalue()
     assert "the root agent took 3 turns in this run without its tree settling" in err.getvalue()
     assert out.getvalue().count("⇢ child ") == 3  # one per turn; the 4th was stopped at once
-
-
-def test_rich_is_not_imported_when_the_output_is_not_a_terminal(tmp_path: Path) -> None:
-    """CLI-17: a run whose output is a pipe never imports `rich` (start-up time)."""
-    done = subprocess.run(
-        [sys.executable, "-X", "importtime", "-m", "dsh_subagents.cli", "run", "hi"],
-        capture_output=True,
-        env={**os.environ, "DSH_SUBAGENTS_HOME": str(tmp_path / "home")},
-        cwd=tmp_path,
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    imported = [line.rsplit("|", 1)[-1].strip() for line in done.stderr.decode().splitlines()
-                if line.startswith("import time:")]  # fmt: skip
-    assert "dsh_core" in imported
-    assert not [m for m in imported if m == "rich" or m.startswith("rich.")]
