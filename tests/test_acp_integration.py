@@ -229,23 +229,3 @@ async def test_memory_store_offers_no_load(tmp_path: Path) -> None:
         async with asyncio.timeout(60):
             response = await conn.prompt(session_id=session_id, prompt=[acp.text_block("hi")])
         assert response.stop_reason == "end_turn"
-
-
-def test_the_demo_runs_an_acp_child(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """acp 16.4, CLI-62: with everything installed, the coordinator of `dsh-subagents demo`
-    delegates to an ACP child (a dsh-acp-agent process) through its `postcard` tool and gets
-    its answer in the settlement notice, then a follow-up in the same ACP session."""
-    import io
-
-    from dsh_subagents.cli import main
-
-    monkeypatch.delenv("DSH_PLUGINS", raising=False)
-    monkeypatch.delenv("DSH_DISABLE_PLUGIN_AUTOLOAD", raising=False)
-    monkeypatch.setenv("DSH_SUBAGENTS_HOME", str(tmp_path))
-    out = io.StringIO()
-    assert main(["demo"], out=out) == 0, out.getvalue()
-    text = out.getvalue()
-    assert "⇢ started: acp child (another process, over ACP)" in text
-    assert "← started subagent postcard·" in text
-    assert "Its closing message:" in text and "Lisbon, Friday to Sunday" in text
-    assert "(epoch 2: a follow-up in the same ACP session)" in text

@@ -140,16 +140,20 @@ def test_the_coordinator_lists_its_agents_answers_and_the_tree_is_printed(
 
 
 def test_an_acp_child_is_one_of_the_coordinators_children(tour: tuple[str, Path]) -> None:
-    """CLI-62, ACPC-1: the coordinator's `postcard` tool (a continuable `subagent` row for the
-    `acp` provider) runs a child in another process over ACP, in the transcript and in the
-    tree; its settlement notice reaches the coordinator, whose `send_message` follow-up is a
-    second epoch in the same ACP session; there is no separate ACP section."""
+    """acp 16.4, CLI-62, ACPC-1: the coordinator's `postcard` tool (a continuable `subagent` row
+    for the `acp` provider) runs a child in another process (a dsh-acp-agent) over ACP, in the
+    transcript and in the tree; its settlement notice, with the child's answer, reaches the
+    coordinator, whose `send_message` follow-up is a second epoch in the same ACP session;
+    there is no separate ACP section."""
     text, _ = tour
     assert _lines(text, "coordinator", "→ postcard")
     started = r"  postcard·\w{4}\s+⇢ started: acp child \(another process, over ACP\)"
     assert re.search(started, text)
     assert re.search(r"  coordinator\s+← started subagent postcard·\w{4}", text)
-    assert re.search(r"  coordinator\s+⇐ Background subagent postcard·\w{4} finished", text)
+    notice = r"  coordinator\s+⇐ Background subagent postcard·\w{4} finished"
+    assert re.search(notice, text)
+    answered = notice + r"(.*\n){1,3}?\s+Its closing message:\n\s+Lisbon, Friday to Sunday: TP1351"
+    assert re.search(answered, text), text
     assert re.search(r'→ send_message \{"subagent_id": "postcard·\w{4}", "message":', text)
     follow_up = r"postcard·\w{4}\s+⇢ resumed \(epoch 2: a follow-up in the same ACP session\)"
     assert re.search(follow_up, text)
@@ -177,16 +181,32 @@ def test_the_demo_opens_with_one_line_about_plugins_and_fits_the_terminal(
     assert wide == []
 
 
+#: A script whose coordinator answers and delegates nothing (the scripted-model guide's).
+EXAMPLE = Path(__file__).parents[1] / "docs" / "examples" / "scripted-model.toml"
+
+
+@pytest.fixture(scope="module")
+def on_a_script(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
+    """One run of `dsh-subagents demo --model scripted:EXAMPLE --prompt hello --store kept`
+    from a fresh folder: the transcript and that folder."""
+    tmp_path = tmp_path_factory.mktemp("script")
+    done = _demo(tmp_path, "--model", f"scripted:{EXAMPLE}", "--prompt", "hello", "--store",
+                 "kept")  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout, tmp_path
+
+
 def test_the_demo_keeps_its_store_under_dsh_home_or_store(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    on_a_script: tuple[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """tools 15.5, [cli] 1: the demo's JSONL store is `--store DIR`, else
     `$DSH_SUBAGENTS_HOME/demo`, else `~/.dsh-subagents/demo` (never DeepSeek Harness's
-    `$DSH_HOME` or `~/.dsh`)."""
-    done = _demo(tmp_path, "--store", "kept")
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert f"sessions are kept in {Path('kept')}" in done.stdout
-    assert len(list((tmp_path / "kept").glob("*.jsonl"))) == 6  # the coordinator, 5 children
+    `$DSH_HOME` or `~/.dsh`). The default store holds the tour's children (the cold-resume
+    test finds one there); `--store` is checked on a run with a script."""
+    text, where = on_a_script
+    assert f"sessions are kept in {Path('kept')}" in text
+    assert len(list((where / "kept").glob("*.jsonl"))) == 1  # the coordinator: no children
+    assert not (where / "home" / "demo").exists()
     assert demo_store("elsewhere") == Path("elsewhere")
     monkeypatch.delenv("DSH_SUBAGENTS_HOME", raising=False)
     monkeypatch.setenv("DSH_HOME", str(tmp_path / "other-tool"))
@@ -200,15 +220,13 @@ def test_the_embedded_script_is_a_valid_script() -> None:
     assert ScriptedAdapter.from_data(TOUR_SCRIPT)
 
 
-def test_the_coordinator_runs_on_a_script_file(tmp_path: Path) -> None:
+def test_the_coordinator_runs_on_a_script_file(on_a_script: tuple[str, Path]) -> None:
     """tools 15.5, dx 12.3: `dsh-subagents demo --model scripted:FILE --prompt TEXT` runs the tour's
     coordinator on the script; a coordinator that delegates nothing has no children."""
-    example = Path(__file__).parents[1] / "docs" / "examples" / "scripted-model.toml"
-    done = _demo(tmp_path, "--model", f"scripted:{example}", "--prompt", "hello")
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert f"on the offline scripted model (the script {example})" in done.stdout
-    assert re.search(r"  coordinator\s+> Hello! I am a scripted model\.", done.stdout)
-    assert "└── (no children)" in done.stdout
+    text, _ = on_a_script
+    assert f"on the offline scripted model (the script {EXAMPLE})" in text
+    assert re.search(r"  coordinator\s+> Hello! I am a scripted model\.", text)
+    assert "└── (no children)" in text
 
 
 def _notice(child: str, closing: str) -> Message:

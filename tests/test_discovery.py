@@ -60,10 +60,20 @@ def _install_broken(root: Path) -> None:
     )
 
 
-def test_broken_plugin_is_reported_by_the_cli(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def broken_listed(tmp_path_factory: pytest.TempPathFactory) -> subprocess.CompletedProcess[str]:
+    """One `dsh-subagents plugins` with the broken distribution installed: its stdout and
+    stderr are checked by the two tests below."""
+    root = tmp_path_factory.mktemp("broken")
+    _install_broken(root)
+    return _dsh("plugins", pythonpath=root)
+
+
+def test_broken_plugin_is_reported_by_the_cli(
+    broken_listed: subprocess.CompletedProcess[str],
+) -> None:
     """[foundation] A broken installed plugin is named with its distribution; others still load."""
-    _install_broken(tmp_path)
-    done = _dsh("plugins", pythonpath=tmp_path)
+    done = broken_listed
     assert done.returncode == 1
     assert "broken-fixture (dsh-broken-fixture 9.9.9)" in done.stdout
     assert "RuntimeError: broken on purpose" in done.stdout
@@ -82,10 +92,11 @@ def test_disabled_autoload_with_a_plugin_list_loads_the_list(tmp_path: Path) -> 
     assert listed == {"core", "subagent"}
 
 
-def test_a_broken_plugin_is_a_warning_on_stderr(tmp_path: Path) -> None:
+def test_a_broken_plugin_is_a_warning_on_stderr(
+    broken_listed: subprocess.CompletedProcess[str],
+) -> None:
     """host-core §1, dx 12.6: the import failure is also logged (logger `dsh.plugins`), once."""
-    _install_broken(tmp_path)
-    done = _dsh("plugins", pythonpath=tmp_path)
+    done = broken_listed
     warned = [line for line in done.stderr.splitlines() if "broken-fixture" in line]
     assert len(warned) == 1, done.stderr
     assert "'broken-fixture' (dsh-broken-fixture 9.9.9) failed to load" in warned[0]

@@ -7,8 +7,10 @@ How a document's fenced blocks are read:
   document, before anything runs (a block that is only that line is an empty file). Python
   files are then imported (``src/`` is a root too, when there is one), except tests: files
   named ``test_*.py`` are run with pytest in that folder.
-- Every other ``python`` block is a **script**: it runs in its own interpreter, in that folder,
-  with a time limit, and must exit 0.
+- Every other ``python`` block is a **script**: it runs in its own process, in that folder,
+  with a time limit, and must exit 0, as ``python SCRIPT`` would run it there. The process is
+  forked from one that has only imported ``dsh_core`` (what ``import dsh_core`` loads, no
+  more), so each script skips that import's half second, not its checks.
 - A block preceded by ``<!-- not-run: reason -->`` is skipped. Such blocks must give a reason,
   and only a few may exist (``MAX_NOT_RUN``).
 """
@@ -17,10 +19,13 @@ from __future__ import annotations
 
 import importlib.metadata as md
 import io
+import json
 import os
 import re
+import select
 import subprocess
 import sys
+import time
 import tomllib
 from collections.abc import Iterator
 from pathlib import Path
@@ -147,6 +152,123 @@ def _run(args: list[str], folder: Path, env: dict[str, str]) -> subprocess.Compl
     )
 
 
+#: Runs each job it reads (a JSON line: a script or code, its argv, folder, environment and
+#: output files) in a process forked from itself, as ``python SCRIPT ARGS`` (or ``python -c
+#: CODE ARGS``) would run it there, and answers its exit status (a JSON line). It imports
+#: ``dsh_core`` first and nothing else, so a script sees what a fresh interpreter that imports
+#: it would (dsh_core reseeds its ids in a forked child).
+_FORKS = """
+import json, os, runpy, select, signal, sys
+
+import dsh_core
+
+BASE = sys.path[1:]  # without -c's '' entry: the interpreter's own path
+
+def child(job):
+    os.chdir(job["cwd"])
+    os.environ.clear()
+    os.environ.update(job["env"])
+    for fd, path, flags in ((0, os.devnull, os.O_RDONLY), (1, job["out"], os.O_WRONLY),
+                            (2, job["err"], os.O_WRONLY)):
+        opened = os.open(path, flags | (os.O_CREAT | os.O_TRUNC if fd else 0), 0o600)
+        os.dup2(opened, fd)
+        os.close(opened)
+    extra = [p for p in job["env"].get("PYTHONPATH", "").split(os.pathsep) if p]
+    script = job.get("script")
+    first = os.path.dirname(os.path.abspath(script)) if script else ""
+    sys.path[:] = [first, *extra, *BASE]
+    sys.argv = [script or "-c", *job["args"]]
+    if script:
+        runpy.run_path(script, run_name="__main__")
+    else:
+        exec(compile(job["code"], "<string>", "exec"), {"__name__": "__main__"})
+    sys.exit(0)
+
+for line in sys.stdin:
+    job = json.loads(line)
+    sys.stdout.flush()
+    pid = os.fork()
+    if pid == 0:
+        child(job)  # exits as the script's interpreter would (status, atexit, flushes)
+    watch = os.pidfd_open(pid) if hasattr(os, "pidfd_open") else None
+    late = watch is not None and not select.select([watch], [], [], job["timeout"])[0]
+    if late:
+        os.kill(pid, signal.SIGKILL)
+    _, status = os.waitpid(pid, 0)
+    if watch is not None:
+        os.close(watch)
+    print(json.dumps({"status": os.waitstatus_to_exitcode(status), "late": late}), flush=True)
+"""
+
+
+class Forks:
+    """The forking process of :data:`_FORKS`: one per module, a job at a time."""
+
+    def __init__(self, folder: Path) -> None:
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        self.log = folder / "forks.log"
+        with self.log.open("wb") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-c", _FORKS],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=log,
+                env=env,
+                cwd=folder,
+            )
+        self.count = 0
+
+    def run(
+        self, folder: Path, env: dict[str, str], args: list[str], *, script: Path | None = None,
+        code: str | None = None,
+    ) -> subprocess.CompletedProcess[str]:  # fmt: skip
+        """``python SCRIPT ARGS`` (or ``python -c CODE ARGS``) in ``folder`` with ``env``."""
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.count += 1
+        out, err = folder / f".out-{self.count}", folder / f".err-{self.count}"
+        job = {
+            "script": str(script) if script else None, "code": code, "args": args,
+            "cwd": str(folder), "env": env, "out": str(out), "err": str(err),
+            "timeout": TIMEOUT,
+        }  # fmt: skip
+        self.proc.stdin.write(json.dumps(job).encode() + b"\n")
+        self.proc.stdin.flush()
+        fd = self.proc.stdout.fileno()
+        answer = b""
+        deadline = time.monotonic() + TIMEOUT + 30  # the job's own limit is TIMEOUT
+        while not answer.endswith(b"\n"):
+            left = deadline - time.monotonic()
+            ready = select.select([fd], [], [], max(left, 0))[0]
+            more = os.read(fd, 4096) if ready else b""
+            assert more, f"the forking process gave no answer: {self.log.read_text()}"
+            answer += more
+        result = json.loads(answer)
+        assert not result["late"], f"{script or 'code'} ran longer than {TIMEOUT} s"
+        stdout, stderr = (p.read_text(encoding="utf-8", errors="replace") for p in (out, err))
+        return subprocess.CompletedProcess(args, result["status"], stdout, stderr)
+
+    def close(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=30)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait(timeout=30)
+            if self.proc.stdout is not None:
+                self.proc.stdout.close()
+
+
+@pytest.fixture(scope="module")
+def forks(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Forks]:
+    runner = Forks(tmp_path_factory.mktemp("forks"))
+    try:
+        yield runner
+    finally:
+        runner.close()
+
+
 def _module_name(path: Path, folder: Path) -> str | None:
     """The import name of a written Python file (``src/`` is a root too); None for tests."""
     if path.name.startswith("test_") or path.name == "conftest.py":
@@ -184,7 +306,7 @@ def test_not_run_blocks_are_few_and_explained() -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("doc", RUNNABLE, ids=lambda d: d.relative_to(ROOT).as_posix())
-def test_python_blocks_run(doc: Path, tmp_path: Path) -> None:
+def test_python_blocks_run(doc: Path, tmp_path: Path, forks: Forks) -> None:
     """dx 12.2: each Python block of the document runs as written (scripts exit 0, the
     document's test files pass under pytest)."""
     doc_blocks = list(blocks(doc))
@@ -194,7 +316,7 @@ def test_python_blocks_run(doc: Path, tmp_path: Path) -> None:
     modules = [m for p in written if p.suffix == ".py" if (m := _module_name(p, tmp_path))]
     if modules:  # every Python file that is not a test imports cleanly
         load = "import importlib, sys\nfor name in sys.argv[1:]: importlib.import_module(name)"
-        done = _run([sys.executable, "-c", load, *modules], tmp_path, env)
+        done = forks.run(tmp_path, env, modules, code=load)
         assert done.returncode == 0, f"{doc.name}: importing {modules} failed:\n{done.stderr}"
         ran += 1
     last_output: str | None = None
@@ -205,7 +327,7 @@ def test_python_blocks_run(doc: Path, tmp_path: Path) -> None:
             continue
         script = tmp_path / f"_doc_block_{block.line}.py"
         script.write_text(block.text, encoding="utf-8")
-        done = _run([sys.executable, str(script)], tmp_path, env)
+        done = forks.run(tmp_path, env, [], script=script)
         assert done.returncode == 0, f"{block.where} failed:\n{done.stdout}\n{done.stderr}"
         last_output = done.stdout
         ran += 1
@@ -268,6 +390,16 @@ def _venv_bin(venv: Path, name: str) -> Path:
     return venv / ("Scripts" if os.name == "nt" else "bin") / name
 
 
+def _pip_sources_for_uv() -> list[str]:
+    """pip's package sources given in the environment, as uv's options (uv reads no pip
+    settings; its own ``UV_*`` variables it reads itself)."""
+    args = [f"--find-links={link}" for link in os.environ.get("PIP_FIND_LINKS", "").split()]
+    if os.environ.get("PIP_INDEX_URL"):
+        args.append(f"--default-index={os.environ['PIP_INDEX_URL']}")
+    args += [f"--index={url}" for url in os.environ.get("PIP_EXTRA_INDEX_URL", "").split()]
+    return args
+
+
 @pytest.mark.slow
 def test_provider_guide_builds_installs_and_passes_the_contract(tmp_path: Path) -> None:
     """dx 12.2 (the provider contract, SVC-1 and DRV-1 on): the files of
@@ -309,16 +441,25 @@ def test_provider_guide_builds_installs_and_passes_the_contract(tmp_path: Path) 
         return done.stdout
 
     venv = tmp_path / "venv"
-    run(sys.executable, "-m", "venv", venv)
-    python = _venv_bin(venv, "python")
-    wheels = tmp_path / "wheels"
-    # dsh-core's and dsh-subagent's wheels: the run's dist/ when nox hands it over, else built
-    given = os.environ.get("DSH_DIST")
+    given = os.environ.get("DSH_DIST")  # the run's dist/ (nox): dsh-core's and dsh-subagent's
     ours = [] if given else [ROOT / "packages/core", ROOT / "packages/subagent/subagent"]
-    run(python, "-m", "pip", "wheel", "-q", "--no-deps", "-w", wheels, guide, *ours)
-    links = [wheels, *([Path(given)] if given else [])]
-    run(python, "-m", "pip", "install", "-q", *(f"--find-links={link}" for link in links),
-        "dsh-subagent-terse[test]")  # fmt: skip
+    uv = os.environ.get("DSH_UV")  # the uv nox found: a venv and an install in ~2 s, not ~20
+    if uv:
+        run(uv, "venv", "--quiet", "--python", sys.executable, venv)
+        python = _venv_bin(venv, "python")
+        # uv builds the guide (and, without DSH_DIST, dsh-core and dsh-subagent) into wheels
+        # through their build backend (hatchling), as pip does, and installs those wheels.
+        run(uv, "pip", "install", "--quiet", "--python", python,
+            *(f"--find-links={link}" for link in [given] if link), *_pip_sources_for_uv(),
+            f"{guide}[test]", *ours)  # fmt: skip
+    else:
+        run(sys.executable, "-m", "venv", venv)
+        python = _venv_bin(venv, "python")
+        wheels = tmp_path / "wheels"
+        run(python, "-m", "pip", "wheel", "-q", "--no-deps", "-w", wheels, guide, *ours)
+        links = [wheels, *([Path(given)] if given else [])]
+        run(python, "-m", "pip", "install", "-q", *(f"--find-links={link}" for link in links),
+            "dsh-subagent-terse[test]")  # fmt: skip
     where = run(python, "-c", "import dsh_subagent_terse; print(dsh_subagent_terse.__file__)")
     assert Path(where.strip()).is_relative_to(venv), where
     plugins = run(python, "-c", _LIST_PLUGINS)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import select
 import subprocess
 import sys
@@ -26,6 +27,27 @@ LOOP = """
 [default]
 text = "step\\n"
 tool_calls = [{ name = "job_output", arguments = { job_id = "job-x" } }]
+"""
+
+#: A short tour for `dsh-subagents demo --model scripted:FILE`: the coordinator starts one
+#: continuable child, hears its notice and answers; the transcript still holds every arrow, a
+#: child's name and the tree (the embedded tour's ACP child process is not started).
+SHORT_TOUR = r"""
+default = "{{last_user}}"
+
+[[rules]]
+when = { unanswered = 'Background subagent (?P<child>\S+) finished' }
+reply = "Heard from {{child}} → done."
+
+[[rules]]
+when = { last_role = "tool" }
+reply = "Started."
+
+[[rules]]
+when = { last_user = '^café$' }
+[[rules.reply.tool_calls]]
+name = "subagent"
+arguments = { description = "Count", prompt = "count to 3" }
 """
 
 
@@ -127,15 +149,22 @@ def test_an_ascii_terminal_gets_replacement_characters_not_an_error(tmp_path: Pa
 def test_dsh_plugins_and_demo_print_on_an_ascii_terminal(tmp_path: Path) -> None:
     """ROB-42: `dsh-subagents plugins` and `dsh-subagents demo` print their trees and arrows on an
     ASCII
-    terminal (LC_ALL=C with an ASCII stdout) as replacement characters, never a traceback."""
+    terminal (LC_ALL=C with an ASCII stdout) as replacement characters, never a traceback.
+    The demo runs a short tour (one child) on a script: the same transcript and tree printers."""
     env = {"PYTHONIOENCODING": "ascii", "LC_ALL": "C"}
     listed = dsh("plugins", tmp_path=tmp_path, env=env)
     assert listed.returncode == 0, listed.stderr
     assert b"Traceback" not in listed.stderr
-    demo = dsh("demo", "--prompt", "café", tmp_path=tmp_path, env=env)
+    script = tmp_path / "tour.toml"
+    script.write_text(SHORT_TOUR, encoding="utf-8")
+    demo = dsh("demo", "--model", f"scripted:{script}", "--prompt", "café", tmp_path=tmp_path,
+               env=env)  # fmt: skip
     assert demo.returncode == 0, demo.stderr
     assert b"Traceback" not in demo.stderr and b"caf?" in demo.stdout
     assert demo.stdout.isascii()
+    shown = demo.stdout.decode("ascii")
+    assert "  coordinator    ? subagent {" in shown  # an arrow
+    assert re.search(r'^\?\?\? count\?[0-9a-f]{4} "Count"', shown, re.M), shown  # the tree
 
 
 @pytest.mark.parametrize(
@@ -247,13 +276,18 @@ def test_no_model_request_follows_the_write_that_failed(
     ]
 
 
-@pytest.mark.parametrize("args", [("plugins",), ("demo",), ("run", "hi")])
+@pytest.mark.parametrize(
+    "args",
+    [("plugins",), ("demo", "--model", "scripted:tour.toml", "--prompt", "café"), ("run", "hi")],
+    ids=["plugins", "demo", "run"],
+)
 def test_every_command_stops_quietly_when_its_output_is_closed(
     tmp_path: Path, args: tuple[str, ...]
 ) -> None:
-    """ROB-44: `dsh-subagents plugins`, `dsh-subagents demo` and `dsh-subagents run` with a stdout
-    whose reader is gone
+    """ROB-44: `dsh-subagents plugins`, `dsh-subagents demo` (a short tour: one child) and
+    `dsh-subagents run` with a stdout whose reader is gone
     before they start exit 141 with nothing on stderr (no traceback, no ignored error)."""
+    (tmp_path / "tour.toml").write_text(SHORT_TOUR, encoding="utf-8")
     read, write = os.pipe()
     os.close(read)
     try:
@@ -261,6 +295,7 @@ def test_every_command_stops_quietly_when_its_output_is_closed(
             [sys.executable, "-m", "dsh_subagents.cli", *args],
             stdout=write,
             stderr=subprocess.PIPE,
+            cwd=tmp_path,
             env=_env(tmp_path),
             timeout=120,
             check=False,

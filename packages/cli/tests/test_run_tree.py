@@ -277,6 +277,8 @@ class Plugin:
 import dsh_core
 real = dsh_core.make_plugin_manager  # the command imports it when a command runs
 dsh_core.make_plugin_manager = lambda **kw: real(plugins={"stuck": Plugin()}, **kw)
+import dsh_subagents._run as run
+run.STILL_STOPPING = 0.2  # the hint's delay (2 s): the test waits for the hint, not the clock
 sys.exit(cli.main())
 """
 

@@ -335,15 +335,16 @@ def test_show_children_names_a_child_it_cannot_read_and_shows_its_siblings(
 
 
 def test_tree_lists_descendants_with_label_provider_mode_status_and_epochs(
-    demo: Path, tmp_path: Path
+    demo: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """CLI-35: `sessions tree` gives each descendant the subagent listing finds, with its label,
     provider, mode, how its last turn ended and its epochs (a resumed child has two); a
-    damaged child is a diagnostic row, its siblings still listed."""
+    damaged child is a diagnostic row, its siblings still listed. The text runs as a process;
+    the JSON and the damaged store in-process."""
     root = _root(demo)
-    done = cli("sessions", "tree", root, "--store", str(demo), "--json", tmp=tmp_path)
-    assert done.returncode == 0, done.stderr
-    tree = json.loads(done.stdout)
+    status, raw = inproc("sessions", "tree", root, "--store", str(demo), "--json")
+    assert status == 0
+    tree = json.loads(raw)
     rows = {r["label"]: r for r in tree["descendants"]}
     flights = rows["Find Lisbon flights"]
     assert (flights["provider"], flights["mode"], flights["status"], flights["epochs"]) == (
@@ -355,17 +356,18 @@ def test_tree_lists_descendants_with_label_provider_mode_status_and_epochs(
     assert set(flights) == {
         "id", "parent", "depth", "kind", "label", "mode", "provider", "status", "epochs", "turns"
     }  # fmt: skip
-    text = cli("sessions", "tree", root, "--store", str(demo), tmp=tmp_path).stdout
+    text = cli("sessions", "tree", root, "--store", str(demo), tmp=tmp_path)
+    assert text.returncode == 0 and text.stderr == "", text.stderr
     assert f'"Find Lisbon flights" {flights["id"]} (spawn, continuable, completed, 2 epochs)' in (
-        text
+        text.stdout
     )
     store = _copy(demo, tmp_path)
     path = store / f"{flights['id']}.jsonl"
     path.write_text(path.read_text().replace('"mode":"continuable"', '"mode":"bogus"', 1))
-    broken = cli("sessions", "tree", root, "--store", str(store), tmp=tmp_path)
-    assert broken.returncode == 0, broken.stderr
-    assert f"{flights['id']} [diagnostic: corrupt]" in broken.stdout
-    assert '"Find an Alfama hotel"' in broken.stdout and broken.stderr == ""
+    status, broken = inproc("sessions", "tree", root, "--store", str(store))
+    assert status == 0
+    assert f"{flights['id']} [diagnostic: corrupt]" in broken
+    assert '"Find an Alfama hotel"' in broken and capsys.readouterr().err == ""
 
 
 # -- the process boundary ------------------------------------------------------------------------

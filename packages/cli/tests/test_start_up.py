@@ -1,4 +1,4 @@
-"""What the command imports and reads to start (CLI-70..CLI-75): the laziness its start-up
+"""What the command imports and reads to start (CLI-17, CLI-70..CLI-75): the laziness its start-up
 figures rely on (benchmarks/cli_start.py, benchmarks/sessions_list.py), proved here; the
 figures themselves are measured there, never asserted.
 
@@ -32,7 +32,7 @@ pytestmark = pytest.mark.slow
 _WATCH = """
 import atexit, json, runpy, sys, threading
 
-WATCHED = ("openai", "dsh_core", "dsh_subagent", "fastjsonschema", "pluggy")
+WATCHED = ("openai", "dsh_core", "dsh_subagent", "fastjsonschema", "pluggy", "rich")
 first = {}
 
 class Spy:
@@ -97,12 +97,24 @@ def test_sessions_list_imports_neither_the_runtime_nor_the_sdk(tmp_path: Path) -
         assert seen == {}, extra
 
 
-def test_a_run_without_an_openai_model_never_imports_the_sdk(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def scripted_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """What one `run --model scripted hi` (its output a pipe) imported."""
+    return _imports(["run", "--model", "scripted", "hi"], tmp_path_factory.mktemp("run"))
+
+
+def test_a_run_without_an_openai_model_never_imports_the_sdk(scripted_run: dict[str, Any]) -> None:
     """CLI-71: `run` on the scripted model (the default composition, every installed plugin
     mounted, llm-openai among them) never imports openai; the runtime, of course, it does."""
-    seen = _imports(["run", "--model", "scripted", "hi"], tmp_path)
-    assert "openai" not in seen
-    assert "dsh_core" in seen
+    assert "openai" not in scripted_run
+    assert "dsh_core" in scripted_run
+
+
+def test_rich_is_not_imported_when_the_output_is_not_a_terminal(
+    scripted_run: dict[str, Any],
+) -> None:
+    """CLI-17: a run whose output is a pipe never imports `rich` (start-up time)."""
+    assert "rich" not in scripted_run
 
 
 def test_a_run_on_an_openai_model_starts_importing_the_sdk_in_a_thread_at_once(
