@@ -300,11 +300,19 @@ async def test_warm_logs_are_bounded_by_count_and_by_events(env: Env) -> None:
     persistence.warm_events = 10_000
     await env.written("g", 1)
     assert "g" in persistence._warm
+    if env.kind == "jsonl":  # the files' bytes: a log larger than the room left is not kept
+        persistence.warm_bytes = env.file("g").stat().st_size + 1
+        await env.written("h", 1)
+        assert list(persistence._warm) == ["h"]
+        assert persistence._warm_size == env.file("h").stat().st_size
+        persistence.warm_bytes = 10
+        await env.resumed("h", 1)
+        assert persistence._warm == {} and persistence._warm_size == 0
     reads = len(env.reads)
     (await persistence.prepare("a")).dispose()  # dropped: read from the store
     assert len(env.reads) == reads + 1
     await env.close()
-    assert persistence._warm == {} and persistence._warm_total == 0
+    assert persistence._warm == {} and persistence._warm_total == persistence._warm_size == 0
 
 
 async def test_a_log_with_a_stand_in_is_never_kept_warm(jsonl: Env) -> None:
@@ -388,4 +396,4 @@ def test_a_replay_resumed_part_way_is_the_whole_replay(
 def test_jsonl_store_keeps_warm_logs_by_default(tmp_path: Path) -> None:
     """DUR-54: the bounds a store starts with (documented in docs/sessions.md)."""
     store = JsonlSessionPersistence(tmp_path)
-    assert (store.warm_sessions, store.warm_events) == (32, 50_000)
+    assert (store.warm_sessions, store.warm_events, store.warm_bytes) == (32, 50_000, 16 << 20)

@@ -283,6 +283,11 @@ class JsonlSessionPersistence(JsonlListing):
             return None  # more or less than this holder wrote
         return _file_stamp(st)
 
+    def _stored_size(self, stamp: Hashable) -> int:
+        assert isinstance(stamp, tuple)
+        size: int = stamp[3]
+        return size
+
     def _unchanged(self, handle: _Handle | None, stamp: Hashable, id: str | None = None) -> bool:
         try:
             if handle is None:

@@ -33,6 +33,8 @@ if TYPE_CHECKING:
 WARM_SESSIONS = 32
 #: How many events those logs hold together by default (``SessionPersistence.warm_events``).
 WARM_EVENTS = 50_000
+#: How many stored bytes they take together by default (``SessionPersistence.warm_bytes``).
+WARM_BYTES = 16 * 1024 * 1024
 
 # -- listing ------------------------------------------------------------------------------------
 
@@ -109,7 +111,7 @@ class _Warm:
     none yet). It stands for the stored log only while the log's stamp is still ``stamp``.
     """
 
-    __slots__ = ("events", "header", "scan", "scanned", "stamp")
+    __slots__ = ("events", "header", "scan", "scanned", "size", "stamp")
 
     def __init__(
         self,
@@ -118,10 +120,12 @@ class _Warm:
         stamp: Hashable,
         scan: _Scan | None,
         scanned: int,
+        size: int,
     ) -> None:
         self.header = header
         self.events = events
         self.stamp = stamp
+        self.size = size  # the stored log's bytes, if the backend counts them (else 0)
         self.scan = scan
         self.scanned = scanned if scan is not None else 0
 
@@ -230,9 +234,13 @@ class SessionPersistence:
         self.warm_sessions: int = WARM_SESSIONS
         #: The most events those logs hold together (a longer log is never kept); 0: none.
         self.warm_events: int = WARM_EVENTS
-        #: The warm logs by id, the least recently closed first, and their events in all.
+        #: The most bytes their stored logs take together (the JSONL store's files; decoded,
+        #: a log takes about three times its file's size in memory).
+        self.warm_bytes: int = WARM_BYTES
+        #: The warm logs by id, the least recently closed first, and their events and bytes.
         self._warm: dict[str, _Warm] = {}
         self._warm_total = 0
+        self._warm_size = 0
         self._ctx: Context | None = None
         self._types: EventTypeRegistry | None = None
         self._closed = False
@@ -586,7 +594,7 @@ class SessionPersistence:
             timer.cancel()  # each close below syncs what its session left unsynced
         self._unsynced.clear()
         self._warm.clear()
-        self._warm_total = 0
+        self._warm_total = self._warm_size = 0
         if self._owed and self._committing is None:
             self._group_commit()  # the deferred syncs of disposed sessions, now
         tracked = list(self._tracked.values())
@@ -759,6 +767,8 @@ class SessionPersistence:
     def _keep_warm(self, rec: _Tracked) -> None:
         """Keep a disposed session's log warm if everything of it was written faithfully (no
         stand-in, no failure) and the backend can stamp the log as it now stands."""
+        sid = rec.session.header.id
+        self._forget_warm(sid)
         end = rec.end
         if (
             end is None
@@ -771,25 +781,30 @@ class SessionPersistence:
             return
         stamp = self._warm_stamp(rec.handle)
         if stamp is None:
-            self._forget_warm(rec.session.header.id)
+            return
+        size = self._stored_size(stamp)
+        if size > self.warm_bytes:
             return
         events = rec.session.events
         if len(events) != end:
             events = events[:end]
-        scan = rec.scan
-        warm = _Warm(rec.session.header, events, stamp, scan, rec.scanned)
+        warm = _Warm(rec.session.header, events, stamp, rec.scan, rec.scanned, size)
         rec.scan = None  # handed over: the replay is the warm log's now
-        sid = rec.session.header.id
-        self._forget_warm(sid)
         self._warm[sid] = warm
         self._warm_total += len(events)
-        while len(self._warm) > self.warm_sessions or self._warm_total > self.warm_events:
+        self._warm_size += size
+        while (
+            len(self._warm) > self.warm_sessions
+            or self._warm_total > self.warm_events
+            or self._warm_size > self.warm_bytes
+        ):
             self._forget_warm(next(iter(self._warm)))  # the least recently closed goes first
 
     def _forget_warm(self, id: str) -> _Warm | None:
         warm = self._warm.pop(id, None)
         if warm is not None:
             self._warm_total -= len(warm.events)
+            self._warm_size -= warm.size
         return warm
 
     def _warm_loaded(self, id: str, warm: _Warm, commit: bool) -> _Loaded:
@@ -1185,6 +1200,11 @@ class SessionPersistence:
         hold: ``None`` unless the log holds exactly the session's events as written (default:
         ``None``, so nothing is ever kept warm)."""
         return None
+
+    def _stored_size(self, stamp: Hashable) -> int:
+        """The bytes of the stored log that ``stamp`` (of :meth:`_warm_stamp`) stamps, for
+        :attr:`warm_bytes` (default: 0, a backend whose logs are in memory anyway)."""
+        return 0
 
     def _unchanged(self, handle: _Handle | None, stamp: Hashable, id: str | None = None) -> bool:
         """Whether the stored log (through ``handle``, held; or of ``id``, unheld) still has
