@@ -21,6 +21,7 @@ from dsh_core import (
     Session,
     SessionError,
     SessionEvent,
+    SessionHeader,
     SessionStoreService,
     StepData,
     TurnEndData,
@@ -28,6 +29,8 @@ from dsh_core import (
     TurnStartData,
     dumps,
 )
+from dsh_core._agent import _last_snapshot
+from dsh_core._inbox import Inbox
 from dsh_core._persistence import (
     JsonlSessionPersistence,
     SessionPersistence,
@@ -35,6 +38,7 @@ from dsh_core._persistence import (
     install_memory_persistence,
 )
 from dsh_core._persistence._repair import _closers, _scan
+from dsh_core._sessions import FoldedSeed, LogFold, fold_log
 from dsh_core.testing.strategies import session_logs
 
 BACKENDS = ["memory", "jsonl"]
@@ -391,6 +395,42 @@ def test_a_replay_resumed_part_way_is_the_whole_replay(
     assert untimed(_closers("s", resumed, len(events))) == untimed(
         _closers("s", whole, len(events))
     )
+
+
+def _derived(session: Session) -> tuple[Any, ...]:
+    """What a session and an agent on it derive from the log."""
+    inbox = Inbox(session, lambda name, message: None)
+    return (
+        tuple(session.derive_messages()),
+        session.request_header(),
+        tuple(inbox.next_turn),
+        tuple(inbox.next_step),
+        _last_snapshot(session),
+    )
+
+
+def _fold_state(fold: LogFold) -> tuple[Any, ...]:
+    return tuple(getattr(fold, name) for name in LogFold.__slots__)
+
+
+@settings(max_examples=80, deadline=None)
+@given(session_logs(max_turns=4), st.integers(0, 200), st.integers(0, 200))
+def test_a_fold_resumed_part_way_is_the_whole_fold(
+    events: tuple[SessionEvent, ...], cut: int, seed_length: int
+) -> None:
+    """DUR-58: a log's fold (the session's messages and request header, the agent's inbox
+    and last snapshot), resumed from the fold of any prefix, is the whole fold; a session
+    given its seed with that fold derives what one folding the seed itself derives."""
+    cut, seed_length = min(cut, len(events)), min(seed_length, len(events))
+    whole = fold_log(events, seed_length)
+    resumed = fold_log(events, seed_length, fold_log(events[:cut], seed_length))
+    assert _fold_state(resumed) == _fold_state(whole)
+    header = SessionHeader(id="s", created_at=1, seed_length=seed_length)
+    types = EventTypeRegistry()
+    plain = Session(header, types=types, seed=events, stored=True)
+    folded = Session(header, types=types, seed=FoldedSeed(events, resumed), stored=True)
+    assert untimed(folded.events) == untimed(plain.events)  # the end-seed is stamped anew
+    assert _derived(folded) == _derived(plain)
 
 
 def test_jsonl_store_keeps_warm_logs_by_default(tmp_path: Path) -> None:

@@ -22,7 +22,7 @@ from .._events import (
     SessionHeader,
 )
 from .._log_checker import LogInvariantError
-from .._sessions import Session, check_session_id
+from .._sessions import FoldedSeed, LogFold, Session, check_session_id, fold_log
 from ._common import T, _check, _deliver, _log, _settle, _stored_anyway, _succeeded, _Unwritten
 from ._repair import _closers, _Scan, _scan, _validate_appended
 
@@ -100,6 +100,7 @@ class _Loaded:
     # The log invariant's replay of events[:scanned] (the stored part), carried to the warm log.
     scan: _Scan | None = None
     scanned: int = 0
+    fold: LogFold | None = None  # what the session derives of ``events`` (a warm log's only)
 
 
 class _Warm:
@@ -111,7 +112,7 @@ class _Warm:
     none yet). It stands for the stored log only while the log's stamp is still ``stamp``.
     """
 
-    __slots__ = ("events", "header", "scan", "scanned", "size", "stamp")
+    __slots__ = ("events", "fold", "header", "scan", "scanned", "size", "stamp")
 
     def __init__(
         self,
@@ -121,8 +122,10 @@ class _Warm:
         scan: _Scan | None,
         scanned: int,
         size: int,
+        fold: LogFold | None,
     ) -> None:
         self.header = header
+        self.fold = fold  # what the session derives of events[:fold.length], if known
         self.events = events
         self.stamp = stamp
         self.size = size  # the stored log's bytes, if the backend counts them (else 0)
@@ -133,7 +136,17 @@ class _Warm:
 class _Tracked:
     """A session this host writes: how much of it is stored, and where its log ends."""
 
-    __slots__ = ("end", "handle", "scan", "scanned", "session", "stored", "unsynced", "writing")
+    __slots__ = (
+        "end",
+        "fold",
+        "handle",
+        "scan",
+        "scanned",
+        "session",
+        "stored",
+        "unsynced",
+        "writing",
+    )
 
     def __init__(
         self,
@@ -144,6 +157,7 @@ class _Tracked:
         unsynced: bool,
         scan: _Scan | None = None,
         scanned: int = 0,
+        fold: LogFold | None = None,
     ) -> None:
         self.session = session
         self.handle = handle
@@ -156,6 +170,7 @@ class _Tracked:
         # log of this session goes on from it instead of replaying the whole log again.
         self.scan = scan
         self.scanned = scanned
+        self.fold = fold  # the restored part's fold, likewise
 
     def pending(self) -> Sequence[SessionEvent]:
         """The events to store next (a copy): everything beyond ``stored``, up to ``end``."""
@@ -172,6 +187,7 @@ class _Prepared:
     stored: int
     scan: _Scan | None = None
     scanned: int = 0
+    fold: LogFold | None = None
 
 
 class SessionPreparation:
@@ -362,6 +378,7 @@ class SessionPersistence:
                 unsynced=False,
                 scan=prepared.scan,
                 scanned=prepared.scanned,
+                fold=prepared.fold,
             )
         else:
             if self._claimed(sid) or sid in self._closing:
@@ -788,8 +805,8 @@ class SessionPersistence:
         events = rec.session.events
         if len(events) != end:
             events = events[:end]
-        warm = _Warm(rec.session.header, events, stamp, rec.scan, rec.scanned, size)
-        rec.scan = None  # handed over: the replay is the warm log's now
+        warm = _Warm(rec.session.header, events, stamp, rec.scan, rec.scanned, size, rec.fold)
+        rec.scan = rec.fold = None  # handed over: the replay is the warm log's now
         self._warm[sid] = warm
         self._warm_total += len(events)
         self._warm_size += size
@@ -809,11 +826,16 @@ class SessionPersistence:
 
     def _warm_loaded(self, id: str, warm: _Warm, commit: bool) -> _Loaded:
         """``_read_repaired`` from a warm log: the same events, verdict and closers, with only
-        the events its replay has not seen replayed (those of the last activation)."""
+        the events its replay has not seen replayed (those of the last activation). With
+        ``commit`` (a resume) also the log's fold, likewise (the first time: all of it)."""
         events = builtins.list(warm.events)
         scan = _scan(events, self._locator(id), resume=warm.scan, start=warm.scanned)
         warm.scan, warm.scanned = scan, len(events)
-        return self._repaired(id, warm.header, events, scan, commit)
+        loaded = self._repaired(id, warm.header, events, scan, commit)
+        if not commit:
+            return loaded
+        fold = fold_log(loaded.events, warm.header.seed_length, warm.fold)
+        return attrs.evolve(loaded, events=FoldedSeed(loaded.events, fold), fold=fold)
 
     # -- reading ---------------------------------------------------------------------------------
 
@@ -984,6 +1006,7 @@ class SessionPersistence:
                 stored=len(loaded.events),
                 scan=loaded.scan,
                 scanned=loaded.scanned,
+                fold=loaded.fold,
             )
         except BaseException:
             if handle is not None:
