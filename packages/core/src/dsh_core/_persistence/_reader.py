@@ -121,8 +121,7 @@ class JsonlReader(SessionPersistence):
         return header, events, lambda i: f"session file {path} line {i + 2}"
 
     def _locator(self, id: str) -> Callable[[int], str]:
-        path = self.path_of(id)
-        return lambda i: f"session file {path} line {i + 2}"
+        return lambda i: f"session file {self.path_of(id)} line {i + 2}"  # named on failure only
 
     def _parse(
         self, id: str, path: Path, data: bytes
