@@ -1197,9 +1197,9 @@ def _last_turn(session: Session) -> int:
 def _last_snapshot(session: Session) -> str | None:
     messages = session.derive_messages()
     fold = session._seed_fold  # a warm log's: only the messages after it are looked at
-    known = len(fold.messages) if fold is not None else 0
-    for i in range(len(messages) - 1, known - 1, -1):
-        m = messages[i]
+    if fold is not None:
+        messages = messages[len(fold.messages) :]
+    for m in reversed(messages):
         if _is_snapshot(m):
             return m.text
     return fold.snapshot if fold is not None else None
