@@ -205,7 +205,7 @@ async def _run(followups: int, kills: int) -> None:
         print(
             f"warm follow-up ({followups}, each beside one SDK-only prompt, the order flipped "
             "every pair): medians of all, the first 20 and the last 20 (the parent resumes the "
-            "settled local child from its store at each follow-up: its cost grows with the log)"
+            "settled local child at each follow-up, from its store's warm log)"
         )
         for label, part in (
             ("all", slice(None)),

@@ -77,6 +77,7 @@ from ._inbox import Inbox, InboxTarget
 from ._json import MAX_NESTING, JsonValue, NotJsonError, freeze_json
 from ._llm import BlockAssembler, GenerateOptions, failure_of
 from ._prompt import AssembleContext, PromptAssembly
+from ._sessions import is_snapshot
 from ._tools import ToolExecutionInput, ToolExecutionResult, ToolRegistry, failure
 from ._words import check_positive_int, not_json_text
 
@@ -1182,8 +1183,7 @@ async def _terminal_verdict(error: RequestErrorContext) -> str:
     return "fail"
 
 
-def _is_snapshot(m: Message) -> bool:
-    return isinstance(m.source, PluginSource) and m.source.form == "snapshot"
+_is_snapshot = is_snapshot
 
 
 def _last_turn(session: Session) -> int:
@@ -1195,10 +1195,14 @@ def _last_turn(session: Session) -> int:
 
 
 def _last_snapshot(session: Session) -> str | None:
-    for m in reversed(session.derive_messages()):
+    messages = session.derive_messages()
+    fold = session._seed_fold  # a warm log's: only the messages after it are looked at
+    if fold is not None:
+        messages = messages[len(fold.messages) :]
+    for m in reversed(messages):
         if _is_snapshot(m):
             return m.text
-    return None
+    return fold.snapshot if fold is not None else None
 
 
 def _check_commit(produced: object) -> None:

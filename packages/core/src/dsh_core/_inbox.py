@@ -43,9 +43,14 @@ def _apply(lists: dict[str, list[Message]], d: InboxSplicedData) -> None:
     target[d.start : d.start + d.removed_count] = d.inserted
 
 
-def replay_inbox(events: Iterable[SessionEvent]) -> tuple[list[Message], list[Message]]:
-    """The ``(next_turn, next_step)`` projection a sequence of events leaves behind."""
-    lists: dict[str, list[Message]] = {"next-turn": [], "next-step": []}
+def replay_inbox(
+    events: Iterable[SessionEvent],
+    since: tuple[list[Message], list[Message]] | None = None,
+) -> tuple[list[Message], list[Message]]:
+    """The ``(next_turn, next_step)`` projection a sequence of events leaves behind (after
+    ``since``, the projection of the events before them, taken over, if given)."""
+    turn, step = since if since is not None else ([], [])
+    lists: dict[str, list[Message]] = {"next-turn": turn, "next-step": step}
     for event in events:
         if event.type == "agent/inbox/spliced":
             _apply(lists, event.data)
@@ -76,7 +81,13 @@ class Inbox:
         self._notify = notify
         self._heard = heard
         start = session.header.seed_length or 0
-        self.next_turn, self.next_step = replay_inbox(session.events_since(start))
+        fold = session._seed_fold
+        if fold is not None and fold.start == start:  # a warm log: replay what follows it
+            self.next_turn, self.next_step = replay_inbox(
+                session.events_since(fold.length), (list(fold.next_turn), list(fold.next_step))
+            )
+        else:
+            self.next_turn, self.next_step = replay_inbox(session.events_since(start))
         self._pending = {m.id for m in (*self.next_turn, *self.next_step)}
 
     def _list(self, target: str) -> list[Message]:

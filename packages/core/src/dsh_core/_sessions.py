@@ -20,7 +20,7 @@ import attrs
 
 from ._codec import Unfit
 from ._codec import checkers as _checkers
-from ._content import Message, new_id
+from ._content import Message, PluginSource, new_id
 from ._events import (
     SESSION_FORMAT_VERSION,
     EndSeedData,
@@ -161,6 +161,7 @@ class Session:
         "_messages_tuple",
         "_messages_view",
         "_request_header",
+        "_seed_fold",
         "_specs",
         "_types",
         "_validators",
@@ -202,6 +203,8 @@ class Session:
         # Set by a persistence backend that writes through (see checkpoint); None: nothing to do.
         self._checkpointer: Callable[[Session], None] | None = None
         self.first_live_seq = 0
+        #: What a backend derived of the seed already (see :class:`FoldedSeed`), else None.
+        self._seed_fold: LogFold | None = None
         if seed is not None:
             self._load_seed(seed, from_store=stored)
 
@@ -212,7 +215,11 @@ class Session:
             # (types, payloads, surface metadata), replayed it through the log invariant and
             # closed any open turn, so it is contiguous and balanced; checking it all again
             # would double the cost of a resume for nothing.
-            self._fold_seed(seed)
+            fold = given.fold if isinstance(given, FoldedSeed) else None
+            if fold is not None and fold.length == len(seed):
+                self._take_fold(seed, fold)
+            else:
+                self._fold_seed(seed)
             return
         for i, event in enumerate(seed):
             if event.seq != i:
@@ -258,6 +265,17 @@ class Session:
             fold = folds.get(event.type)
             if fold is not None:
                 fold(self, event.data)
+        self._end_seed(seed)
+
+    def _take_fold(self, seed: list[SessionEvent], fold: LogFold) -> None:
+        """:meth:`_fold_seed` with the folds of ``seed`` done already (``fold`` is of these
+        very events): nothing is folded again, whatever the log's length."""
+        self._messages.extend(fold.messages)
+        self._request_header = fold.request_header
+        self._seed_fold = fold
+        self._end_seed(seed)
+
+    def _end_seed(self, seed: list[SessionEvent]) -> None:
         self._events.extend(seed)
         self.first_live_seq = len(seed)
         if not seed or seed[-1].type != "session/end-seed":
@@ -794,3 +812,117 @@ _FOLDS: dict[str, Callable[[Session, Any], None]] = {
     "tool/result": _fold_result,
     "request/header": _fold_header,
 }
+
+
+def is_snapshot(message: Message) -> bool:
+    """Whether ``message`` is a system-prompt context snapshot (the agent loop's)."""
+    source = message.source
+    return isinstance(source, PluginSource) and source.form == "snapshot"
+
+
+class LogFold:
+    """What a session and its agent derive from the first ``length`` events of a log: the
+    session's folds (its messages, its request header), the agent's inbox (a replay of the
+    splices from the header's ``seed_length`` on) and its last context snapshot.
+
+    A restored session given its seed as a :class:`FoldedSeed` takes these over instead of
+    deriving them again (a warm log: the store carries the fold from one activation of the
+    log to the next, folding only the events in between, see :func:`fold_log`). Immutable.
+    """
+
+    __slots__ = (
+        "length",
+        "messages",
+        "next_step",
+        "next_turn",
+        "request_header",
+        "snapshot",
+        "start",
+    )
+
+    def __init__(
+        self,
+        *,
+        length: int,
+        start: int,
+        messages: tuple[Message, ...],
+        request_header: EpochHeader | None,
+        next_turn: tuple[Message, ...],
+        next_step: tuple[Message, ...],
+        snapshot: str | None,
+    ) -> None:
+        self.length = length
+        self.start = start  # the seq the inbox replay starts at
+        self.messages = messages
+        self.request_header = request_header
+        self.next_turn = next_turn
+        self.next_step = next_step
+        self.snapshot = snapshot
+
+
+class _Folding:
+    """A stand-in for a session while :func:`fold_log` runs its folds (the same functions)."""
+
+    __slots__ = ("_messages", "_request_header")
+
+    def __init__(self, messages: list[Message], header: EpochHeader | None) -> None:
+        self._messages = messages
+        self._request_header = header
+
+
+def fold_log(
+    events: Sequence[SessionEvent], seed_length: int | None, since: LogFold | None = None
+) -> LogFold:
+    """The :class:`LogFold` of ``events``; given ``since`` (a fold of ``events[:since.length]``
+    with the same ``seed_length``), only the events after it are folded."""
+    from ._inbox import replay_inbox
+
+    start = seed_length or 0
+    if since is None or since.start != start or since.length > len(events):
+        since = LogFold(
+            length=0,
+            start=start,
+            messages=(),
+            request_header=None,
+            next_turn=(),
+            next_step=(),
+            snapshot=None,
+        )
+    new = events[since.length :]
+    folding = _Folding([], since.request_header)
+    stand_in: Any = folding
+    folds = _FOLDS
+    for event in new:
+        fold = folds.get(event.type)
+        if fold is not None:
+            fold(stand_in, event.data)
+    added = folding._messages
+    snapshot = since.snapshot
+    for message in reversed(added):
+        if is_snapshot(message):
+            snapshot = message.text
+            break
+    skip = max(0, start - since.length)  # the inbox replays the log's own part only
+    next_turn, next_step = replay_inbox(
+        islice(new, skip, None), (list(since.next_turn), list(since.next_step))
+    )
+    return LogFold(
+        length=len(events),
+        start=start,
+        messages=since.messages + tuple(added),
+        request_header=folding._request_header,
+        next_turn=tuple(next_turn),
+        next_step=tuple(next_step),
+        snapshot=snapshot,
+    )
+
+
+class FoldedSeed(list[SessionEvent]):
+    """A stored seed with its :class:`LogFold` (of exactly these events), for a backend's
+    ``sessions.prepare(seed=..., restored=...)``: the session takes the fold over."""
+
+    __slots__ = ("fold",)
+
+    def __init__(self, events: Iterable[SessionEvent], fold: LogFold) -> None:
+        super().__init__(events)
+        self.fold = fold

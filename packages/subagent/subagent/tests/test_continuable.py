@@ -1238,11 +1238,13 @@ async def test_cold_resume_reads_the_log_once(
     store: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """CONT-10, issue 13 performance: a cold-resume follow-up reads the child's stored log
-    once (the read that authorizes and folds the descriptor becomes the resumed session)."""
+    once (the read that authorizes and folds the descriptor becomes the resumed session);
+    here the store keeps no warm log, as after a restart."""
     async with boot(store=store, store_root=tmp_path) as b:
+        persistence = b.host.ctx.session_persistence
+        persistence.warm_sessions = 0
         started = await b.start("first")
         await b.settled(started.child_id)
-        persistence = b.host.ctx.session_persistence
         read = persistence._read
         reads: list[str] = []
 
@@ -1255,6 +1257,44 @@ async def test_cold_resume_reads_the_log_once(
         await b.settled(started.child_id)
         assert reads == [started.child_id]
         assert len(b.ends()) == 2
+
+
+@pytest.mark.parametrize("store", ["memory", "jsonl"])
+async def test_a_follow_up_after_200_turns_reads_and_decodes_nothing(
+    store: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """DUR-59: a follow-up to a settled continuable child whose log this host wrote and
+    closed resumes it from the warm log: after 200 turns it reads no log and decodes no
+    event, and the store still holds what the resumed session holds."""
+    async with boot(store=store, store_root=tmp_path) as b:
+        persistence = b.host.ctx.session_persistence
+        started = await b.start("first")
+        child = started.child_id
+        await b.settled(child)
+        reads: list[str] = []
+        decoded: list[int] = []
+        read, decode = persistence._read, persistence.types.decode
+
+        def counting_read(id: str, handle: Any) -> Any:
+            reads.append(id)
+            return read(id, handle)
+
+        def counting_decode(value: Any) -> Any:
+            decoded.append(1)
+            return decode(value)
+
+        monkeypatch.setattr(persistence, "_read", counting_read)
+        monkeypatch.setattr(persistence.types, "decode", counting_decode)
+        for i in range(200):
+            await b.send(child, f"again {i}")
+            await b.settled(child)
+        assert (reads, decoded) == ([], [])
+        assert len(b.ends()) == 201
+        kept = persistence._warm[child].events
+        monkeypatch.undo()
+        persistence._warm.clear()
+        _, stored = await persistence.inspect(child)
+        assert stored == kept and len(stored) > 200 * 8
 
 
 async def test_a_foreign_cold_resume_leaves_the_log_untouched(tmp_path: Path) -> None:

@@ -13,6 +13,11 @@ process died mid-turn) closes that turn instead of truncating it: an error ``too
 pending call, ``step/end`` if a step is open, ``turn/end(interrupted)``. ``inspect`` adds the
 closers in memory only; ``prepare`` and ``load`` write them. A live session is never repaired.
 
+A log this backend wrote and closed itself stays *warm* for a while (bounded by count, events
+and bytes): decoded, with its invariant replay and its fold. ``prepare`` and ``inspect`` of it
+read nothing while the backend's stamp proves the stored log unchanged since that last write,
+and check and fold only the events of its last activation; any other log is read from the store.
+
 The modules show the concerns: ``_store`` the interface and its tracking, checkpoints and group
 commit (every backend shares them), ``_repair`` validation and crash repair, ``_memory`` the
 in-memory backend, and the JSONL backend in layers: ``_files`` (opening files safely, locks,

@@ -89,7 +89,18 @@ def _open_stat(path: Path | str, flags: int) -> tuple[int, os.stat_result]:
 
 
 class _FileHandle(_Handle):
-    __slots__ = ("dir_synced", "fd", "ident", "lost", "name", "path", "size", "synced", "written")
+    __slots__ = (
+        "altered",
+        "dir_synced",
+        "fd",
+        "ident",
+        "lost",
+        "name",
+        "path",
+        "size",
+        "synced",
+        "written",
+    )
 
     def __init__(
         self, id: str, path: Path, fd: int, *, created: bool, ident: tuple[int, int]
@@ -110,6 +121,9 @@ class _FileHandle(_Handle):
         #: Set when the file was found deleted or replaced under this writer: every later
         #: write fails with it (never written into a file nobody can read back).
         self.lost: SessionError | None = None
+        #: Set once a write stored a stand-in for an event it could not encode: the file then
+        #: differs from the session's events, and is never kept warm.
+        self.altered = False
 
 
 def _sync(handle: _FileHandle, fd: int | None = None) -> None:

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import builtins
 import os
+import stat
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
@@ -268,6 +269,42 @@ class JsonlSessionPersistence(JsonlListing):
         else:
             self._commit_later(rec)
 
+    # -- warm logs -------------------------------------------------------------------------------
+
+    def _warm_stamp(self, handle: _Handle) -> Hashable | None:
+        assert isinstance(handle, _FileHandle)
+        if handle.fd < 0 or handle.lost is not None or handle.truncate or handle.altered:
+            return None  # not the session's events as written: a stand-in, a failed write
+        try:
+            st = os.fstat(handle.fd)
+        except OSError:
+            return None
+        if st.st_size != handle.size:
+            return None  # more or less than this holder wrote
+        return _file_stamp(st)
+
+    def _stored_size(self, stamp: Hashable) -> int:
+        assert isinstance(stamp, tuple)
+        size: int = stamp[3]
+        return size
+
+    def _unchanged(self, handle: _Handle | None, stamp: Hashable, id: str | None = None) -> bool:
+        try:
+            if handle is None:
+                assert id is not None
+                st = os.lstat(self.path_of(id))  # never followed: a symlink's stamp differs
+            else:
+                assert isinstance(handle, _FileHandle)
+                st = os.fstat(handle.fd)
+        except OSError:
+            return False
+        if not stat.S_ISREG(st.st_mode) or _file_stamp(st) != stamp:
+            return False
+        if handle is not None:  # what a read would have noted: every line complete
+            handle.size = st.st_size
+            handle.truncate = False
+        return True
+
     def _dirty(self, handle: _Handle) -> bool:
         assert isinstance(handle, _FileHandle)
         return handle.fd >= 0 and (handle.synced != handle.written or not handle.dir_synced)
@@ -358,7 +395,14 @@ class JsonlSessionPersistence(JsonlListing):
             ) from exc
         handle.size += len(data)
         if failed:
+            handle.altered = True  # the file no longer holds the session's events as they are
             raise _unwritten(handle.path, failed)
+
+
+def _file_stamp(st: os.stat_result) -> tuple[int, int, int, int, int]:
+    """A log file's stamp: its identity, change time, size and modification time (any write
+    changes it, as does a file put in its place)."""
+    return (st.st_ino, st.st_dev, st.st_ctime_ns, st.st_size, st.st_mtime_ns)
 
 
 def _syncer(

@@ -70,6 +70,7 @@ class MemorySessionPersistence(SessionPersistence):
             oldest = next(iter(disposed))
             del disposed[oldest]
             self._logs.pop(oldest, None)
+            self._forget_warm(oldest)
 
     def _read(
         self, id: str, handle: _Handle | None
@@ -90,6 +91,14 @@ class MemorySessionPersistence(SessionPersistence):
 
     def _stamps(self) -> dict[str, Hashable]:
         return {id: (log, len(log.events)) for id, log in self._logs.items()}
+
+    def _warm_stamp(self, handle: _Handle) -> Hashable | None:
+        log = self._logs.get(handle.id)
+        return None if log is None else (log, len(log.events))
+
+    def _unchanged(self, handle: _Handle | None, stamp: Hashable, id: str | None = None) -> bool:
+        log = self._logs.get(handle.id if handle is not None else id or "")
+        return log is not None and (log, len(log.events)) == stamp
 
     def _scan(self, id: str, types: frozenset[str]) -> StoredScan:
         log = self._logs.get(id)

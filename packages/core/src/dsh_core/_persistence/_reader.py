@@ -120,6 +120,9 @@ class JsonlReader(SessionPersistence):
             handle.truncate = size != len(data)
         return header, events, lambda i: f"session file {path} line {i + 2}"
 
+    def _locator(self, id: str) -> Callable[[int], str]:
+        return lambda i: f"session file {self.path_of(id)} line {i + 2}"  # named on failure only
+
     def _parse(
         self, id: str, path: Path, data: bytes
     ) -> tuple[SessionHeader, list[SessionEvent], int]:

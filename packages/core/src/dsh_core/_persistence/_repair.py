@@ -4,6 +4,7 @@ events that close a turn a crashed process left open (never truncating)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from itertools import islice
 
 import attrs
 
@@ -42,17 +43,29 @@ def _result_call_id(data: ToolResultData) -> str:
     return ""
 
 
-def _scan(events: Sequence[SessionEvent], locate: Callable[[int], str]) -> _Scan:
+def _scan(
+    events: Sequence[SessionEvent],
+    locate: Callable[[int], str],
+    *,
+    resume: _Scan | None = None,
+    start: int = 0,
+) -> _Scan:
     """Replay ``events`` through the log invariant, remembering the open step's tool calls.
 
     A violation raises ``SESSION_CORRUPT`` with a message that starts with ``locate(index)``.
+    With ``resume`` (a scan of ``events[:start]``, taken over and updated in place) only
+    ``events[start:]`` are replayed: the verdict and the state are those of a whole replay.
     """
-    checker = SessionLogChecker()
+    if resume is None:
+        checker = SessionLogChecker()
+        announced: dict[str, tuple[str, int]] = {}
+        calls: dict[str, tuple[str, int]] = {}
+        answered: set[str] = set()
+    else:
+        checker = resume.checker
+        announced, calls, answered = resume.announced, resume.calls, resume.answered
     check, apply = checker.check, checker.apply
-    announced: dict[str, tuple[str, int]] = {}
-    calls: dict[str, tuple[str, int]] = {}
-    answered: set[str] = set()
-    for i, event in enumerate(events):
+    for i, event in enumerate(islice(events, start, None) if start else events, start):
         try:
             check(event)
         except LogInvariantError as exc:
@@ -80,7 +93,10 @@ def _scan(events: Sequence[SessionEvent], locate: Callable[[int], str]) -> _Scan
             calls[event.data.call_id] = (event.data.name, event.seq)
         elif t == "tool/result":
             answered.add(_result_call_id(event.data))
-    return _Scan(checker=checker, announced=announced, calls=calls, answered=answered)
+    if resume is None:
+        return _Scan(checker=checker, announced=announced, calls=calls, answered=answered)
+    resume.announced, resume.calls, resume.answered = announced, calls, answered
+    return resume
 
 
 _NOT_STARTED = "Error: the session ended before this tool call started; it never ran."

@@ -22,12 +22,19 @@ from .._events import (
     SessionHeader,
 )
 from .._log_checker import LogInvariantError
-from .._sessions import Session, check_session_id
+from .._sessions import FoldedSeed, LogFold, Session, check_session_id, fold_log
 from ._common import T, _check, _deliver, _log, _settle, _stored_anyway, _succeeded, _Unwritten
-from ._repair import _closers, _scan, _validate_appended
+from ._repair import _closers, _Scan, _scan, _validate_appended
 
 if TYPE_CHECKING:
     from .._context import Context
+
+#: How many closed logs a store keeps warm by default (``SessionPersistence.warm_sessions``).
+WARM_SESSIONS = 32
+#: How many events those logs hold together by default (``SessionPersistence.warm_events``).
+WARM_EVENTS = 50_000
+#: How many stored bytes they take together by default (``SessionPersistence.warm_bytes``).
+WARM_BYTES = 16 * 1024 * 1024
 
 # -- listing ------------------------------------------------------------------------------------
 
@@ -88,15 +95,70 @@ class _Handle:
 @attrs.frozen(kw_only=True)
 class _Loaded:
     header: SessionHeader
-    events: list[SessionEvent]
+    events: list[SessionEvent]  # the stored events, then the repair closers
+    closers: list[SessionEvent] = attrs.field(factory=list)
+    # The log invariant's replay of events[:scanned] (the stored part), carried to the warm log.
+    scan: _Scan | None = None
+    scanned: int = 0
+    fold: LogFold | None = None  # what the session derives of ``events`` (a warm log's only)
+
+
+class _Warm:
+    """A log this host wrote and closed itself, kept decoded (see :attr:`warm_events`).
+
+    ``events`` is the log as this host wrote it (its events are immutable, and the store
+    reads back what it writes, equal), ``stamp`` the backend's stamp of the log right after
+    that last write, ``scan`` the log invariant's replay of ``events[:scanned]`` (``None``:
+    none yet). It stands for the stored log only while the log's stamp is still ``stamp``.
+    """
+
+    __slots__ = ("events", "fold", "header", "scan", "scanned", "size", "stamp")
+
+    def __init__(
+        self,
+        header: SessionHeader,
+        events: tuple[SessionEvent, ...],
+        stamp: Hashable,
+        scan: _Scan | None,
+        scanned: int,
+        size: int,
+        fold: LogFold | None,
+    ) -> None:
+        self.header = header
+        self.fold = fold  # what the session derives of events[:fold.length], if known
+        self.events = events
+        self.stamp = stamp
+        self.size = size  # the stored log's bytes, if the backend counts them (else 0)
+        self.scan = scan
+        self.scanned = scanned if scan is not None else 0
 
 
 class _Tracked:
     """A session this host writes: how much of it is stored, and where its log ends."""
 
-    __slots__ = ("end", "handle", "session", "stored", "unsynced", "writing")
+    __slots__ = (
+        "end",
+        "fold",
+        "handle",
+        "scan",
+        "scanned",
+        "session",
+        "stored",
+        "unsynced",
+        "writing",
+    )
 
-    def __init__(self, session: Session, handle: _Handle, *, stored: int, unsynced: bool) -> None:
+    def __init__(
+        self,
+        session: Session,
+        handle: _Handle,
+        *,
+        stored: int,
+        unsynced: bool,
+        scan: _Scan | None = None,
+        scanned: int = 0,
+        fold: LogFold | None = None,
+    ) -> None:
         self.session = session
         self.handle = handle
         self.stored = stored  # events [0, stored) are durable
@@ -104,6 +166,11 @@ class _Tracked:
         self.end: int | None = None  # set when tracking ends: later appends are not stored
         # The write under way, if any: done (always with None) once its outcome is counted.
         self.writing: asyncio.Future[None] | None = None
+        # The replay of the restored part (events[:scanned]), if this host read it: a warm
+        # log of this session goes on from it instead of replaying the whole log again.
+        self.scan = scan
+        self.scanned = scanned
+        self.fold = fold  # the restored part's fold, likewise
 
     def pending(self) -> Sequence[SessionEvent]:
         """The events to store next (a copy): everything beyond ``stored``, up to ``end``."""
@@ -118,6 +185,9 @@ class _Prepared:
     session: Session
     handle: _Handle
     stored: int
+    scan: _Scan | None = None
+    scanned: int = 0
+    fold: LogFold | None = None
 
 
 class SessionPreparation:
@@ -176,6 +246,17 @@ class SessionPersistence:
     _commit_jobs = max(1, _workers // 2)
 
     def __init__(self) -> None:
+        #: The most closed logs kept warm (decoded, in memory) for a quick resume; 0: none.
+        self.warm_sessions: int = WARM_SESSIONS
+        #: The most events those logs hold together (a longer log is never kept); 0: none.
+        self.warm_events: int = WARM_EVENTS
+        #: The most bytes their stored logs take together (the JSONL store's files; decoded,
+        #: a log takes about three times its file's size in memory).
+        self.warm_bytes: int = WARM_BYTES
+        #: The warm logs by id, the least recently closed first, and their events and bytes.
+        self._warm: dict[str, _Warm] = {}
+        self._warm_total = 0
+        self._warm_size = 0
         self._ctx: Context | None = None
         self._types: EventTypeRegistry | None = None
         self._closed = False
@@ -290,7 +371,15 @@ class SessionPersistence:
         prepared = self._prepared.get(sid)
         if prepared is not None and prepared.session is session:
             del self._prepared[sid]
-            rec = _Tracked(session, prepared.handle, stored=prepared.stored, unsynced=False)
+            rec = _Tracked(
+                session,
+                prepared.handle,
+                stored=prepared.stored,
+                unsynced=False,
+                scan=prepared.scan,
+                scanned=prepared.scanned,
+                fold=prepared.fold,
+            )
         else:
             if self._claimed(sid) or sid in self._closing:
                 raise SessionError(
@@ -376,6 +465,7 @@ class SessionPersistence:
     def _let_go_later(self, rec: _Tracked) -> None:
         """Release ``rec``'s hold now and start its deferred sync, if the backend has one
         (with :attr:`_batch_let_go`: have the next group commit run it)."""
+        self._keep_warm(rec)
         if self._batch_let_go and not self._closed and len(self._owed) < self._owed_limit:
             owed = self._hand_over(rec.handle)
             if owed is None:
@@ -431,6 +521,7 @@ class SessionPersistence:
                     rec.stored += len(batch)
                     raise
                 rec.stored += len(batch)
+            self._keep_warm(rec)
         finally:
             self._release(rec.handle, discard=False)
 
@@ -519,6 +610,8 @@ class SessionPersistence:
         if timer is not None:
             timer.cancel()  # each close below syncs what its session left unsynced
         self._unsynced.clear()
+        self._warm.clear()
+        self._warm_total = self._warm_size = 0
         if self._owed and self._committing is None:
             self._group_commit()  # the deferred syncs of disposed sessions, now
         tracked = list(self._tracked.values())
@@ -680,21 +773,93 @@ class SessionPersistence:
             del self._prepared[id]
             self._release(prepared.handle, discard=False)
 
+    # -- warm logs ---------------------------------------------------------------------------------
+
+    # A follow-up to a settled child resumes its session right after this host closed it: the
+    # log it would read is the one it just wrote. A warm log spares that read (and the decode
+    # and replay of every event) when the backend's stamp proves the stored log unchanged
+    # since; anything else reads the store (DUR-50..DUR-53). Bounded by count and by events
+    # (DUR-54).
+
+    def _keep_warm(self, rec: _Tracked) -> None:
+        """Keep a disposed session's log warm if everything of it was written faithfully (no
+        stand-in, no failure) and the backend can stamp the log as it now stands."""
+        sid = rec.session.header.id
+        self._forget_warm(sid)
+        end = rec.end
+        if (
+            end is None
+            or rec.stored != end
+            or self._closed
+            or end > self.warm_events
+            or self.warm_events <= 0
+            or self.warm_sessions <= 0
+        ):
+            return
+        stamp = self._warm_stamp(rec.handle)
+        if stamp is None:
+            return
+        size = self._stored_size(stamp)
+        if size > self.warm_bytes:
+            return
+        events = rec.session.events
+        if len(events) != end:
+            events = events[:end]
+        warm = _Warm(rec.session.header, events, stamp, rec.scan, rec.scanned, size, rec.fold)
+        rec.scan = rec.fold = None  # handed over: the replay is the warm log's now
+        self._warm[sid] = warm
+        self._warm_total += len(events)
+        self._warm_size += size
+        while (
+            len(self._warm) > self.warm_sessions
+            or self._warm_total > self.warm_events
+            or self._warm_size > self.warm_bytes
+        ):
+            self._forget_warm(next(iter(self._warm)))  # the least recently closed goes first
+
+    def _forget_warm(self, id: str) -> _Warm | None:
+        warm = self._warm.pop(id, None)
+        if warm is not None:
+            self._warm_total -= len(warm.events)
+            self._warm_size -= warm.size
+        return warm
+
+    def _warm_loaded(self, id: str, warm: _Warm, commit: bool) -> _Loaded:
+        """``_read_repaired`` from a warm log: the same events, verdict and closers, with only
+        the events its replay has not seen replayed (those of the last activation). With
+        ``commit`` (a resume) also the log's fold, likewise (the first time: all of it)."""
+        events = builtins.list(warm.events)
+        scan = _scan(events, self._locator(id), resume=warm.scan, start=warm.scanned)
+        warm.scan, warm.scanned = scan, len(events)
+        loaded = self._repaired(id, warm.header, events, scan, commit)
+        if not commit:
+            return loaded
+        fold = fold_log(loaded.events, warm.header.seed_length, warm.fold)
+        return attrs.evolve(loaded, events=FoldedSeed(loaded.events, fold), fold=fold)
+
     # -- reading ---------------------------------------------------------------------------------
 
     def _load_sync(self, id: str, handle: _Handle | None, commit: bool) -> _Loaded:
-        loaded, closers = self._read_repaired(id, handle, commit)
-        if commit and handle is not None and (closers or handle.truncate):
-            self._write(handle, closers)
+        loaded = self._read_repaired(id, handle, commit)
+        if commit and handle is not None and (loaded.closers or handle.truncate):
+            self._write(handle, loaded.closers)
         return loaded
 
-    def _read_repaired(
-        self, id: str, handle: _Handle | None, commit: bool
-    ) -> tuple[_Loaded, builtins.list[SessionEvent]]:
-        """The stored log with its repair closers appended, and those closers (not written)."""
+    def _read_repaired(self, id: str, handle: _Handle | None, commit: bool) -> _Loaded:
+        """The stored log with its repair closers appended (not written)."""
         header, events, locate = self._read(id, handle)
-        scan = _scan(events, locate)
-        closers = _closers(id, scan, len(events))
+        return self._repaired(id, header, events, _scan(events, locate), commit)
+
+    def _repaired(
+        self,
+        id: str,
+        header: SessionHeader,
+        events: builtins.list[SessionEvent],
+        scan: _Scan,
+        commit: bool,
+    ) -> _Loaded:
+        scanned = len(events)
+        closers = _closers(id, scan, scanned)
         if closers:
             _log.warning(
                 "session %r ended inside turn %s; closed it with %d repair event(s)%s",
@@ -704,7 +869,7 @@ class SessionPersistence:
                 "" if commit else " (in memory only)",
             )
         events.extend(closers)
-        return _Loaded(header=header, events=events), closers
+        return _Loaded(header=header, events=events, closers=closers, scan=scan, scanned=scanned)
 
     # -- public API ------------------------------------------------------------------------------
 
@@ -748,6 +913,7 @@ class SessionPersistence:
         await self._quiesce(id)
         self._refuse_live(ctx, id)
         self._claim(id)
+        self._forget_warm(id)  # the call may write: the store is read again next time
         try:
             handle = await self._hold(id, None)
             try:
@@ -809,20 +975,38 @@ class SessionPersistence:
         self._claim(id)
         handle: _Handle | None = None
         try:
-            handle = await self._hold(id, None)
-            if check is None:
+            warm = self._forget_warm(id)
+            if warm is not None:
+                # Opening and locking a file takes no longer than the creation's, which is
+                # synchronous too: no round trip through a worker thread for a warm log.
+                handle = self._acquire(id, None)
+                if not self._unchanged(handle, warm.stamp):
+                    warm = None  # changed since this host wrote it: read the store (DUR-51)
+            else:
+                handle = await self._hold(id, None)
+            written = False
+            if warm is not None:
+                loaded = self._warm_loaded(id, warm, True)
+            elif check is None:
                 loaded = await self._run(self._load_sync, id, handle, True)
+                written = True
                 _check(signal)
             else:
-                loaded, closers = await self._run(self._read_repaired, id, handle, True)
+                loaded = await self._run(self._read_repaired, id, handle, True)
                 _check(signal)
+            if check is not None:
                 check(loaded.header, loaded.events)
-                if closers or handle.truncate:
-                    await self._run(self._write, handle, closers)
-                    _check(signal)
+            if not written and (loaded.closers or handle.truncate):
+                await self._run(self._write, handle, loaded.closers)
+                _check(signal)
             session = ctx.sessions.prepare(id, seed=loaded.events, restored=loaded.header)
             self._prepared[id] = _Prepared(
-                session=session, handle=handle, stored=len(loaded.events)
+                session=session,
+                handle=handle,
+                stored=len(loaded.events),
+                scan=loaded.scan,
+                scanned=loaded.scanned,
+                fold=loaded.fold,
             )
         except BaseException:
             if handle is not None:
@@ -850,7 +1034,16 @@ class SessionPersistence:
         self._installed()
         _check(signal)
         await self._quiesce(id)
-        loaded = await self._run(self._load_sync, id, None, False)
+        warm = self._warm.get(id)
+        if warm is not None and self._unchanged(None, warm.stamp, id):
+            try:
+                loaded = self._warm_loaded(id, warm, False)
+            except BaseException:
+                self._forget_warm(id)  # its replay stopped half way
+                raise
+        else:
+            self._forget_warm(id)
+            loaded = await self._run(self._load_sync, id, None, False)
         _check(signal)
         return loaded.header, tuple(loaded.events)
 
@@ -1024,6 +1217,27 @@ class SessionPersistence:
     def _stamps(self) -> dict[str, Hashable]:
         """The stamp of each stored log as the last listing saw it (default: none)."""
         return {}
+
+    def _warm_stamp(self, handle: _Handle) -> Hashable | None:
+        """The stamp of a disposed session's log right after its last write, through its
+        hold: ``None`` unless the log holds exactly the session's events as written (default:
+        ``None``, so nothing is ever kept warm)."""
+        return None
+
+    def _stored_size(self, stamp: Hashable) -> int:
+        """The bytes of the stored log that ``stamp`` (of :meth:`_warm_stamp`) stamps, for
+        :attr:`warm_bytes` (default: 0, a backend whose logs are in memory anyway)."""
+        return 0
+
+    def _unchanged(self, handle: _Handle | None, stamp: Hashable, id: str | None = None) -> bool:
+        """Whether the stored log (through ``handle``, held; or of ``id``, unheld) still has
+        ``stamp``. Through a handle it then takes the place of a read: whatever ``_read`` would
+        have noted on the handle is noted from the stamp."""
+        return False
+
+    def _locator(self, id: str) -> Callable[[int], str]:
+        """Where event ``i`` of ``id`` lives, as ``_read`` names it (for error messages)."""
+        return lambda i: f"session {id!r} event {i}"
 
     def _scan(self, id: str, types: frozenset[str]) -> StoredScan:
         """One read of a stored log for :meth:`scan` (default: all of ``_read``)."""
