@@ -5,6 +5,7 @@ taken earlier never changes."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -37,14 +38,28 @@ from dsh_core.testing.strategies import session_logs
 USER = AgentCancelCause(kind="user")
 
 
-@pytest.fixture(autouse=True, scope="module", params=[0, _sessions._TUPLE_UP_TO])
-def tuple_up_to(request: pytest.FixtureRequest) -> Iterator[int]:
-    """Every test runs twice: with views from the first message on, and as shipped (tuples for
-    short histories, views beyond)."""
+#: Every property holds twice: with views from the first message on, and as shipped (tuples
+#: for short histories, views beyond).
+THRESHOLDS = (0, _sessions._TUPLE_UP_TO)
+
+
+@contextlib.contextmanager
+def histories_as_views_beyond(threshold: int) -> Iterator[None]:
+    """Sessions made inside keep their history a tuple up to ``threshold`` messages."""
     saved = _sessions._TUPLE_UP_TO
-    _sessions._TUPLE_UP_TO = request.param
-    yield request.param
-    _sessions._TUPLE_UP_TO = saved
+    _sessions._TUPLE_UP_TO = threshold
+    try:
+        yield
+    finally:
+        _sessions._TUPLE_UP_TO = saved
+
+
+@pytest.fixture(scope="module", params=THRESHOLDS)
+def tuple_up_to(request: pytest.FixtureRequest) -> Iterator[int]:
+    """A test that drives a whole agent runs once per threshold (the pure properties check
+    both thresholds on each generated log: drawing the logs is most of their time)."""
+    with histories_as_views_beyond(request.param):
+        yield request.param
 
 
 @pytest.fixture(scope="module")
@@ -106,6 +121,12 @@ def test_live_history_equals_a_full_derivation_and_views_never_change(
     """host-core §3, acp 16 performance: after every append derive_messages() (a view, not
     a copy) equals a full derivation of the log so far, and every view taken earlier still
     equals the derivation of its own prefix."""
+    for threshold in THRESHOLDS:
+        with histories_as_views_beyond(threshold):
+            _live_history_matches(log, more)
+
+
+def _live_history_matches(log: tuple[SessionEvent, ...], more: tuple[SessionEvent, ...]) -> None:
     session = host().sessions.create("s")
     views: list[tuple[int, Sequence[Message]]] = [(0, session.derive_messages())]
     for event in log + more:
@@ -130,6 +151,14 @@ async def test_seeded_and_stored_histories_equal_a_full_derivation(
     """host-core §3, §4, §5, acp 16 performance: a seeded session and one restored from a
     stored (repaired) JSONL log derive what a full derivation of their log gives, before and
     after new appends."""
+    for threshold in THRESHOLDS:
+        with histories_as_views_beyond(threshold):
+            await _stored_history_matches(store, log, more)
+
+
+async def _stored_history_matches(
+    store: Path, log: tuple[SessionEvent, ...], more: tuple[SessionEvent, ...]
+) -> None:
     header = SessionHeader(id=next(_ids), created_at=1)
     ctx = host()
     persistence = install_jsonl_persistence(ctx, store)
@@ -175,7 +204,7 @@ _TURNS = st.lists(st.lists(_REPLIES, min_size=1, max_size=4), min_size=1, max_si
 @settings(suppress_health_check=[HealthCheck.too_slow], deadline=None, max_examples=30)
 @given(turns=_TURNS, after_resume=_TURNS)
 async def test_every_loop_request_carries_a_full_derivation_of_the_log(
-    store: Path, turns: list[list[str]], after_resume: list[list[str]]
+    tuple_up_to: int, store: Path, turns: list[list[str]], after_resume: list[list[str]]
 ) -> None:
     """host-core §3, §9 (loop step 3), acp 16 performance: every request the loop sends
     carries messages equal to a full derivation of its log at that moment, over text, empty
