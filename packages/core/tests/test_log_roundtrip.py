@@ -418,28 +418,28 @@ def _appends() -> st.SearchStrategy[tuple[str, Any, dict[str, Any]]]:
     )
 
 
-@pytest.mark.parametrize("kind", BACKENDS)
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(appends=st.lists(_appends(), max_size=6))
 async def test_every_append_is_refused_with_a_documented_code_or_read_back_equal(
-    store: Path, kind: str, appends: list[tuple[str, Any, dict[str, Any]]]
+    store: Path, appends: list[tuple[str, Any, dict[str, Any]]]
 ) -> None:
     """hardening 11.1/11.2, host-core §3/§5: through either store, an append is refused with a
     documented code, or flushed, reloaded and read back equal; never anything else."""
-    env = Env(kind, store)
-    id = next(_ids)
-    session = env.owner.sessions.create(id)
-    for type_, data, keywords in appends:
-        try:
-            session.append(type_, data, **keywords)
-            outcome = "accepted"
-        except SessionError as exc:
-            outcome = exc.code
-        assert outcome == "accepted" or outcome in REFUSALS
-        event(f"{type_}: {outcome}")
-    await env.owner.sessions.flush(session)
-    assert await env.reloaded(id) == session.events
-    await env.close()
+    for kind in BACKENDS:  # each drawn list through both stores: drawing is most of the time
+        env = Env(kind, store)
+        id = next(_ids)
+        session = env.owner.sessions.create(id)
+        for type_, data, keywords in appends:
+            try:
+                session.append(type_, data, **keywords)
+                outcome = "accepted"
+            except SessionError as exc:
+                outcome = exc.code
+            assert outcome == "accepted" or outcome in REFUSALS
+            event(f"{type_}: {outcome}")
+        await env.owner.sessions.flush(session)
+        assert await env.reloaded(id) == session.events, kind
+        await env.close()
 
 
 def test_constructors_of_json_fields_refuse_what_the_log_cannot_hold() -> None:
@@ -522,39 +522,39 @@ def _hashable(value: object) -> bool:
     return True
 
 
-@pytest.mark.parametrize("kind", BACKENDS)
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(message=_messages.filter(lambda m: _hashable(m.id)), plain=st.booleans())
 async def test_an_inbox_takes_a_message_exactly_when_the_append_would(
-    store: Path, kind: str, message: Message, plain: bool
+    store: Path, message: Message, plain: bool
 ) -> None:
     """hardening 11.1, host-core §3/§9: ``Inbox.insert`` checks the message alone (or not at
     all for the one ``user_message`` just built from a plain string) and the append the rest;
     it refuses exactly what the append's full check refuses, with the same code, and what it
-    takes is stored and read back equal."""
+    takes is stored and read back equal (in either store)."""
     if plain:
         user_message("just built")  # another message is the one just built: no shortcut
-    env = Env(kind, store)
-    id = next(_ids)
-    inbox = Inbox(env.owner.sessions.create(id), lambda name, m: None)
-    reference = env.owner.sessions.create(next(_ids))
-    data = InboxSplicedData(target="next-turn", start=0, inserted=(message,))
-    codes = []
-    for insert in (
-        lambda: inbox.insert("next-turn", message),
-        lambda: reference.append("agent/inbox/spliced", data),
-    ):
-        try:
-            insert()
-            codes.append("accepted")
-        except SessionError as exc:
-            codes.append(exc.code)
-    assert codes[0] == codes[1]
-    event(codes[0])
-    session = inbox._session
-    await env.owner.sessions.flush(session)
-    assert await env.reloaded(id) == session.events
-    await env.close()
+    for kind in BACKENDS:  # each drawn message through both stores: drawing is most of the time
+        env = Env(kind, store)
+        id = next(_ids)
+        inbox = Inbox(env.owner.sessions.create(id), lambda name, m: None)
+        reference = env.owner.sessions.create(next(_ids))
+        data = InboxSplicedData(target="next-turn", start=0, inserted=(message,))
+        codes = []
+        for insert in (
+            lambda: inbox.insert("next-turn", message),  # noqa: B023
+            lambda: reference.append("agent/inbox/spliced", data),  # noqa: B023
+        ):
+            try:
+                insert()
+                codes.append("accepted")
+            except SessionError as exc:
+                codes.append(exc.code)
+        assert codes[0] == codes[1], kind
+        event(codes[0])
+        session = inbox._session
+        await env.owner.sessions.flush(session)
+        assert await env.reloaded(id) == session.events, kind
+        await env.close()
 
 
 class Text(str):
