@@ -286,7 +286,6 @@ def hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[_Hosts]:
             shared.close()
 
 
-@pytest.mark.parametrize("store", BACKENDS)
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     chunks=st.lists(_chunks, max_size=4),
@@ -295,7 +294,6 @@ def hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[_Hosts]:
 )
 def test_whatever_an_adapter_streams_the_turn_ends_and_the_log_reads_back(
     hosts: _Hosts,
-    store: Literal["memory", "jsonl"],
     chunks: list[Any],
     intruder: tuple[int, Any] | None,
     finish: bool,
@@ -307,15 +305,17 @@ def test_whatever_an_adapter_streams_the_turn_ends_and_the_log_reads_back(
         chunks.insert(*intruder)
     if finish:
         chunks.append(Finish(reason="stop"))
-    stored = hosts.run(store, chunks)
-    first_end = next(e for e in stored if e.type == "turn/end")
-    event(f"first turn: {first_end.data.reason.kind}")
-    if any(e.type == "tool/result" for e in stored):
-        event("a tool call was answered")
-    error = first_end.data.reason.error
-    if error is not None and "SESSION_EVENT_" in error.message:
-        event("a chunk was refused")
-        assert error.code == "UNKNOWN" and error.message.startswith("SessionError [SESSION_EVENT_")
+    for store in BACKENDS:  # the same chunks from either store's agent: drawn once
+        stored = hosts.run(store, chunks)
+        first_end = next(e for e in stored if e.type == "turn/end")
+        event(f"first turn: {first_end.data.reason.kind}")
+        if any(e.type == "tool/result" for e in stored):
+            event("a tool call was answered")
+        error = first_end.data.reason.error
+        if error is not None and "SESSION_EVENT_" in error.message:
+            event("a chunk was refused")
+            assert error.code == "UNKNOWN", store
+            assert error.message.startswith("SessionError [SESSION_EVENT_"), store
 
 
 @pytest.mark.parametrize("store", BACKENDS)
@@ -486,11 +486,10 @@ _results = st.builds(
 )
 
 
-@pytest.mark.parametrize("store", BACKENDS)
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(result=_results)
 def test_whatever_result_a_tool_listener_gives_is_logged_only_if_the_log_can_hold_it(
-    hosts: _Hosts, store: Literal["memory", "jsonl"], result: ToolExecutionResult
+    hosts: _Hosts, result: ToolExecutionResult
 ) -> None:
     """hardening 11.1, host-core §7/§9, ROB-3: the loop checks a result's content, error code
     and meta itself and builds the rest of ``tool/result``; whatever a ``tools/post-execute``
@@ -501,8 +500,6 @@ def test_whatever_result_a_tool_listener_gives_is_logged_only_if_the_log_can_hol
         ToolCallDelta(index=0, id="call-1", name="echo", arguments_delta="{}"),
         Finish(reason="tool-calls"),
     ]
-    stored = hosts.run(store, chunks, result)
-    logged = [e.data for e in stored if e.type == "tool/result"]
     try:
         data = ToolResultData(
             turn=1,
@@ -520,11 +517,14 @@ def test_whatever_result_a_tool_listener_gives_is_logged_only_if_the_log_can_hol
     except (NotJsonError, SessionError):
         loggable = False
     event("logged" if loggable else "refused")
-    assert len(logged) == 1  # the call is answered either way
-    if loggable:
-        assert logged[0] == data
-    else:
-        assert logged[0].error == ToolResultError(name="echo", code="INVALID_TOOL_OUTPUT")
+    for store in BACKENDS:  # the same result from either store's agent: drawn once
+        stored = hosts.run(store, chunks, result)
+        logged = [e.data for e in stored if e.type == "tool/result"]
+        assert len(logged) == 1, store  # the call is answered either way
+        if loggable:
+            assert logged[0] == data, store
+        else:
+            assert logged[0].error == ToolResultError(name="echo", code="INVALID_TOOL_OUTPUT")
 
 
 class _Name(str):
