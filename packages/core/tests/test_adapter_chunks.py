@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import tempfile
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any, Literal
 
@@ -225,15 +225,75 @@ def _model(chunks: list[Any]) -> Any:
     return answer
 
 
-@pytest.mark.parametrize("store", BACKENDS)
+class _Hosts:
+    """One host per store for every example of the properties (an example runs a fresh
+    agent, so a fresh session; booting a host and a store folder per example was most of
+    their time), on one event loop. ``chunks`` answers the next agent's first request and
+    ``result``, when set, replaces what its tool calls return."""
+
+    def __init__(self, runner: asyncio.Runner, root: Path) -> None:
+        self._runner, self._root = runner, root
+        self._booted: dict[str, tuple[Any, TestHost]] = {}
+        self.chunks: list[Any] = []
+        self.served = 0
+        self.result: ToolExecutionResult | None = None
+
+    def _answer(self, _: object) -> ScriptedReply | str:
+        self.served += 1
+        return ScriptedReply(chunks=tuple(self.chunks)) if self.served == 1 else "done"
+
+    async def _replace(self, call: Any, outcome: Any, next_: Callable[..., Awaitable[Any]]) -> Any:
+        given = await next_()
+        return given if self.result is None else self.result
+
+    async def _boot(self, store: Literal["memory", "jsonl"]) -> TestHost:
+        booting = scripted_host(model=self._answer, store=store, store_root=self._root / store)
+        host = await booting.__aenter__()
+        host.ctx.tools.register(ECHO)
+        host.ctx.on("tools/post-execute", self._replace)
+        self._booted[store] = (booting, host)
+        return host
+
+    def run(
+        self,
+        store: Literal["memory", "jsonl"],
+        chunks: list[Any],
+        result: ToolExecutionResult | None = None,
+    ) -> tuple[SessionEvent, ...]:
+        """One example: a fresh agent of the ``store`` host through :func:`_run`."""
+        self.chunks, self.served, self.result = chunks, 0, result
+
+        async def example() -> tuple[SessionEvent, ...]:
+            async with asyncio.timeout(60):
+                booted = self._booted.get(store)
+                host = booted[1] if booted else await self._boot(store)
+                return await _run(host, chunks)
+
+        return self._runner.run(example())
+
+    def close(self) -> None:
+        for booting, _ in self._booted.values():
+            self._runner.run(booting.__aexit__(None, None, None))
+
+
+@pytest.fixture(scope="module")
+def hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[_Hosts]:
+    with asyncio.Runner() as runner:
+        shared = _Hosts(runner, tmp_path_factory.mktemp("adapter-chunks"))
+        try:
+            yield shared
+        finally:
+            shared.close()
+
+
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     chunks=st.lists(_chunks, max_size=4),
     intruder=st.none() | st.tuples(st.integers(0, 4), _not_chunks),
     finish=st.booleans(),
 )
-async def test_whatever_an_adapter_streams_the_turn_ends_and_the_log_reads_back(
-    store: Literal["memory", "jsonl"],
+def test_whatever_an_adapter_streams_the_turn_ends_and_the_log_reads_back(
+    hosts: _Hosts,
     chunks: list[Any],
     intruder: tuple[int, Any] | None,
     finish: bool,
@@ -245,18 +305,17 @@ async def test_whatever_an_adapter_streams_the_turn_ends_and_the_log_reads_back(
         chunks.insert(*intruder)
     if finish:
         chunks.append(Finish(reason="stop"))
-    with tempfile.TemporaryDirectory() as tmp:
-        async with scripted_host(model=_model(chunks), store=store, store_root=Path(tmp)) as host:
-            host.ctx.tools.register(ECHO)
-            stored = await _run(host, chunks)
-    first_end = next(e for e in stored if e.type == "turn/end")
-    event(f"first turn: {first_end.data.reason.kind}")
-    if any(e.type == "tool/result" for e in stored):
-        event("a tool call was answered")
-    error = first_end.data.reason.error
-    if error is not None and "SESSION_EVENT_" in error.message:
-        event("a chunk was refused")
-        assert error.code == "UNKNOWN" and error.message.startswith("SessionError [SESSION_EVENT_")
+    for store in BACKENDS:  # the same chunks from either store's agent: drawn once
+        stored = hosts.run(store, chunks)
+        first_end = next(e for e in stored if e.type == "turn/end")
+        event(f"first turn: {first_end.data.reason.kind}")
+        if any(e.type == "tool/result" for e in stored):
+            event("a tool call was answered")
+        error = first_end.data.reason.error
+        if error is not None and "SESSION_EVENT_" in error.message:
+            event("a chunk was refused")
+            assert error.code == "UNKNOWN", store
+            assert error.message.startswith("SessionError [SESSION_EVENT_"), store
 
 
 @pytest.mark.parametrize("store", BACKENDS)
@@ -427,11 +486,10 @@ _results = st.builds(
 )
 
 
-@pytest.mark.parametrize("store", BACKENDS)
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(result=_results)
-async def test_whatever_result_a_tool_listener_gives_is_logged_only_if_the_log_can_hold_it(
-    store: Literal["memory", "jsonl"], result: ToolExecutionResult
+def test_whatever_result_a_tool_listener_gives_is_logged_only_if_the_log_can_hold_it(
+    hosts: _Hosts, result: ToolExecutionResult
 ) -> None:
     """hardening 11.1, host-core §7/§9, ROB-3: the loop checks a result's content, error code
     and meta itself and builds the rest of ``tool/result``; whatever a ``tools/post-execute``
@@ -442,17 +500,6 @@ async def test_whatever_result_a_tool_listener_gives_is_logged_only_if_the_log_c
         ToolCallDelta(index=0, id="call-1", name="echo", arguments_delta="{}"),
         Finish(reason="tool-calls"),
     ]
-
-    async def replace(call: Any, outcome: Any, next_: Callable[..., Awaitable[Any]]) -> Any:
-        await next_()
-        return result
-
-    with tempfile.TemporaryDirectory() as tmp:
-        async with scripted_host(model=_model(chunks), store=store, store_root=Path(tmp)) as host:
-            host.ctx.tools.register(ECHO)
-            host.ctx.on("tools/post-execute", replace)
-            stored = await _run(host, chunks)
-    logged = [e.data for e in stored if e.type == "tool/result"]
     try:
         data = ToolResultData(
             turn=1,
@@ -470,11 +517,14 @@ async def test_whatever_result_a_tool_listener_gives_is_logged_only_if_the_log_c
     except (NotJsonError, SessionError):
         loggable = False
     event("logged" if loggable else "refused")
-    assert len(logged) == 1  # the call is answered either way
-    if loggable:
-        assert logged[0] == data
-    else:
-        assert logged[0].error == ToolResultError(name="echo", code="INVALID_TOOL_OUTPUT")
+    for store in BACKENDS:  # the same result from either store's agent: drawn once
+        stored = hosts.run(store, chunks, result)
+        logged = [e.data for e in stored if e.type == "tool/result"]
+        assert len(logged) == 1, store  # the call is answered either way
+        if loggable:
+            assert logged[0] == data, store
+        else:
+            assert logged[0].error == ToolResultError(name="echo", code="INVALID_TOOL_OUTPUT")
 
 
 class _Name(str):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 import attrs
@@ -1488,18 +1488,22 @@ async def test_an_adapter_ignoring_the_signal_cannot_wedge_the_turn() -> None:
 class InboxMachine(RuleBasedStateMachine):
     """Random sends, cancels, releases and a dispose against one live agent whose every model
     request is held open until released. After every step the inbox projection must equal a
-    replay of the session's splices, and the log must stay valid (host-core §9, §10)."""
+    replay of the session's splices, and the log must stay valid (host-core §9, §10).
+
+    Every run drives a fresh agent of one host on one event loop (``shared``, set up by the
+    ``inbox_host`` fixture: booting a host per run was much of the test's time)."""
+
+    shared: tuple[asyncio.AbstractEventLoop, TestHost]
+    current: InboxMachine
 
     def __init__(self) -> None:
         super().__init__()
-        self.loop = asyncio.new_event_loop()
+        self.loop, self.host = InboxMachine.shared
+        InboxMachine.current = self
         self.gates: list[asyncio.Event] = []
         self.requested: asyncio.Event | None = None
         self.sent = 0
         self.disposed = False
-        self.cm = scripted_host(model=self.script)
-        self.host: TestHost = self.run(self.cm.__aenter__())
-        self.host.ctx.tools.register(tool("noop", _ok, concurrency_safe=True))
         self.handle: AgentHandle = self.run(self.host.create_agent())
         self.agent = self.handle.agent
 
@@ -1593,16 +1597,29 @@ class InboxMachine(RuleBasedStateMachine):
             assert len(self.agent.inbox) == 0
 
     def teardown(self) -> None:
-        try:
-            for gate in self.gates:
-                gate.set()
-            self.run(self.cm.__aexit__(None, None, None))
-        finally:
-            self.loop.close()
+        for gate in self.gates:
+            gate.set()
+        self.run(self.handle.dispose())
+
+
+@pytest.fixture(scope="class")
+def inbox_host() -> Iterator[None]:
+    """The host and loop every run of the inbox machine shares (its model answers the
+    running machine)."""
+    loop = asyncio.new_event_loop()
+    try:
+        booting = scripted_host(model=lambda request: InboxMachine.current.script(request))
+        host = loop.run_until_complete(booting.__aenter__())
+        host.ctx.tools.register(tool("noop", _ok, concurrency_safe=True))
+        InboxMachine.shared = (loop, host)
+        yield
+        loop.run_until_complete(asyncio.wait_for(booting.__aexit__(None, None, None), 10))
+    finally:
+        loop.close()
 
 
 InboxMachine.TestCase.settings = settings(max_examples=60, stateful_step_count=30, deadline=None)
-TestInboxMachine = InboxMachine.TestCase
+TestInboxMachine = pytest.mark.usefixtures("inbox_host")(InboxMachine.TestCase)
 
 
 # -- when_idle ---------------------------------------------------------------------------------

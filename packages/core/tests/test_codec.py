@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import enum
+import functools
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Literal
 
 import attrs
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from dsh_core import (
@@ -173,20 +174,32 @@ def _replace(value: Any, name: str, new: Any) -> Any:
     return copy
 
 
+#: A log of one turn: every core payload type a longer log holds (a turn holds every kind of
+#: step), for the properties that take one event of it (a log is most of an example's time).
+_one_turn_logs = session_logs(min_turns=1, max_turns=1)
+#: The ``assistant/chunk`` payloads a generated log holds (``LogBuilder.chunk``), drawn alone.
+_chunk_payloads = st.builds(
+    AssistantChunkData,
+    turn=st.integers(1, 3),
+    step=st.integers(1, 2),
+    chunk=st.builds(TextDelta, index=st.just(0), text=st.text(max_size=12)),
+)
+
+
 @st.composite
 def odd_payloads(draw: st.DrawFn, only: type | None = None) -> tuple[type, Any]:
     """A core payload from a generated log with one field, at any depth, set to an odd value.
 
-    ``only`` draws the payload from that class's events of the log (a log without one is
-    rejected): the same payloads as filtering the drawn ones, without drawing a log per miss.
+    ``only=AssistantChunkData`` draws a chunk payload as a log holds them, without the log.
     """
-    events = draw(session_logs(min_turns=1))
-    typed = [e for e in events if e.type in COMPILED]
-    if only is not None:
-        typed = [e for e in typed if e.type == TYPES_BY_CLASS[only]]
-        assume(typed)
-    event = draw(st.sampled_from(typed))
-    spec = TYPES.get(event.type)
+    if only is AssistantChunkData:
+        type_, data = "assistant/chunk", draw(_chunk_payloads)
+    else:
+        assert only is None
+        events = draw(_one_turn_logs)
+        event = draw(st.sampled_from([e for e in events if e.type in COMPILED]))
+        type_, data = event.type, event.data
+    spec = TYPES.get(type_)
     assert spec is not None and spec.payload is not None
 
     def mutate(value: Any) -> Any:
@@ -200,7 +213,7 @@ def odd_payloads(draw: st.DrawFn, only: type | None = None) -> tuple[type, Any]:
         new = mutate(inner) if draw(st.booleans()) else draw(st.sampled_from(ODD_VALUES))
         return _replace(value, field.name, new)
 
-    return spec.payload, mutate(event.data)
+    return spec.payload, mutate(data)
 
 
 @given(odd_payloads())
@@ -262,7 +275,7 @@ def _mutated(draw: st.DrawFn, value: Any) -> Any:
 
 @st.composite
 def malformed_payloads(draw: st.DrawFn) -> tuple[type, Any]:
-    events = draw(session_logs(min_turns=1))
+    events = draw(_one_turn_logs)
     event = draw(st.sampled_from([e for e in events if e.type in COMPILED]))
     spec = TYPES.get(event.type)
     assert spec is not None and spec.payload is not None
@@ -327,7 +340,7 @@ def reference_decode(raw: Any) -> SessionEvent:
 
 @st.composite
 def malformed_events(draw: st.DrawFn) -> Any:
-    events = draw(session_logs(min_turns=1))
+    events = draw(_one_turn_logs)
     raw = json.loads(generic_line(draw(st.sampled_from(events))))
     return _mutated(draw, raw) if draw(st.integers(0, 4)) else raw
 
@@ -491,7 +504,17 @@ def test_a_checker_passes_a_tag_only_as_its_own_plain_string(tag: Any) -> None:
         check(Message(id="m", role="user", content=(_replace(block, "type", tag),)), MAX_NESTING)
 
 
-@settings(suppress_health_check=[HealthCheck.filter_too_much])  # chunks are a share of a log
+@functools.cache
+def _chunk_builder(levels: int) -> Callable[..., Any]:
+    """The chunk payload's checked builder for ``levels``, as the loop compiles it: once (a
+    compile per example was most of the property's time)."""
+    build = checked_builder(
+        AssistantChunkData, "chunk", levels, (TextDelta, ReasoningDelta, ToolCallDelta, Finish)
+    )
+    assert build is not None
+    return build
+
+
 @given(odd_payloads(only=AssistantChunkData))
 def test_a_checked_builder_vouches_exactly_as_the_class_checker(case: tuple[type, Any]) -> None:
     """hardening 11.1, host-core §3: the chunk payload's checked builder (one call for the
@@ -505,10 +528,7 @@ def test_a_checked_builder_vouches_exactly_as_the_class_checker(case: tuple[type
     expected = AssistantChunkData(turn=1, step=2, chunk=chunk)
     # The levels are compiled in as a literal: the loop's, and the few where they run out.
     for levels in (MAX_NESTING - 2, 2, 1, 0):
-        build = checked_builder(
-            AssistantChunkData, "chunk", levels, (TextDelta, ReasoningDelta, ToolCallDelta, Finish)
-        )
-        assert build is not None
+        build = _chunk_builder(levels)
         built_ok, built = outcome(lambda: build(turn=1, step=2, chunk=chunk))  # noqa: B023
         checked_ok, _ = outcome(check, expected, levels + 1)
         assert built_ok == checked_ok

@@ -5,7 +5,8 @@ taken earlier never changes."""
 from __future__ import annotations
 
 import asyncio
-import tempfile
+import contextlib
+import itertools
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -37,14 +38,38 @@ from dsh_core.testing.strategies import session_logs
 USER = AgentCancelCause(kind="user")
 
 
-@pytest.fixture(autouse=True, scope="module", params=[0, _sessions._TUPLE_UP_TO])
-def tuple_up_to(request: pytest.FixtureRequest) -> Iterator[int]:
-    """Every test runs twice: with views from the first message on, and as shipped (tuples for
-    short histories, views beyond)."""
+#: Every property holds twice: with views from the first message on, and as shipped (tuples
+#: for short histories, views beyond).
+THRESHOLDS = (0, _sessions._TUPLE_UP_TO)
+
+
+@contextlib.contextmanager
+def histories_as_views_beyond(threshold: int) -> Iterator[None]:
+    """Sessions made inside keep their history a tuple up to ``threshold`` messages."""
     saved = _sessions._TUPLE_UP_TO
-    _sessions._TUPLE_UP_TO = request.param
-    yield request.param
-    _sessions._TUPLE_UP_TO = saved
+    _sessions._TUPLE_UP_TO = threshold
+    try:
+        yield
+    finally:
+        _sessions._TUPLE_UP_TO = saved
+
+
+@pytest.fixture(scope="module", params=THRESHOLDS)
+def tuple_up_to(request: pytest.FixtureRequest) -> Iterator[int]:
+    """A test that drives a whole agent runs once per threshold (the pure properties check
+    both thresholds on each generated log: drawing the logs is most of their time)."""
+    with histories_as_views_beyond(request.param):
+        yield request.param
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One JSONL root for every example (fresh session ids each): a folder made, synced and
+    removed per example was much of their time."""
+    return tmp_path_factory.mktemp("sessions")
+
+
+_ids = (f"s{n}" for n in itertools.count())
 
 
 def full_derivation(events: Sequence[SessionEvent]) -> tuple[Message, ...]:
@@ -96,6 +121,12 @@ def test_live_history_equals_a_full_derivation_and_views_never_change(
     """host-core §3, acp 16 performance: after every append derive_messages() (a view, not
     a copy) equals a full derivation of the log so far, and every view taken earlier still
     equals the derivation of its own prefix."""
+    for threshold in THRESHOLDS:
+        with histories_as_views_beyond(threshold):
+            _live_history_matches(log, more)
+
+
+def _live_history_matches(log: tuple[SessionEvent, ...], more: tuple[SessionEvent, ...]) -> None:
     session = host().sessions.create("s")
     views: list[tuple[int, Sequence[Message]]] = [(0, session.derive_messages())]
     for event in log + more:
@@ -115,27 +146,34 @@ def test_live_history_equals_a_full_derivation_and_views_never_change(
 @settings(suppress_health_check=[HealthCheck.too_slow], deadline=None, max_examples=40)
 @given(session_logs(max_turns=4, open_end=True), session_logs(max_turns=2))
 async def test_seeded_and_stored_histories_equal_a_full_derivation(
-    log: tuple[SessionEvent, ...], more: tuple[SessionEvent, ...]
+    store: Path, log: tuple[SessionEvent, ...], more: tuple[SessionEvent, ...]
 ) -> None:
     """host-core §3, §4, §5, acp 16 performance: a seeded session and one restored from a
     stored (repaired) JSONL log derive what a full derivation of their log gives, before and
     after new appends."""
-    header = SessionHeader(id="s", created_at=1)
-    with tempfile.TemporaryDirectory() as tmp:
-        ctx = host()
-        persistence = install_jsonl_persistence(ctx, Path(tmp))
-        await persistence.create(header)
-        await persistence.append("s", log)
-        loaded_header, loaded = await persistence.load("s")  # an open end comes back closed
-        restored = ctx.sessions.prepare(restored=loaded_header, seed=loaded)
-        reads_like(restored.derive_messages(), full_derivation(restored.events))
-        before = restored.derive_messages()
-        append_all(restored, _renumbered(more))
-        reads_like(restored.derive_messages(), full_derivation(restored.events))
-        reads_like(before, full_derivation(loaded))
-        seeded = ctx.sessions.prepare("t", seed=loaded)
-        reads_like(seeded.derive_messages(), full_derivation(seeded.events))
-        await ctx.dispose()
+    for threshold in THRESHOLDS:
+        with histories_as_views_beyond(threshold):
+            await _stored_history_matches(store, log, more)
+
+
+async def _stored_history_matches(
+    store: Path, log: tuple[SessionEvent, ...], more: tuple[SessionEvent, ...]
+) -> None:
+    header = SessionHeader(id=next(_ids), created_at=1)
+    ctx = host()
+    persistence = install_jsonl_persistence(ctx, store)
+    await persistence.create(header)
+    await persistence.append(header.id, log)
+    loaded_header, loaded = await persistence.load(header.id)  # an open end comes back closed
+    restored = ctx.sessions.prepare(restored=loaded_header, seed=loaded)
+    reads_like(restored.derive_messages(), full_derivation(restored.events))
+    before = restored.derive_messages()
+    append_all(restored, _renumbered(more))
+    reads_like(restored.derive_messages(), full_derivation(restored.events))
+    reads_like(before, full_derivation(loaded))
+    seeded = ctx.sessions.prepare(next(_ids), seed=loaded)
+    reads_like(seeded.derive_messages(), full_derivation(seeded.events))
+    await ctx.dispose()
 
 
 def _renumbered(events: Sequence[SessionEvent]) -> list[SessionEvent]:
@@ -166,7 +204,7 @@ _TURNS = st.lists(st.lists(_REPLIES, min_size=1, max_size=4), min_size=1, max_si
 @settings(suppress_health_check=[HealthCheck.too_slow], deadline=None, max_examples=30)
 @given(turns=_TURNS, after_resume=_TURNS)
 async def test_every_loop_request_carries_a_full_derivation_of_the_log(
-    turns: list[list[str]], after_resume: list[list[str]]
+    tuple_up_to: int, store: Path, turns: list[list[str]], after_resume: list[list[str]]
 ) -> None:
     """host-core §3, §9 (loop step 3), acp 16 performance: every request the loop sends
     carries messages equal to a full derivation of its log at that moment, over text, empty
@@ -223,28 +261,27 @@ async def test_every_loop_request_carries_a_full_derivation_of_the_log(
                 await agent.when_idle()
             reads_like(agent.session.derive_messages(), full_derivation(agent.session.events))
 
-    with tempfile.TemporaryDirectory() as tmp:
-        async with scripted_host(model=model, store="jsonl", store_root=Path(tmp)) as h:
-            holder["host"] = h
-            h.ctx.tools.register(
-                ToolDefinition(
-                    name="echo",
-                    description="Echo a text.",
-                    parameters={"type": "object", "properties": {"text": {"type": "string"}}},
-                    execute=echo,
-                )
+    async with scripted_host(model=model, store="jsonl", store_root=store) as h:
+        holder["host"] = h
+        h.ctx.tools.register(
+            ToolDefinition(
+                name="echo",
+                description="Echo a text.",
+                parameters={"type": "object", "properties": {"text": {"type": "string"}}},
+                execute=echo,
             )
-            handle = await h.create_agent()
-            session_id = handle.agent.id
-            await converse(handle.agent, turns)
-            await handle.dispose()
-            resumed = await h.resume_agent(session_id)
-            reads_like(
-                resumed.agent.session.derive_messages(),
-                full_derivation(resumed.agent.session.events),
-            )
-            await converse(resumed.agent, after_resume)
-            await resumed.dispose()
+        )
+        handle = await h.create_agent()
+        session_id = handle.agent.id
+        await converse(handle.agent, turns)
+        await handle.dispose()
+        resumed = await h.resume_agent(session_id)
+        reads_like(
+            resumed.agent.session.derive_messages(),
+            full_derivation(resumed.agent.session.events),
+        )
+        await converse(resumed.agent, after_resume)
+        await resumed.dispose()
     assert seen
     for expected, sent in seen:
         reads_like(sent, expected)

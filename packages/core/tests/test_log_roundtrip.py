@@ -8,10 +8,10 @@ deeper than the payload limit allows is ``SESSION_CORRUPT`` on load, never a ``R
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import math
 import sys
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
@@ -86,6 +86,16 @@ class Env:
 def env(request: pytest.FixtureRequest, tmp_path: Path) -> Env:
     """Each backend in turn (JSONL under a temporary root)."""
     return Env(request.param, tmp_path / "sessions")
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One JSONL root for every example of the properties, each example's sessions under
+    fresh ids (a folder made, synced and removed per example was most of their time)."""
+    return tmp_path_factory.mktemp("sessions")
+
+
+_ids = (f"s{n}" for n in itertools.count())
 
 
 def nested(depth: int, leaf: object = 0) -> object:
@@ -408,17 +418,17 @@ def _appends() -> st.SearchStrategy[tuple[str, Any, dict[str, Any]]]:
     )
 
 
-@pytest.mark.parametrize("kind", BACKENDS)
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(appends=st.lists(_appends(), max_size=6))
 async def test_every_append_is_refused_with_a_documented_code_or_read_back_equal(
-    kind: str, appends: list[tuple[str, Any, dict[str, Any]]]
+    store: Path, appends: list[tuple[str, Any, dict[str, Any]]]
 ) -> None:
     """hardening 11.1/11.2, host-core §3/§5: through either store, an append is refused with a
     documented code, or flushed, reloaded and read back equal; never anything else."""
-    with tempfile.TemporaryDirectory() as tmp:
-        env = Env(kind, Path(tmp))
-        session = env.owner.sessions.create("s")
+    for kind in BACKENDS:  # each drawn list through both stores: drawing is most of the time
+        env = Env(kind, store)
+        id = next(_ids)
+        session = env.owner.sessions.create(id)
         for type_, data, keywords in appends:
             try:
                 session.append(type_, data, **keywords)
@@ -428,7 +438,7 @@ async def test_every_append_is_refused_with_a_documented_code_or_read_back_equal
             assert outcome == "accepted" or outcome in REFUSALS
             event(f"{type_}: {outcome}")
         await env.owner.sessions.flush(session)
-        assert await env.reloaded("s") == session.events
+        assert await env.reloaded(id) == session.events, kind
         await env.close()
 
 
@@ -475,29 +485,29 @@ META_VALUES = st.one_of(
         ),
     )
 )
-async def test_a_header_is_refused_or_read_back_equal(fields: dict[str, Any]) -> None:
+async def test_a_header_is_refused_or_read_back_equal(store: Path, fields: dict[str, Any]) -> None:
     """hardening 11.1, host-core §4: SessionMeta fields the header line could not hold (a
     wrong type, a negative depth, an unknown origin) are refused at creation
     (SESSION_META_INVALID, or SESSION_INVALID_CWD for a relative cwd); whatever is accepted is
     listed back equal from the JSONL store."""
-    with tempfile.TemporaryDirectory() as tmp:
-        env = Env("jsonl", Path(tmp) / "sessions")
+    id = next(_ids)
+    env = Env("jsonl", store / f"headers-{id}")  # a folder of its own: listed alone
+    try:
+        meta = SessionMeta(**fields)
+        refused: SessionError | None = None
         try:
-            meta = SessionMeta(**fields)
-            refused: SessionError | None = None
-            try:
-                session = env.owner.sessions.create("s", meta=meta)
-            except SessionError as exc:
-                refused = exc
-            if refused is not None:
-                assert refused.code in {"SESSION_META_INVALID", "SESSION_INVALID_CWD"}
-                assert env.owner.sessions.list() == []
-                return
-            await env.owner.sessions.flush(session)
-            listed = await env.persistence.list()
-            assert listed == [session.header]
-        finally:
-            await env.close()
+            session = env.owner.sessions.create(id, meta=meta)
+        except SessionError as exc:
+            refused = exc
+        if refused is not None:
+            assert refused.code in {"SESSION_META_INVALID", "SESSION_INVALID_CWD"}
+            assert env.owner.sessions.list() == []
+            return
+        await env.owner.sessions.flush(session)
+        listed = await env.persistence.list()
+        assert listed == [session.header]
+    finally:
+        await env.close()
 
 
 # -- the inbox checks the message it takes, the append the splice around it -----------------------
@@ -512,38 +522,38 @@ def _hashable(value: object) -> bool:
     return True
 
 
-@pytest.mark.parametrize("kind", BACKENDS)
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(message=_messages.filter(lambda m: _hashable(m.id)), plain=st.booleans())
 async def test_an_inbox_takes_a_message_exactly_when_the_append_would(
-    kind: str, message: Message, plain: bool
+    store: Path, message: Message, plain: bool
 ) -> None:
     """hardening 11.1, host-core §3/§9: ``Inbox.insert`` checks the message alone (or not at
     all for the one ``user_message`` just built from a plain string) and the append the rest;
     it refuses exactly what the append's full check refuses, with the same code, and what it
-    takes is stored and read back equal."""
+    takes is stored and read back equal (in either store)."""
     if plain:
         user_message("just built")  # another message is the one just built: no shortcut
-    with tempfile.TemporaryDirectory() as tmp:
-        env = Env(kind, Path(tmp))
-        inbox = Inbox(env.owner.sessions.create("s"), lambda name, m: None)
-        reference = env.owner.sessions.create("r")
+    for kind in BACKENDS:  # each drawn message through both stores: drawing is most of the time
+        env = Env(kind, store)
+        id = next(_ids)
+        inbox = Inbox(env.owner.sessions.create(id), lambda name, m: None)
+        reference = env.owner.sessions.create(next(_ids))
         data = InboxSplicedData(target="next-turn", start=0, inserted=(message,))
         codes = []
         for insert in (
-            lambda: inbox.insert("next-turn", message),
-            lambda: reference.append("agent/inbox/spliced", data),
+            lambda: inbox.insert("next-turn", message),  # noqa: B023
+            lambda: reference.append("agent/inbox/spliced", data),  # noqa: B023
         ):
             try:
                 insert()
                 codes.append("accepted")
             except SessionError as exc:
                 codes.append(exc.code)
-        assert codes[0] == codes[1]
+        assert codes[0] == codes[1], kind
         event(codes[0])
         session = inbox._session
         await env.owner.sessions.flush(session)
-        assert await env.reloaded("s") == session.events
+        assert await env.reloaded(id) == session.events, kind
         await env.close()
 
 

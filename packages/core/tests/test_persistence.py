@@ -1212,17 +1212,21 @@ async def main(root, id, mode):
     ctx = Context(host, host.root)
     ctx.provide("sessions", SessionStoreService(EventTypeRegistry()))
     persistence = install_jsonl_persistence(ctx, Path(root))
-    try:
-        if mode == "hold":
-            prepared = await persistence.prepare(id)
-            print("held", flush=True)
-            await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
-            prepared.dispose()
-        else:
-            await persistence.load(id)
-        print("ok", flush=True)
-    except SessionError as exc:
-        print(exc.code, exc, flush=True)
+    line = lambda: asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+    while True:
+        try:
+            if mode == "hold":
+                prepared = await persistence.prepare(id)
+                print("held", flush=True)
+                await line()
+                prepared.dispose()
+            else:
+                await persistence.load(id)
+            print("ok", flush=True)
+        except SessionError as exc:
+            print(exc.code, exc, flush=True)
+        if mode == "hold" or not await line():  # "load": again for each line read
+            break
     await ctx.dispose()
 
 asyncio.run(main(*sys.argv[1:]))
@@ -1247,13 +1251,15 @@ async def test_second_process_cannot_take_a_held_session(jsonl: Env) -> None:
     """host-core §5: another process gets SESSION_LOCKED for a session this host holds."""
     session = jsonl.owner.sessions.create("s")
     await jsonl.owner.sessions.flush(session)
-    proc = await _child(jsonl.root, "s", "load")
-    out, _ = await asyncio.wait_for(proc.communicate(), 60)
-    assert out.decode().startswith("SESSION_LOCKED")
-    assert str(jsonl.file("s")) in out.decode()
+    proc = await _child(jsonl.root, "s", "load")  # one child, two loads (a start is costly)
+    assert proc.stdout is not None and proc.stdin is not None
+    first = (await asyncio.wait_for(proc.stdout.readline(), 60)).decode()
+    assert first.startswith("SESSION_LOCKED")
+    assert str(jsonl.file("s")) in first
     await jsonl.owner.dispose()
     await jsonl.host.drain_tasks()
-    proc = await _child(jsonl.root, "s", "load")
+    proc.stdin.write(b"\n")
+    proc.stdin.close()
     out, _ = await asyncio.wait_for(proc.communicate(), 60)
     assert out.decode().strip() == "ok"
     await jsonl.close()

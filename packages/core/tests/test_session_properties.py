@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import tempfile
+import itertools
 from collections.abc import Callable
 from pathlib import Path
 
@@ -41,6 +41,18 @@ from dsh_core.testing.strategies import session_logs, unbalanced_session_logs
 HEADER = SessionHeader(id="s", created_at=1, parent_session="p", seed_length=0)
 
 
+#: A fresh session id per example: the examples of a test share one store folder (a folder
+#: made, synced and removed per example was most of their time), each its own files in it.
+#: Fixed width, so a file's length (which a test draws a cut from) never depends on it.
+_ids = (f"s{n:07d}" for n in itertools.count())
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One folder for every example's store roots (each root made once, on first use)."""
+    return tmp_path_factory.mktemp("stores")
+
+
 def host() -> Context:
     h = Host()
     ctx = Context(h, h.root)
@@ -48,55 +60,59 @@ def host() -> Context:
     return ctx
 
 
-async def stored(persistence: SessionPersistence, events: tuple[SessionEvent, ...]) -> None:
-    await persistence.create(HEADER)
-    await persistence.append("s", events)
+async def stored(
+    persistence: SessionPersistence, header: SessionHeader, events: tuple[SessionEvent, ...]
+) -> None:
+    await persistence.create(header)
+    await persistence.append(header.id, events)
 
 
 # -- (a) round trips ------------------------------------------------------------------------------
 
 
 @given(session_logs())
-async def test_valid_logs_round_trip_memory_and_jsonl(events: tuple[SessionEvent, ...]) -> None:
+async def test_valid_logs_round_trip_memory_and_jsonl(
+    store: Path, events: tuple[SessionEvent, ...]
+) -> None:
     """host-core §5: valid logs round-trip memory <-> JSONL as equal events."""
-    with tempfile.TemporaryDirectory() as tmp:
-        memory_ctx, jsonl_ctx = host(), host()
-        memory = install_memory_persistence(memory_ctx)
-        jsonl = install_jsonl_persistence(jsonl_ctx, Path(tmp))
-        await stored(memory, events)
-        await stored(jsonl, events)
-        header_m, from_memory = await memory.load("s")
-        header_j, from_jsonl = await jsonl.load("s")
-        assert from_memory == events == from_jsonl
-        assert header_m == HEADER == header_j
-        moved_ctx = host()
-        moved = install_jsonl_persistence(moved_ctx, Path(tmp) / "moved")
-        await moved.create(header_m)
-        await moved.append("s", from_memory)
-        assert (await moved.load("s"))[1] == events
-        for ctx in (memory_ctx, jsonl_ctx, moved_ctx):
-            await ctx.dispose()
+    header = attrs.evolve(HEADER, id=next(_ids))
+    memory_ctx, jsonl_ctx = host(), host()
+    memory = install_memory_persistence(memory_ctx)
+    jsonl = install_jsonl_persistence(jsonl_ctx, store / "round-trip")
+    await stored(memory, header, events)
+    await stored(jsonl, header, events)
+    header_m, from_memory = await memory.load(header.id)
+    header_j, from_jsonl = await jsonl.load(header.id)
+    assert from_memory == events == from_jsonl
+    assert header_m == header == header_j
+    moved_ctx = host()
+    moved = install_jsonl_persistence(moved_ctx, store / "moved")
+    await moved.create(header_m)
+    await moved.append(header.id, from_memory)
+    assert (await moved.load(header.id))[1] == events
+    for ctx in (memory_ctx, jsonl_ctx, moved_ctx):
+        await ctx.dispose()
 
 
 @given(session_logs())
 async def test_seeded_live_session_round_trips_through_jsonl(
-    events: tuple[SessionEvent, ...],
+    store: Path, events: tuple[SessionEvent, ...]
 ) -> None:
     """host-core §4/§5: a seeded, tracked, flushed session reloads as exactly its live events."""
-    with tempfile.TemporaryDirectory() as tmp:
-        ctx = host()
-        persistence = install_jsonl_persistence(ctx, Path(tmp))
-        session = ctx.sessions.create("s", seed=events)
-        await ctx.sessions.flush(session)
-        live = session.events
-        await ctx.dispose()
-        await ctx.host.drain_tasks()
-        reader = host()
-        persistence = install_jsonl_persistence(reader, Path(tmp))
-        _, loaded = await persistence.load("s")
-        assert loaded == live
-        assert loaded[-1].type == "session/end-seed"
-        await reader.dispose()
+    id = next(_ids)
+    ctx = host()
+    persistence = install_jsonl_persistence(ctx, store / "seeded")
+    session = ctx.sessions.create(id, seed=events)
+    await ctx.sessions.flush(session)
+    live = session.events
+    await ctx.dispose()
+    await ctx.host.drain_tasks()
+    reader = host()
+    persistence = install_jsonl_persistence(reader, store / "seeded")
+    _, loaded = await persistence.load(id)
+    assert loaded == live
+    assert loaded[-1].type == "session/end-seed"
+    await reader.dispose()
 
 
 # -- (b) rejection --------------------------------------------------------------------------------
@@ -267,51 +283,51 @@ def _unanswered_calls(events: tuple[SessionEvent, ...]) -> list[str]:
 
 @given(session_logs(open_end=True), st.data())
 async def test_flushed_log_cut_anywhere_reloads_as_a_repaired_prefix(
-    events: tuple[SessionEvent, ...], data: st.DataObject
+    store: Path, events: tuple[SessionEvent, ...], data: st.DataObject
 ) -> None:
     """host-core §5: a flushed JSONL log cut at any byte reloads as a repaired prefix."""
-    with tempfile.TemporaryDirectory() as tmp:
-        ctx = host()
-        install_jsonl_persistence(ctx, Path(tmp) / "live")
-        owner = ctx.plugin("owner")
-        session = owner.sessions.create("s")
-        for event in events:
-            session.append(
-                event.type,
-                event.data,
-                source_event_seqs=event.source_event_seqs,
-                ignorable=event.ignorable,
-            )
-            if data.draw(st.integers(0, 9)) == 0:
-                await owner.sessions.flush(session)
-        await owner.sessions.flush(session)
-        flushed = session.events
-        content = (Path(tmp) / "live" / "s.jsonl").read_bytes()
-        await ctx.dispose()
+    id = next(_ids)
+    ctx = host()
+    install_jsonl_persistence(ctx, store / "live")
+    owner = ctx.plugin("owner")
+    session = owner.sessions.create(id)
+    for event in events:
+        session.append(
+            event.type,
+            event.data,
+            source_event_seqs=event.source_event_seqs,
+            ignorable=event.ignorable,
+        )
+        if data.draw(st.integers(0, 9)) == 0:
+            await owner.sessions.flush(session)
+    await owner.sessions.flush(session)
+    flushed = session.events
+    content = (store / "live" / f"{id}.jsonl").read_bytes()
+    await ctx.dispose()
 
-        cut = data.draw(st.integers(0, len(content)))
-        root = Path(tmp) / "cut"
-        root.mkdir()
-        (root / "s.jsonl").write_bytes(content[:cut])
-        reader = host()
-        persistence = install_jsonl_persistence(reader, root)
-        header_end = content.index(b"\n") + 1
-        if cut < header_end:
-            with pytest.raises(SessionError) as info:
-                await persistence.load("s")
-            assert info.value.code == "SESSION_NOT_FOUND"
-            await reader.dispose()
-            return
-        kept = content[header_end:cut].count(b"\n")
-        _, loaded = await persistence.load("s")
-        assert loaded[:kept] == flushed[:kept]
-        closers = loaded[kept:]
-        prefix_open = not _balanced(flushed[:kept])
-        assert [e.type for e in closers][-1:] == (["turn/end"] if prefix_open else [])
-        assert {e.type for e in closers} <= {"tool/result", "step/end", "turn/end"}
-        if closers:
-            assert closers[-1].data.reason.kind == "interrupted"
-        check_balanced(loaded)
-        assert _unanswered_calls(loaded) == []
-        assert (await persistence.load("s"))[1] == loaded  # the repair was committed
+    cut = data.draw(st.integers(0, len(content)))
+    root = store / "cut"
+    root.mkdir(exist_ok=True)
+    (root / f"{id}.jsonl").write_bytes(content[:cut])
+    reader = host()
+    persistence = install_jsonl_persistence(reader, root)
+    header_end = content.index(b"\n") + 1
+    if cut < header_end:
+        with pytest.raises(SessionError) as info:
+            await persistence.load(id)
+        assert info.value.code == "SESSION_NOT_FOUND"
         await reader.dispose()
+        return
+    kept = content[header_end:cut].count(b"\n")
+    _, loaded = await persistence.load(id)
+    assert loaded[:kept] == flushed[:kept]
+    closers = loaded[kept:]
+    prefix_open = not _balanced(flushed[:kept])
+    assert [e.type for e in closers][-1:] == (["turn/end"] if prefix_open else [])
+    assert {e.type for e in closers} <= {"tool/result", "step/end", "turn/end"}
+    if closers:
+        assert closers[-1].data.reason.kind == "interrupted"
+    check_balanced(loaded)
+    assert _unanswered_calls(loaded) == []
+    assert (await persistence.load(id))[1] == loaded  # the repair was committed
+    await reader.dispose()
