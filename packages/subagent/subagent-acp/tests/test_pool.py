@@ -6,6 +6,7 @@ import asyncio
 import json
 import os
 import signal
+import types
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ from dsh_core import PluginError, SessionMeta, blocks_text, text_blocks
 from dsh_subagent import (
     SubagentStartRequest,
 )
-from dsh_subagent_acp import MAX_POOL, AcpConfig, AcpError, check_config
+from dsh_subagent_acp import MAX_POOL, AcpConfig, AcpError, _pool, check_config
 from dsh_subagent_acp._pool import MAX_FAILURES
 from dsh_subagent_acp._process import ChildProcess
 
@@ -132,16 +133,37 @@ async def test_a_dead_or_closed_pooled_process_is_never_handed_out(acp: Any) -> 
         await _exited(closed)
 
 
-async def test_a_failing_refill_backs_off_and_stops(acp: Any) -> None:
-    """ACPC-34: a command whose processes fail at initialize is retried with back-off, then
-    the pool stops trying (it never spins); a start that finds the pool empty allows one
-    more try."""
+class _BackOffClock(types.ModuleType):
+    """``asyncio`` as the pool module sees it, but ``sleep`` records the back-off it was asked
+    for and only yields: the schedule is checked instead of waited out."""
+
+    def __init__(self) -> None:
+        super().__init__("asyncio")
+        self.delays: list[float] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(asyncio, name)
+
+    async def sleep(self, delay: float) -> None:
+        self.delays.append(delay)
+        await asyncio.sleep(0)
+
+
+async def test_a_failing_refill_backs_off_and_stops(
+    acp: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ACPC-34: a command whose processes fail at initialize is retried with back-off (0.1 s,
+    doubling), then the pool stops trying (it never spins); a start that finds the pool empty
+    allows one more try."""
+    clock = _BackOffClock()
+    monkeypatch.setattr(_pool, "asyncio", clock)
     async with acp.tree("--exit-at-init", pool=3) as p:
         filler = p.pool._filler
         assert filler is not None
         async with asyncio.timeout(BOUND):
             await filler
         assert p.pool.attempts == MAX_FAILURES and not p.pool.ready
+        assert clock.delays == pytest.approx([0.1, 0.2, 0.4, 0.8])
         request = SubagentStartRequest(prompt=text_blocks("x"), parent=p.parent)
         with pytest.raises(AcpError):
             await p.svc.start("acp", request)
@@ -149,6 +171,7 @@ async def test_a_failing_refill_backs_off_and_stops(acp: Any) -> None:
         async with asyncio.timeout(BOUND):
             await filler
         assert p.pool.attempts == MAX_FAILURES + 1
+        assert clock.delays == pytest.approx([0.1, 0.2, 0.4, 0.8, 0.8])
 
 
 async def test_unloading_ends_every_pooled_process(acp: Any) -> None:
