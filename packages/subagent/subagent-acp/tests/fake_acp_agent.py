@@ -6,12 +6,12 @@ milliseconds, where an agent on the SDK pays about a second of imports.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import signal
 import sys
 import time
+import types
 
 #: What ``--prompt`` makes of a prompt (see ``main``).
 PROMPT_MODES = (
@@ -60,6 +60,63 @@ def chunk(session_id: str, text: str, kind: str = "agent_message_chunk") -> None
     update(session_id, {"sessionUpdate": kind, "content": {"type": "text", "text": text}})
 
 
+#: The flags: a switch (``False`` until given) or a value (its default; an ``int`` default
+#: makes the value an int). ``--prompt`` takes one of ``PROMPT_MODES``.
+FLAGS: dict[str, object] = {
+    "prompt": "echo",
+    "stop": "end_turn",  # the stopReason of an echo
+    "no-init": False,  # never answer initialize
+    "no-session-id": False,
+    "exit-at-init": False,  # exit 5 on initialize
+    "trap-term": False,  # ignore SIGTERM
+    "hold-eof": False,  # keep running after stdin EOF
+    "garbage": False,  # garbage lines before answers
+    "flood-stderr": 0,  # lines written to stderr
+    "extras": False,  # thoughts, tool cards, images
+    "grandchild": False,  # start a SIGTERM-proof child
+    "daemon": False,  # start a child in a session of its own that keeps our stdout and stderr
+    "say": "",  # a line for stderr at start
+    "echo-prefix": "echo: ",
+    "hold-text": None,  # a prompt answered as --prompt slow
+    "hang-new": False,  # never answer session/new
+    "linger-ms": 0,  # work this long after EOF
+    "load": False,  # advertise loadSession; a load replays REPLAYED
+    "resume": False,  # advertise session resume only
+}
+
+
+def parse_flags(argv: list[str]) -> types.SimpleNamespace:
+    """``--name value`` or ``--name=value`` for a value, ``--name`` for a switch; anything else
+    exits 1 with a line on stderr, as argparse would (with 2) (whose import alone costs each of the
+    many processes the tests start about a fifth of its start-up)."""
+    values = dict(FLAGS)
+    rest = list(argv)
+    while rest:
+        word = rest.pop(0)
+        name, given, value = word[2:].partition("=")
+        if not word.startswith("--") or name not in FLAGS:
+            sys.exit(f"fake_acp_agent: unknown argument {word!r}")
+        if FLAGS[name] is False:
+            if given:
+                sys.exit(f"fake_acp_agent: --{name} takes no value")
+            values[name] = True
+            continue
+        if not given:
+            if not rest:
+                sys.exit(f"fake_acp_agent: --{name} needs a value")
+            value = rest.pop(0)
+        if isinstance(FLAGS[name], int):
+            try:
+                values[name] = int(value)
+            except ValueError:
+                sys.exit(f"fake_acp_agent: --{name} needs a whole number, got {value!r}")
+        else:
+            values[name] = value
+    if values["prompt"] not in PROMPT_MODES:
+        sys.exit(f"fake_acp_agent: --prompt must be one of {', '.join(PROMPT_MODES)}")
+    return types.SimpleNamespace(**{k.replace("-", "_"): v for k, v in values.items()})
+
+
 def hold() -> None:
     """Stay alive, doing nothing (until a signal that is not ignored ends us)."""
     while True:
@@ -67,37 +124,7 @@ def hold() -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument(
-        "--prompt",
-        default="echo",
-        choices=PROMPT_MODES,
-    )
-    parser.add_argument("--stop", default="end_turn")
-    parser.add_argument("--no-init", action="store_true", help="never answer initialize")
-    parser.add_argument("--no-session-id", action="store_true")
-    parser.add_argument("--exit-at-init", action="store_true", help="exit 5 on initialize")
-    parser.add_argument("--trap-term", action="store_true", help="ignore SIGTERM")
-    parser.add_argument("--hold-eof", action="store_true", help="keep running after stdin EOF")
-    parser.add_argument("--garbage", action="store_true", help="garbage lines before answers")
-    parser.add_argument("--flood-stderr", type=int, default=0, help="lines written to stderr")
-    parser.add_argument("--extras", action="store_true", help="thoughts, tool cards, images")
-    parser.add_argument("--grandchild", action="store_true", help="start a SIGTERM-proof child")
-    parser.add_argument(
-        "--daemon",
-        action="store_true",
-        help="start a child in a session of its own that keeps our stdout and stderr open",
-    )
-    parser.add_argument("--say", default="", help="a line for stderr at start")
-    parser.add_argument("--echo-prefix", default="echo: ")
-    parser.add_argument("--hold-text", default=None, help="a prompt answered as --prompt slow")
-    parser.add_argument("--hang-new", action="store_true", help="never answer session/new")
-    parser.add_argument("--linger-ms", type=int, default=0, help="work this long after EOF")
-    parser.add_argument(
-        "--load", action="store_true", help="advertise loadSession; a load replays REPLAYED"
-    )
-    parser.add_argument("--resume", action="store_true", help="advertise session resume only")
-    args = parser.parse_args()
+    args = parse_flags(sys.argv[1:])
 
     if args.trap_term:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
