@@ -148,8 +148,9 @@ async def test_disposing_the_parent_ends_its_childrens_processes(acp: Any) -> No
 
 async def test_an_interrupt_cancels_the_childs_prompt(acp: Any) -> None:
     """ACPC-17: interrupting a continuable ACP child's turn sends session/cancel; the child
-    answers cancelled, the turn ends aborted, and the process is kept for the next turn."""
-    async with acp.tree("--hold-text", "hold") as t:
+    answers cancelled, the turn ends aborted at that answer (not after the disposal grace,
+    a minute here), and the process is kept for the next turn."""
+    async with acp.tree("--hold-text", "hold", dispose_grace_ms=60_000) as t:
         prompting = asyncio.Event()
         sessions = t.sessions
         prompt = sessions._prompt

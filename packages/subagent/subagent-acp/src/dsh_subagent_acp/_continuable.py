@@ -369,7 +369,10 @@ class AcpSessions:
         with contextlib.suppress(Exception):
             async with asyncio.timeout(grace):
                 await opened.conn.cancel(session_id=opened.session_id)
-        await asyncio.wait({task, opened.child.exited}, timeout=grace)
+        # Whichever comes first: the prompt's answer (``cancelled``) or the child's exit.
+        await asyncio.wait(
+            {task, opened.child.exited}, timeout=grace, return_when=asyncio.FIRST_COMPLETED
+        )
         if not task.done():
             task.cancel()
             with contextlib.suppress(BaseException):
