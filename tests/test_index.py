@@ -337,54 +337,52 @@ class Bytecode:
         self.store = store
         self.suffix = f".{sys.implementation.cache_tag}.pyc"
         self.known: dict[str, str] = {}  # where a source is (site: relative) -> its key
-        self.seen: dict[Path, set[str]] = {}  # by prefix: the sources already looked at
+        self.seen: dict[str, set[str]] = {}  # by prefix: the sources already looked at
 
     @staticmethod
     def _key(text: bytes) -> str:
         return f"{importlib.util.source_hash(text).hex()}-{len(text)}"
 
-    def _mirror(self, prefix: Path, source: Path) -> Path:
-        """Where CPython looks for the bytecode of ``source`` under ``prefix``."""
-        return prefix / source.parent.relative_to(source.anchor) / (source.stem + self.suffix)
-
-    @staticmethod
-    def _source(site: Path, where: str) -> Path:
-        return site / where[5:] if where.startswith("site:") else Path(where)
-
+    # Paths as strings: these run over a thousand files per venv.
     def lend(self, site: Path, prefix: Path) -> None:
         """Link into ``prefix`` the bytecode of every known module whose source is the same."""
-        seen = self.seen.setdefault(prefix, set())
+        seen = self.seen.setdefault(str(prefix), set())
         for where, known in self.known.items():
             if where in seen:
                 continue
-            source = self._source(site, where)
-            mirror = self._mirror(prefix, source)
+            source = f"{site}/{where[5:]}" if where.startswith("site:") else where
             try:
-                text = source.read_bytes()
+                with open(source, "rb") as file:
+                    text = file.read()
             except OSError:  # not installed here (yet): nothing to lend
                 continue
             seen.add(where)
-            if not mirror.exists() and self._key(text) == known:
-                mirror.parent.mkdir(parents=True, exist_ok=True)
-                os.link(self.store / known, mirror)
+            if self._key(text) == known:
+                mirror = f"{prefix}{source[:-3]}{self.suffix}"
+                os.makedirs(os.path.dirname(mirror), exist_ok=True)
+                try:
+                    os.link(self.store / known, mirror)
+                except FileExistsError:
+                    continue
 
     def harvest(self, site: Path, prefix: Path) -> None:
         """Keep what the processes of a venv compiled under ``prefix``."""
-        seen = self.seen.setdefault(prefix, set())
+        seen = self.seen.setdefault(str(prefix), set())
+        inside, cut = f"{site}/", len(str(prefix))
         for folder, _, names in os.walk(prefix):
             for name in names:
                 if not name.endswith(self.suffix):
                     continue
-                compiled = Path(folder, name)
-                parent = Path(compiled.anchor, compiled.parent.relative_to(prefix))
-                source = parent / (name[: -len(self.suffix)] + ".py")
-                where = f"site:{source.relative_to(site)}" if source.is_relative_to(site) else ""
-                where = where or str(source)
+                source = f"{folder[cut:]}/{name[: -len(self.suffix)]}.py"
+                where = f"site:{source[len(inside) :]}" if source.startswith(inside) else source
                 if where in seen:
                     continue  # lent here, or kept already
                 seen.add(where)
                 try:
-                    text, code = source.read_bytes(), compiled.read_bytes()
+                    with open(source, "rb") as file:
+                        text = file.read()
+                    with open(os.path.join(folder, name), "rb") as file:
+                        code = file.read()
                 except OSError:
                     continue
                 if int.from_bytes(code[4:8], "little") != 0:
@@ -439,6 +437,7 @@ class Venv:
         self.python = where / "venv" / bin_dir / "python"
         sites = list((where / "venv").glob("lib/python3.*/site-packages"))
         self.site = sites[0] if len(sites) == 1 else None  # else another layout: no sharing
+        self.lend = True
 
     def install(self, *names: str) -> set[str]:
         """Install ``names`` from the index; returns the dsh files the index served."""
@@ -452,12 +451,14 @@ class Venv:
             args = [self.python, "-m", "pip", "install", "--quiet", "--index-url", self.url]
             args += [f"--extra-index-url={u}" for u in extra]
         _run([*args, *names], env=self.install_env, cwd=self.where)
+        self.lend = True
         return self.index.served_files()
 
     def python_run(self, code: str, cwd: Path | None = None) -> str:
         prefix = Path(self.env["PYTHONPYCACHEPREFIX"])
-        if self.site:
+        if self.site and self.lend:  # what was installed since the last run
             self.bytecode.lend(self.site, prefix)
+            self.lend = False
         try:
             return _run([self.python, "-c", code], env=self.env, cwd=cwd or self.where).stdout
         finally:
