@@ -17,6 +17,7 @@ Every distribution found under ``packages/`` is covered, so a new one needs no c
 from __future__ import annotations
 
 import email
+import importlib.util
 import json
 import os
 import re
@@ -109,6 +110,37 @@ def _members(wheel: Path) -> dict[str, bytes]:
 # -- the artifacts ---------------------------------------------------------------------------
 
 
+# Runs in this test's Python: each folder's wheel (and its sdist, with `sdist` first) through
+# its build backend's PEP 517 hooks, as an installer builds a wheel from an sdist. All folders
+# in this one process (a build frontend started per distribution costs far more than the
+# builds themselves); a folder's failure is reported by folder, the others still build.
+_BUILD = """
+import importlib, json, os, sys, tomllib, traceback
+sdist, out, failed = sys.argv[1] == "sdist", sys.argv[2], {}
+for folder in sys.argv[3:]:
+    try:
+        with open(os.path.join(folder, "pyproject.toml"), "rb") as file:
+            name = tomllib.load(file)["build-system"]["build-backend"]
+        backend = importlib.import_module(name)
+        os.chdir(folder)
+        where = os.path.join(out, os.path.basename(folder)) if not sdist else out
+        os.makedirs(where, exist_ok=True)
+        if sdist:
+            backend.build_sdist(where)
+        backend.build_wheel(where)
+    except Exception:
+        failed[folder] = traceback.format_exc()
+print(json.dumps(failed))
+"""
+
+
+def _build(kind: str, out: Path, folders: list[Path]) -> dict[str, str]:
+    """Build ``folders`` in one process; the traceback of each folder that failed."""
+    done = _run([sys.executable, "-c", _BUILD, kind, out, *folders])
+    failed: dict[str, str] = json.loads(done.stdout.splitlines()[-1])
+    return failed
+
+
 @pytest.fixture(scope="module")
 def dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The folder of built wheels and sdists: the run's dist/, else built here."""
@@ -116,8 +148,8 @@ def dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if given:
         return Path(given)
     out = tmp_path_factory.mktemp("dist")
-    for info in PACKAGES.values():
-        _run([sys.executable, "-m", "hatchling", "build", "-d", out], cwd=info["folder"])
+    failed = _build("sdist", out, [info["folder"] for info in PACKAGES.values()])
+    assert not failed, failed
     return out
 
 
@@ -160,15 +192,28 @@ def test_every_artifact_ships_the_license_and_the_urls(dist: Path, name: str) ->
         assert all(url.startswith(HOME) for url in urls.values()), urls
 
 
+@pytest.fixture(scope="module")
+def rebuilt(dist: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path | str]:
+    """Every sdist unpacked and built into a wheel (all in one process): by distribution,
+    the folder its wheel went to, or the traceback of its failed build."""
+    tmp = tmp_path_factory.mktemp("rebuilt")
+    unpacked: dict[str, Path] = {}
+    for name in PACKAGES:
+        with tarfile.open(dist / _sdist_name(name)) as sdist:
+            sdist.extractall(tmp / "src" / name, filter="data")
+        (unpacked[name],) = (p for p in (tmp / "src" / name).iterdir() if p.is_dir())
+    failed = _build("wheel", tmp / "out", list(unpacked.values()))
+    return {n: failed.get(str(f)) or tmp / "out" / f.name for n, f in unpacked.items()}
+
+
 @pytest.mark.parametrize("name", list(PACKAGES))
-def test_the_sdist_builds_the_same_wheel(dist: Path, name: str, tmp_path: Path) -> None:
+def test_the_sdist_builds_the_same_wheel(
+    dist: Path, rebuilt: dict[str, Path | str], name: str
+) -> None:
     """PKG-13: a wheel built from the sdist holds exactly the files, with exactly the bytes,
     of the wheel built from the source folder."""
-    with tarfile.open(dist / _sdist_name(name)) as sdist:
-        sdist.extractall(tmp_path, filter="data")
-    (unpacked,) = (p for p in tmp_path.iterdir() if p.is_dir())
-    out = tmp_path / "out"
-    _run([sys.executable, "-m", "hatchling", "build", "-t", "wheel", "-d", out], cwd=unpacked)
+    out = rebuilt[name]
+    assert isinstance(out, Path), f"{name}'s sdist did not build a wheel:\n{out}"
     assert _members(out / _wheel_name(name)) == _members(dist / _wheel_name(name))
 
 
@@ -276,8 +321,96 @@ def index(dist: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Inde
         served.close()
 
 
-# The environment of a user's install: none of this checkout's sources or settings.
-_DROPPED = ("PYTHONPATH", "VIRTUAL_ENV", "DSH_PLUGINS", "DSH_DISABLE_PLUGIN_AUTOLOAD")
+class Bytecode:
+    """Bytecode one venv's processes compiled, lent to the venvs made after it.
+
+    Each venv keeps the bytecode its processes compile (a user's installer compiles at install
+    time) under its own ``PYTHONPYCACHEPREFIX``. Every venv here installs the same wheels, but
+    each unpacks its own copy of them (each client has its own index URL, so no installer
+    cache stands in for a download): without sharing, each of the dozen venvs compiled
+    dsh-core, pydantic, openai... again. What one venv compiled is kept as hash-checked
+    bytecode (PEP 552), which CPython uses only while the source's hash matches, and lent to a
+    later venv for each source there with the same text.
+    """
+
+    def __init__(self, store: Path) -> None:
+        self.store = store
+        self.suffix = f".{sys.implementation.cache_tag}.pyc"
+        self.known: dict[str, str] = {}  # where a source is (site: relative) -> its key
+        self.seen: dict[str, set[str]] = {}  # by prefix: the sources already looked at
+
+    @staticmethod
+    def _key(text: bytes) -> str:
+        return f"{importlib.util.source_hash(text).hex()}-{len(text)}"
+
+    # Paths as strings: these run over a thousand files per venv.
+    def lend(self, site: Path, prefix: Path) -> None:
+        """Link into ``prefix`` the bytecode of every known module whose source is the same."""
+        seen = self.seen.setdefault(str(prefix), set())
+        for where, known in self.known.items():
+            if where in seen:
+                continue
+            source = f"{site}/{where[5:]}" if where.startswith("site:") else where
+            try:
+                with open(source, "rb") as file:
+                    text = file.read()
+            except OSError:  # not installed here (yet): nothing to lend
+                continue
+            seen.add(where)
+            if self._key(text) == known:
+                mirror = f"{prefix}{source[:-3]}{self.suffix}"
+                os.makedirs(os.path.dirname(mirror), exist_ok=True)
+                try:
+                    os.link(self.store / known, mirror)
+                except FileExistsError:
+                    continue
+
+    def harvest(self, site: Path, prefix: Path) -> None:
+        """Keep what the processes of a venv compiled under ``prefix``."""
+        seen = self.seen.setdefault(str(prefix), set())
+        inside, cut = f"{site}/", len(str(prefix))
+        for folder, _, names in os.walk(prefix):
+            for name in names:
+                if not name.endswith(self.suffix):
+                    continue
+                source = f"{folder[cut:]}/{name[: -len(self.suffix)]}.py"
+                where = f"site:{source[len(inside) :]}" if source.startswith(inside) else source
+                if where in seen:
+                    continue  # lent here, or kept already
+                seen.add(where)
+                try:
+                    with open(source, "rb") as file:
+                        text = file.read()
+                    with open(os.path.join(folder, name), "rb") as file:
+                        code = file.read()
+                except OSError:
+                    continue
+                if int.from_bytes(code[4:8], "little") != 0:
+                    continue  # hash-based already: lent
+                known = self._key(text)
+                kept = self.store / known
+                if not kept.exists():  # magic, "checked hash" flags, hash, the code itself
+                    head = code[:4] + (3).to_bytes(4, "little")
+                    temporary = kept.with_suffix(".tmp")
+                    temporary.write_bytes(head + importlib.util.source_hash(text) + code[16:])
+                    os.replace(temporary, kept)
+                self.known[where] = known
+
+
+@pytest.fixture(scope="module")
+def bytecode(tmp_path_factory: pytest.TempPathFactory) -> Bytecode:
+    return Bytecode(tmp_path_factory.mktemp("bytecode"))
+
+
+# The environment of a user's install: none of this checkout's sources or settings. Bytecode
+# is written (a user's installer compiles it), under the venv (see Bytecode).
+_DROPPED = (
+    "PYTHONPATH",
+    "VIRTUAL_ENV",
+    "DSH_PLUGINS",
+    "DSH_DISABLE_PLUGIN_AUTOLOAD",
+    "PYTHONDONTWRITEBYTECODE",
+)
 _SOURCES = re.compile(r"^(UV_(DEFAULT_)?INDEX.*|UV_EXTRA_INDEX_URL|UV_FIND_LINKS|UV_NO_INDEX|"
                       r"PIP_(INDEX_URL|EXTRA_INDEX_URL|FIND_LINKS|NO_INDEX))$")  # fmt: skip
 
@@ -285,13 +418,15 @@ _SOURCES = re.compile(r"^(UV_(DEFAULT_)?INDEX.*|UV_EXTRA_INDEX_URL|UV_FIND_LINKS
 class Venv:
     """A fresh venv filled by name from the index, as a user's ``pip install`` would."""
 
-    def __init__(self, where: Path, index: Index) -> None:
+    def __init__(self, where: Path, index: Index, bytecode: Bytecode) -> None:
         self.where = where
         self.index = index
+        self.bytecode = bytecode
         self.url = index.new_url()
         self.uv = os.environ.get("DSH_UV") or None
         env = {k: v for k, v in os.environ.items() if k not in _DROPPED}
         env["DSH_SUBAGENTS_HOME"] = str(where / "home")
+        env["PYTHONPYCACHEPREFIX"] = str(where / "pycache")
         self.env = env
         self.install_env = {k: v for k, v in env.items() if not _SOURCES.match(k)}
         if self.uv:
@@ -300,6 +435,9 @@ class Venv:
             _run([sys.executable, "-m", "venv", where / "venv"])
         bin_dir = "Scripts" if os.name == "nt" else "bin"
         self.python = where / "venv" / bin_dir / "python"
+        sites = list((where / "venv").glob("lib/python3.*/site-packages"))
+        self.site = sites[0] if len(sites) == 1 else None  # else another layout: no sharing
+        self.lend = True
 
     def install(self, *names: str) -> set[str]:
         """Install ``names`` from the index; returns the dsh files the index served."""
@@ -313,10 +451,19 @@ class Venv:
             args = [self.python, "-m", "pip", "install", "--quiet", "--index-url", self.url]
             args += [f"--extra-index-url={u}" for u in extra]
         _run([*args, *names], env=self.install_env, cwd=self.where)
+        self.lend = True
         return self.index.served_files()
 
     def python_run(self, code: str, cwd: Path | None = None) -> str:
-        return _run([self.python, "-c", code], env=self.env, cwd=cwd or self.where).stdout
+        prefix = Path(self.env["PYTHONPYCACHEPREFIX"])
+        if self.site and self.lend:  # what was installed since the last run
+            self.bytecode.lend(self.site, prefix)
+            self.lend = False
+        try:
+            return _run([self.python, "-c", code], env=self.env, cwd=cwd or self.where).stdout
+        finally:
+            if self.site:
+                self.bytecode.harvest(self.site, prefix)
 
 
 # Runs in the user's venv: the installed dsh distributions and what dsh-core discovers.
@@ -360,11 +507,13 @@ def venvs() -> dict[str, Venv]:
     return {}
 
 
-def _installed(venvs: dict[str, Venv], index: Index, tmp_path: Path, *names: str) -> Venv:
+def _installed(
+    venvs: dict[str, Venv], index: Index, bytecode: Bytecode, tmp_path: Path, *names: str
+) -> Venv:
     """The install test's venv of ``names[0]``; else a fresh venv with ``names`` installed
     one after the other (when that test did not run)."""
     if names[0] not in venvs:
-        venvs[names[0]] = Venv(tmp_path, index)
+        venvs[names[0]] = Venv(tmp_path, index, bytecode)
         for name in names:
             venvs[names[0]].install(name)
     return venvs[names[0]]
@@ -409,12 +558,12 @@ def _readme_blocks(name: str) -> list[tuple[str, str, str]]:
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(PACKAGES))
 def test_install_by_name_from_the_index(
-    index: Index, venvs: dict[str, Venv], name: str, tmp_path: Path
+    index: Index, venvs: dict[str, Venv], bytecode: Bytecode, name: str, tmp_path: Path
 ) -> None:
     """PKG-14: in a fresh venv, `pip install NAME` from the index brings exactly NAME's dsh
     closure, each from the index's wheel of this checkout, and dsh-core discovers exactly
     their entry points; then the README's install line and its Python example work there."""
-    venv = venvs[name] = Venv(tmp_path, index)
+    venv = venvs[name] = Venv(tmp_path, index, bytecode)
     closure = _closure(name)
     served = venv.install(name)
     assert served == {_wheel_name(n) for n in closure}
@@ -425,7 +574,8 @@ def test_install_by_name_from_the_index(
     more = _closure(*map(_bare, wanted))
     served = venv.install(*wanted)
     assert served == {_wheel_name(n) for n in more - closure}
-    _check_installed(venv, more)
+    if wanted != [name]:  # else the venv is the one just checked
+        _check_installed(venv, more)
     blocks = _readme_blocks(name)
     for lang, text, _ in blocks:  # the files the example reads, as the README names them
         path = _FILE.match(text.split("\n", 1)[0])
@@ -471,11 +621,11 @@ asyncio.run(main())
 
 @pytest.mark.slow
 def test_a_spawn_child_runs_after_install_by_name(
-    index: Index, venvs: dict[str, Venv], tmp_path: Path
+    index: Index, venvs: dict[str, Venv], bytecode: Bytecode, tmp_path: Path
 ) -> None:
     """PKG-15: after `pip install dsh-subagent-spawn` from the index, a host started on the
     installed entry points runs a spawn child to completion."""
-    venv = _installed(venvs, index, tmp_path, "dsh-subagent-spawn")
+    venv = _installed(venvs, index, bytecode, tmp_path, "dsh-subagent-spawn")
     assert venv.python_run(_SPAWN_CHILD) == "completed ping\n"
 
 
@@ -517,11 +667,11 @@ asyncio.run(main())
 
 @pytest.mark.slow
 def test_the_subagent_tool_runs_a_child_after_install_by_name(
-    index: Index, venvs: dict[str, Venv], tmp_path: Path
+    index: Index, venvs: dict[str, Venv], bytecode: Bytecode, tmp_path: Path
 ) -> None:
     """PKG-16: after `pip install dsh-tool-subagent` and then `pip install dsh-subagent-spawn`
     from the index (the install test checks that the second brings only itself), a scripted
     model's `subagent` call runs a spawn child and gets its answer."""
-    venv = _installed(venvs, index, tmp_path, "dsh-tool-subagent", "dsh-subagent-spawn")
+    venv = _installed(venvs, index, bytecode, tmp_path, "dsh-tool-subagent", "dsh-subagent-spawn")
     out = venv.python_run(_TOOL_CHILD)
     assert out.startswith("child said: ") and "ping" in out, out
