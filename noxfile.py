@@ -324,7 +324,8 @@ def _bytecode(session: nox.Session) -> dict[str, str | None]:
     (set on some machines) forbids writing it later: then every process the tests start
     compiles openai, pydantic and ours again from source, which costs about as much CPU as
     the tests themselves. Bytecode is written where the venv is (``PYTHONPYCACHEPREFIX``),
-    never into the checkout; each module is compiled once per session, when first imported.
+    never into the checkout; each module is compiled when first imported, once per ``nox``
+    call and Python where the venvs share it (:func:`_share_bytecode`).
     """
     return {
         "PYTHONDONTWRITEBYTECODE": None,

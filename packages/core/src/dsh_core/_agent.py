@@ -1183,9 +1183,6 @@ async def _terminal_verdict(error: RequestErrorContext) -> str:
     return "fail"
 
 
-_is_snapshot = is_snapshot
-
-
 def _last_turn(session: Session) -> int:
     for event in reversed(session.events):
         if event.type == "turn/start":
@@ -1200,7 +1197,7 @@ def _last_snapshot(session: Session) -> str | None:
     if fold is not None:
         messages = messages[len(fold.messages) :]
     for m in reversed(messages):
-        if _is_snapshot(m):
+        if is_snapshot(m):
             return m.text
     return fold.snapshot if fold is not None else None
 
