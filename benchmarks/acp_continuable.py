@@ -41,6 +41,7 @@ _HERE = Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
 sys.path.insert(0, str(_HERE.parent / "tests"))
 
+import acp_tree as tree  # noqa: E402
 import test_acp_continuable as helpers  # noqa: E402
 
 from dsh_core import SessionMeta, text_blocks  # noqa: E402
@@ -66,18 +67,11 @@ async def _host(tmp: Path):  # type: ignore[no-untyped-def]
     """The tests' host (dsh-acp-agent children on a JSONL store, a JSONL parent), with the
     test-time invariant checkers off, as in a real host: they re-read a resumed child's whole
     log, which a follow-up to a settled child does each time."""
-    paths = [str(helpers.FIXTURES), *filter(None, os.environ.get("PYTHONPATH", "").split(":"))]
-    config = {
-        "command": sys.executable,
-        "args": ["-m", "dsh_acp_agent", "--config", str(helpers._child_config(tmp))],
-        "env": {"PYTHONPATH": ":".join(paths)},
-        "start_timeout_ms": helpers.BOUND * 1000,
-    }
     async with scripted_host(
         "subagent",
         "subagent-acp",
-        modules=helpers.MODULES,
-        config={"subagent-acp": config},
+        modules=tree.MODULES,
+        config={"subagent-acp": helpers.agent_row(tmp)},
         store="jsonl",
         store_root=tmp / "parent-sessions",
         invariants=False,
@@ -152,7 +146,7 @@ async def _run(followups: int, kills: int) -> None:
         raw = _Raw(raw_conn, (await raw_conn.new_session(cwd=str(tmp), mcp_servers=[])).session_id)
         for _ in range(20):
             await raw.round_trip()
-        ends = helpers._Ends(host)
+        ends = tree.Ends(host, helpers.BOUND)
         handle = await host.create_agent(meta=SessionMeta(cwd=str(tmp)))
         parent = handle.agent
         spec = ContinuableStartSpec(
@@ -166,10 +160,10 @@ async def _run(followups: int, kills: int) -> None:
 
         async def followup(i: int) -> float:
             nonlocal n
-            pid = helpers._process(host, child_id).pid
+            pid = tree.child_process(host, child_id).pid
             before, own = _cpu(pid), time.process_time()
             t = time.perf_counter()
-            await helpers._followup(parent, child_id, f"q{i}")
+            await tree.followup(parent, child_id, f"q{i}", helpers.BOUND)
             n += 1
             await ends.answer(n)
             wall = time.perf_counter() - t
@@ -189,12 +183,12 @@ async def _run(followups: int, kills: int) -> None:
             ratios.append(a / b)
         phases: list[tuple[float, float, float]] = []
         for i in range(kills):
-            process = helpers._process(host, child_id)
+            process = tree.child_process(host, child_id)
             os.kill(process.pid, signal.SIGKILL)
             await process.exited
             _MARKS.clear()
             t = time.perf_counter()
-            await helpers._followup(parent, child_id, f"c{i}")
+            await tree.followup(parent, child_id, f"c{i}", helpers.BOUND)
             n += 1
             await ends.answer(n)
             done = time.perf_counter()
@@ -253,16 +247,9 @@ async def _marked(
 
 @contextlib.asynccontextmanager
 async def _pool_host(tmp: Path, pool: int):  # type: ignore[no-untyped-def]
-    paths = [str(helpers.FIXTURES), *filter(None, os.environ.get("PYTHONPATH", "").split(":"))]
-    config = {
-        "command": sys.executable,
-        "args": ["-m", "dsh_acp_agent", "--config", str(helpers._child_config(tmp))],
-        "env": {"PYTHONPATH": ":".join(paths)},
-        "start_timeout_ms": helpers.BOUND * 1000,
-        "pool": pool,
-    }
+    config = {**helpers.agent_row(tmp), "pool": pool}
     async with scripted_host(
-        "subagent", "subagent-acp", modules=helpers.MODULES, config={"subagent-acp": config}
+        "subagent", "subagent-acp", modules=tree.MODULES, config={"subagent-acp": config}
     ) as host:
         yield host
 
@@ -273,7 +260,7 @@ def _sessions(host: TestHost) -> AcpSessions:
     return sessions
 
 
-async def _first_update(host: TestHost, ends: helpers._Ends, refilled: TestHost) -> float:
+async def _first_update(host: TestHost, ends: tree.Ends, refilled: TestHost) -> float:
     """One child on a fresh parent: seconds from start_continuable to its first update. The
     pool of ``refilled`` is full first, so no refill runs beside the timed start."""
     pool = _sessions(refilled).pool
@@ -316,7 +303,10 @@ async def _pool_rounds(rounds: int) -> None:
     (tmp / "cold").mkdir()
     (tmp / "warm").mkdir()
     async with _pool_host(tmp / "cold", 0) as cold, _pool_host(tmp / "warm", 1) as warm:
-        sides = {"no pool": (cold, helpers._Ends(cold)), "pool": (warm, helpers._Ends(warm))}
+        sides = {
+            "no pool": (cold, tree.Ends(cold, helpers.BOUND)),
+            "pool": (warm, tree.Ends(warm, helpers.BOUND)),
+        }
         await _first_update(*sides["no pool"], warm)  # warm-up: the SDK's import, caches
         await _first_update(*sides["pool"], warm)
         times: dict[str, list[float]] = {"no pool": [], "pool": []}

@@ -5,34 +5,21 @@ host that resumes the child from its store. The real SDK on both sides."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import signal
 import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from acp_tree import FIXTURES, Ends, child_process, followup, jsonl_host, start_child
 
-import dsh_subagent.plugin
-import dsh_subagent_acp.plugin
-from dsh_core import SessionMeta, blocks_text, text_blocks
-from dsh_core.testing import TestHost, scripted_host
-from dsh_subagent import (
-    SUBAGENTS,
-    ContinuableStartSpec,
-    CoordinatorMessageSource,
-    SubagentFollowupOptions,
-    SubagentRunEndInfo,
-)
-from dsh_subagent_acp._continuable import AcpSessions
+from dsh_core import SessionMeta, blocks_text
+from dsh_subagent import SUBAGENTS
 from dsh_subagent_acp._process import ChildProcess
 
 pytestmark = [pytest.mark.slow, pytest.mark.dsh_timeout(600)]
 
-FIXTURES = Path(__file__).parent / "fixtures" / "acp"
-MODULES = {"subagent": dsh_subagent.plugin, "subagent-acp": dsh_subagent_acp.plugin}
 BOUND = 120  # a loaded machine takes tens of seconds to start an SDK agent
 
 
@@ -59,59 +46,15 @@ plugin = "acp-test-child"
     return path
 
 
-class _Ends:
-    def __init__(self, host: TestHost) -> None:
-        self.ends: list[SubagentRunEndInfo] = []
-        self.changed = asyncio.Event()
-        host.ctx.on("subagent/end", self._end)
-
-    def _end(self, info: SubagentRunEndInfo) -> None:
-        self.ends.append(info)
-        self.changed.set()
-
-    async def answer(self, count: int) -> str:
-        async with asyncio.timeout(BOUND):
-            while len(self.ends) < count:
-                self.changed.clear()
-                await self.changed.wait()
-        end = self.ends[count - 1]
-        assert end.stop_reason == "completed", end
-        return blocks_text(end.last_assistant_message or ())
-
-
-@contextlib.asynccontextmanager
-async def _host(tmp_path: Path) -> AsyncIterator[TestHost]:
+def agent_row(tmp_path: Path) -> dict[str, Any]:
+    """The `acp` provider row that runs dsh-acp-agent on :func:`_child_config`'s config."""
     paths = [str(FIXTURES), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
-    config = {
+    return {
         "command": sys.executable,
         "args": ["-m", "dsh_acp_agent", "--config", str(_child_config(tmp_path))],
         "env": {"PYTHONPATH": os.pathsep.join(paths)},
         "start_timeout_ms": BOUND * 1000,
     }
-    async with scripted_host(
-        "subagent",
-        "subagent-acp",
-        modules=MODULES,
-        config={"subagent-acp": config},
-        store="jsonl",
-        store_root=tmp_path / "parent-sessions",
-    ) as host:
-        yield host
-
-
-def _process(host: TestHost, child_id: str) -> ChildProcess:
-    provider = host.ctx[SUBAGENTS].get_provider("acp")
-    sessions = provider.sessions  # type: ignore[union-attr]
-    assert isinstance(sessions, AcpSessions)
-    return sessions.held[child_id].opened.child
-
-
-async def _followup(parent: Any, child_id: str, text: str) -> None:
-    source = CoordinatorMessageSource(sender_session_id=parent.id)
-    async with asyncio.timeout(BOUND):
-        await parent.ctx[SUBAGENTS].followup(
-            parent, child_id, text_blocks(text), SubagentFollowupOptions(source=source)
-        )
 
 
 async def test_a_dsh_acp_agent_child_continues_across_kills_and_restarts(tmp_path: Path) -> None:
@@ -122,41 +65,37 @@ async def test_a_dsh_acp_agent_child_continues_across_kills_and_restarts(tmp_pat
     cold-resumes the child through load. Each answer is that turn's only; the child's
     transcript is in the parent's store; no process is left behind."""
     processes: list[ChildProcess] = []
-    async with _host(tmp_path) as host:
-        ends = _Ends(host)
+    async with jsonl_host(tmp_path / "parent-sessions", agent_row(tmp_path)) as host:
+        ends = Ends(host, BOUND)
         handle = await host.create_agent(meta=SessionMeta(cwd=str(tmp_path)))
         parent = handle.agent
-        spec = ContinuableStartSpec(
-            provider="acp", label="remote", prompt=text_blocks("first"), parent=parent
-        )
-        async with asyncio.timeout(BOUND):
-            child_id = (await host.ctx[SUBAGENTS].start_continuable(spec)).child_id
+        child_id = await start_child(host, parent, "first", BOUND)
         assert await ends.answer(1) == "child says: first"
-        process = _process(host, child_id)
+        process = child_process(host, child_id)
         processes.append(process)
-        await _followup(parent, child_id, "second")
+        await followup(parent, child_id, "second", BOUND)
         assert await ends.answer(2) == "child says: second"
-        assert _process(host, child_id) is process
+        assert child_process(host, child_id) is process
 
         os.kill(process.pid, signal.SIGKILL)
         async with asyncio.timeout(BOUND):
             await process.exited
-        await _followup(parent, child_id, "third")
+        await followup(parent, child_id, "third", BOUND)
         assert await ends.answer(3) == "child says: third"
-        processes.append(_process(host, child_id))
+        processes.append(child_process(host, child_id))
         assert processes[-1].pid != process.pid
         parent_id = parent.id
         await handle.dispose()
 
-    async with _host(tmp_path) as host:
-        ends = _Ends(host)
+    async with jsonl_host(tmp_path / "parent-sessions", agent_row(tmp_path)) as host:
+        ends = Ends(host, BOUND)
         handle = await host.resume_agent(parent_id)
         parent = handle.agent
         (entry,) = await host.ctx[SUBAGENTS].list_children(parent_id)
         assert (entry.id, entry.mode, entry.activity) == (child_id, "continuable", "inactive")
-        await _followup(parent, child_id, "fourth")
+        await followup(parent, child_id, "fourth", BOUND)
         assert await ends.answer(1) == "child says: fourth"
-        processes.append(_process(host, child_id))
+        processes.append(child_process(host, child_id))
         _, events = await host.ctx.session_persistence.load(child_id)
         asked = [
             blocks_text(e.data.content)

@@ -21,34 +21,22 @@ import select
 import shutil
 import signal
 import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from acp_tree import FIXTURES, MODULES, Ends, child_process, followup, jsonl_host, start_child
 
-import dsh_subagent.plugin
-import dsh_subagent_acp.plugin
 from dsh_core import SessionMeta, blocks_text, text_blocks
-from dsh_core.testing import TestHost, scripted_host
+from dsh_core.testing import scripted_host
 from dsh_llm_openai.testing import ChatCompletionsServer, Reply, chunk, text_reply
-from dsh_subagent import (
-    SUBAGENTS,
-    ContinuableStartSpec,
-    CoordinatorMessageSource,
-    SubagentFollowupOptions,
-    SubagentRunEndInfo,
-    SubagentStartRequest,
-    UserInterruptAuthority,
-)
+from dsh_subagent import SUBAGENTS, SubagentStartRequest, UserInterruptAuthority
 from dsh_subagent_acp._client import _ParentClient
-from dsh_subagent_acp._continuable import AcpSessions
 from dsh_subagent_acp._process import ChildProcess
 
 pytestmark = [pytest.mark.interop, pytest.mark.dsh_timeout(900)]
 
-FIXTURES = Path(__file__).parent / "fixtures" / "acp"
-MODULES = {"subagent": dsh_subagent.plugin, "subagent-acp": dsh_subagent_acp.plugin}
 BOUND = 180  # the reference runtime takes seconds to start on a loaded machine
 
 
@@ -124,62 +112,6 @@ def _asked(server: ChatCompletionsServer, index: int) -> str:
 # -- hosts, children, processes -----------------------------------------------------------------
 
 
-class _Ends:
-    def __init__(self, host: TestHost) -> None:
-        self.ends: list[SubagentRunEndInfo] = []
-        self.changed = asyncio.Event()
-        host.ctx.on("subagent/end", self._end)
-
-    def _end(self, info: SubagentRunEndInfo) -> None:
-        self.ends.append(info)
-        self.changed.set()
-
-    async def answer(self, count: int) -> str:
-        async with asyncio.timeout(BOUND):
-            while len(self.ends) < count:
-                self.changed.clear()
-                await self.changed.wait()
-        end = self.ends[count - 1]
-        assert end.stop_reason == "completed", end
-        return blocks_text(end.last_assistant_message or ())
-
-
-@contextlib.asynccontextmanager
-async def _host(store: Path, config: dict[str, Any]) -> AsyncIterator[TestHost]:
-    async with scripted_host(
-        "subagent",
-        "subagent-acp",
-        modules=MODULES,
-        config={"subagent-acp": config},
-        store="jsonl",
-        store_root=store,
-    ) as host:
-        yield host
-
-
-def _process(host: TestHost, child_id: str) -> ChildProcess:
-    provider = host.ctx[SUBAGENTS].get_provider("acp")
-    sessions = provider.sessions  # type: ignore[union-attr]
-    assert isinstance(sessions, AcpSessions)
-    return sessions.held[child_id].opened.child
-
-
-async def _start(host: TestHost, parent: Any, prompt: str) -> str:
-    spec = ContinuableStartSpec(
-        provider="acp", label="remote", prompt=text_blocks(prompt), parent=parent
-    )
-    async with asyncio.timeout(BOUND):
-        return (await host.ctx[SUBAGENTS].start_continuable(spec)).child_id
-
-
-async def _followup(parent: Any, child_id: str, text: str) -> None:
-    source = CoordinatorMessageSource(sender_session_id=parent.id)
-    async with asyncio.timeout(BOUND):
-        await parent.ctx[SUBAGENTS].followup(
-            parent, child_id, text_blocks(text), SubagentFollowupOptions(source=source)
-        )
-
-
 async def _kill(process: ChildProcess) -> None:
     os.kill(process.pid, signal.SIGKILL)
     async with asyncio.timeout(BOUND):
@@ -253,23 +185,23 @@ async def test_a_typescript_sdk_child_takes_followups_and_loads_after_a_kill(
     and the replayed history is not taken as the turn's answer. Text outside ASCII (CJK, a
     character outside the BMP) crosses both ways and survives the agent's store."""
     config = _ts_config(tmp_path)
-    async with _host(tmp_path / "parent-sessions", config) as host:
-        ends = _Ends(host)
+    async with jsonl_host(tmp_path / "parent-sessions", config) as host:
+        ends = Ends(host, BOUND)
         handle = await host.create_agent(meta=SessionMeta(cwd=str(tmp_path)))
         parent = handle.agent
-        child_id = await _start(host, parent, "first")
+        child_id = await start_child(host, parent, "first", BOUND)
         assert await ends.answer(1) == "ts says: first (turn 1, last: none)"
-        process = _process(host, child_id)
+        process = child_process(host, child_id)
 
-        await _followup(parent, child_id, "second, 你好 🌍")
+        await followup(parent, child_id, "second, 你好 🌍", BOUND)
         assert await ends.answer(2) == "ts says: second, 你好 🌍 (turn 2, last: first)"
-        assert _process(host, child_id) is process
+        assert child_process(host, child_id) is process
 
         await _kill(process)
-        await _followup(parent, child_id, "third")
+        await followup(parent, child_id, "third", BOUND)
         # turn 3 of the same session (it was loaded), and only this turn's text
         assert await ends.answer(3) == "ts says: third (turn 3, last: second, 你好 🌍)"
-        again = _process(host, child_id)
+        again = child_process(host, child_id)
         assert again.pid != process.pid
         _, events = await host.ctx.session_persistence.load(child_id)
         assert _asked_in_store(events) == ["first", "second, 你好 🌍", "third"]
@@ -327,16 +259,16 @@ async def test_a_typescript_sdk_child_that_cannot_load_is_refused_with_the_reaso
     advertise (its sessions folder shows no second session)."""
     config = _ts_config(tmp_path)
     config["args"] = [*config["args"], "--no-load"]
-    async with _host(tmp_path / "parent-sessions", config) as host:
-        ends = _Ends(host)
+    async with jsonl_host(tmp_path / "parent-sessions", config) as host:
+        ends = Ends(host, BOUND)
         handle = await host.create_agent(meta=SessionMeta(cwd=str(tmp_path)))
         parent = handle.agent
-        child_id = await _start(host, parent, "first")
+        child_id = await start_child(host, parent, "first", BOUND)
         assert await ends.answer(1) == "ts says: first (turn 1, last: none)"
-        await _followup(parent, child_id, "second")
+        await followup(parent, child_id, "second", BOUND)
         assert await ends.answer(2) == "ts says: second (turn 2, last: first)"
-        await _kill(_process(host, child_id))
-        await _followup(parent, child_id, "third")
+        await _kill(child_process(host, child_id))
+        await followup(parent, child_id, "third", BOUND)
         async with asyncio.timeout(BOUND):
             while len(ends.ends) < 3:
                 ends.changed.clear()
@@ -358,16 +290,16 @@ async def test_a_session_the_typescript_sdk_agent_lost_fails_the_turn_with_its_e
     gone), the follow-up's turn fails ACP_START_FAILED naming the error's code, no new
     session is started in its place, and the process that refused is not kept."""
     config = _ts_config(tmp_path)
-    async with _host(tmp_path / "parent-sessions", config) as host:
-        ends = _Ends(host)
+    async with jsonl_host(tmp_path / "parent-sessions", config) as host:
+        ends = Ends(host, BOUND)
         handle = await host.create_agent(meta=SessionMeta(cwd=str(tmp_path)))
         parent = handle.agent
-        child_id = await _start(host, parent, "first")
+        child_id = await start_child(host, parent, "first", BOUND)
         assert await ends.answer(1) == "ts says: first (turn 1, last: none)"
-        await _kill(_process(host, child_id))
+        await _kill(child_process(host, child_id))
         for stored in (tmp_path / "ts-sessions").glob("*.json"):
             stored.unlink()
-        await _followup(parent, child_id, "second")
+        await followup(parent, child_id, "second", BOUND)
         async with asyncio.timeout(BOUND):
             while len(ends.ends) < 2:
                 ends.changed.clear()
@@ -399,14 +331,14 @@ async def test_an_interrupt_cancels_a_typescript_sdk_childs_turn(
             waiting.set()
 
     monkeypatch.setattr(_ParentClient, "session_update", watched)
-    async with _host(tmp_path / "parent-sessions", config) as host:
-        ends = _Ends(host)
+    async with jsonl_host(tmp_path / "parent-sessions", config) as host:
+        ends = Ends(host, BOUND)
         handle = await host.create_agent(meta=SessionMeta(cwd=str(tmp_path)))
         parent = handle.agent
-        child_id = await _start(host, parent, "first")
+        child_id = await start_child(host, parent, "first", BOUND)
         assert await ends.answer(1) == "ts says: first (turn 1, last: none)"
-        process = _process(host, child_id)
-        await _followup(parent, child_id, "wait")
+        process = child_process(host, child_id)
+        await followup(parent, child_id, "wait", BOUND)
         async with asyncio.timeout(BOUND):
             await waiting.wait()  # the agent runs the prompt: the cancel finds it running
         host.ctx[SUBAGENTS].interrupt(child_id, UserInterruptAuthority(parent_session_id=parent.id))
@@ -415,9 +347,9 @@ async def test_an_interrupt_cancels_a_typescript_sdk_childs_turn(
                 ends.changed.clear()
                 await ends.changed.wait()
         assert ends.ends[1].stop_reason == "aborted"
-        await _followup(parent, child_id, "after")
+        await followup(parent, child_id, "after", BOUND)
         assert await ends.answer(3) == "ts says: after (turn 2, last: first)"
-        assert _process(host, child_id) is process
+        assert child_process(host, child_id) is process
         await handle.dispose()
 
 
@@ -435,15 +367,15 @@ async def test_a_typescript_sdk_child_outlives_a_killed_parent_host(tmp_path: Pa
     )
     await _exits(first["pid"])  # its stdin closed with the host: it leaves on its own
 
-    async with _host(store, config) as host:
-        ends = _Ends(host)
+    async with jsonl_host(store, config) as host:
+        ends = Ends(host, BOUND)
         handle = await host.resume_agent(first["parent"])
         parent = handle.agent
         (entry,) = await host.ctx[SUBAGENTS].list_children(parent.id)
         assert (entry.id, entry.mode) == (first["child"], "continuable")
-        await _followup(parent, first["child"], "second")
+        await followup(parent, first["child"], "second", BOUND)
         assert await ends.answer(1) == "ts says: second (turn 2, last: first)"
-        process = _process(host, first["child"])
+        process = child_process(host, first["child"])
         assert process.pid != first["pid"]
         _, events = await host.ctx.session_persistence.load(first["child"])
         assert _asked_in_store(events) == ["first", "second"]
@@ -535,27 +467,27 @@ async def test_the_reference_runtime_as_a_continuable_child(tmp_path: Path) -> N
     load): its model sees the earlier turns of the same session."""
     with _reference(tmp_path) as (config, server):
         server.add(text_reply("answer one"), text_reply("answer two"), text_reply("answer three"))
-        async with _host(tmp_path / "parent-sessions", config) as host:
-            ends = _Ends(host)
+        async with jsonl_host(tmp_path / "parent-sessions", config) as host:
+            ends = Ends(host, BOUND)
             handle = await host.create_agent(meta=SessionMeta(cwd=str(tmp_path)))
             parent = handle.agent
-            child_id = await _start(host, parent, "question one")
+            child_id = await start_child(host, parent, "question one", BOUND)
             assert await ends.answer(1) == "answer one"
-            process = _process(host, child_id)
+            process = child_process(host, child_id)
             assert process.__class__ is ChildProcess
             init = host.ctx[SUBAGENTS].get_provider("acp").sessions.held[child_id].opened.init  # type: ignore[union-attr]
             caps = init.agent_capabilities
             assert not caps.load_session and caps.session_capabilities.resume is not None
 
-            await _followup(parent, child_id, "question two")
+            await followup(parent, child_id, "question two", BOUND)
             assert await ends.answer(2) == "answer two"
-            assert _process(host, child_id) is process
+            assert child_process(host, child_id) is process
             assert "question one" in _asked(server, 1) and "answer one" in _asked(server, 1)
 
             await _kill(process)
-            await _followup(parent, child_id, "question three")
+            await followup(parent, child_id, "question three", BOUND)
             assert await ends.answer(3) == "answer three"
-            again = _process(host, child_id)
+            again = child_process(host, child_id)
             assert again.pid != process.pid
             asked = _asked(server, 2)
             # The same session, taken up: its first turn is there. The reference answers a
@@ -577,13 +509,13 @@ async def test_a_reference_child_outlives_a_killed_parent_host(tmp_path: Path) -
         store = tmp_path / "parent-sessions"
         first = await _killed_host(tmp_path, store, config, "question one")
         assert (first["stop_reason"], first["answer"]) == ("completed", "answer one")
-        async with _host(store, config) as host:
-            ends = _Ends(host)
+        async with jsonl_host(store, config) as host:
+            ends = Ends(host, BOUND)
             handle = await host.resume_agent(first["parent"])
             parent = handle.agent
-            await _followup(parent, first["child"], "question two")
+            await followup(parent, first["child"], "question two", BOUND)
             assert await ends.answer(1) == "answer two"
-            process = _process(host, first["child"])
+            process = child_process(host, first["child"])
             assert process.pid != first["pid"]
             assert "question one" in _asked(server, 1) and "question two" in _asked(server, 1)
             await handle.dispose()
@@ -598,15 +530,15 @@ async def test_an_interrupt_cancels_a_reference_childs_turn(tmp_path: Path) -> N
     with _reference(tmp_path) as (config, server):
         held = Reply(chunks=(chunk(content="thinking"),), hold=BOUND)
         server.add(text_reply("answer one"), held, text_reply("answer three"))
-        async with _host(tmp_path / "parent-sessions", config) as host:
-            ends = _Ends(host)
+        async with jsonl_host(tmp_path / "parent-sessions", config) as host:
+            ends = Ends(host, BOUND)
             handle = await host.create_agent(meta=SessionMeta(cwd=str(tmp_path)))
             parent = handle.agent
-            child_id = await _start(host, parent, "question one")
+            child_id = await start_child(host, parent, "question one", BOUND)
             assert await ends.answer(1) == "answer one"
-            process = _process(host, child_id)
+            process = child_process(host, child_id)
             server.responding.clear()
-            await _followup(parent, child_id, "question two")
+            await followup(parent, child_id, "question two", BOUND)
             # its model request is being answered (and held open): the turn runs
             assert await asyncio.to_thread(server.responding.wait, BOUND)
             host.ctx[SUBAGENTS].interrupt(
@@ -618,8 +550,8 @@ async def test_an_interrupt_cancels_a_reference_childs_turn(tmp_path: Path) -> N
                     await ends.changed.wait()
             assert ends.ends[1].stop_reason == "aborted"
             assert await asyncio.to_thread(server.disconnected.wait, BOUND)  # it stopped
-            await _followup(parent, child_id, "question three")
+            await followup(parent, child_id, "question three", BOUND)
             assert await ends.answer(3) == "answer three"
-            assert _process(host, child_id) is process
+            assert child_process(host, child_id) is process
             assert "question three" in _asked(server, 2)
             await handle.dispose()
