@@ -205,12 +205,15 @@ class _Objects:
 
 
 class _Client:
-    """An SDK client stand-in whose one request streams ``objects``."""
+    """A transport stand-in (builtin or SDK) whose one request streams ``objects``."""
 
     def __init__(self, objects: list[dict[str, Any]]) -> None:
         self.objects = objects
 
     async def post(self, path: str, **_: Any) -> _Objects:
+        return _Objects(self.objects)
+
+    async def open(self, body: bytes) -> _Objects:
         return _Objects(self.objects)
 
 

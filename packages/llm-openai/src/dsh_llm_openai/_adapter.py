@@ -1,11 +1,19 @@
 """The OpenAI-compatible chat-completions adapter (host-core §2, the LLM seam).
 
-One :meth:`OpenAIAdapter.stream` call is one request (the SDK's own retries included): the
+One :meth:`OpenAIAdapter.stream` call is one request (the transport's retries included): the
 conversation goes out as chat-completions messages, the SSE stream comes back as the seam's
-chunks. The official ``openai`` package does the HTTP work: connection pooling, SSE parsing,
-retries with backoff (honouring ``Retry-After``) and typed errors. Chunks are read as plain
-JSON objects (``cast_to=object``), not as the SDK's pydantic models: building a model per chunk
-costs more than everything else the adapter does per chunk together.
+chunks. Two transports do the HTTP work (connection pooling, SSE parsing, retries with backoff
+honouring ``Retry-After``, typed errors), chosen by the row's ``transport``:
+
+* ``builtin`` (the default, :mod:`dsh_llm_openai._http`): the standard library only, so a run
+  reaches its first request without importing the ``openai`` SDK (most of a second of
+  start-up). This module never imports ``openai`` on that path (HTTP-1).
+* ``openai-sdk``: the official ``openai`` package (the ``[sdk]`` extra). Chunks are read as
+  plain JSON objects (``cast_to=object``), not as the SDK's pydantic models: building a model
+  per chunk costs more than everything else the adapter does per chunk together.
+
+Both give the same chunks and the same failures (HTTP-3): the SDK's behaviour is the
+builtin transport's specification.
 
 Every failure ends the stream with an ``error`` finish carrying an :class:`LlmFailure` (never a
 raise), so a retry policy on ``agent/request-error`` sees it; the API key is never part of a
@@ -27,6 +35,7 @@ import logging
 import math
 import os
 import re
+import sys
 import urllib.parse
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
@@ -52,6 +61,9 @@ from dsh_core import (
     message_text,
     thaw_json,
 )
+
+from . import _http
+from .__about__ import __version__
 
 __all__ = ["OpenAIAdapter", "OpenAIConfig", "request_body"]
 
@@ -127,6 +139,25 @@ def _one_of(*allowed: str) -> Any:
     return check
 
 
+#: The transports a row may choose (``transport``).
+TRANSPORTS = ("builtin", "openai-sdk")
+_NO_SDK = (
+    "key 'transport' is 'openai-sdk', but the openai package is not installed: "
+    "pip install 'dsh-llm-openai[sdk]'"
+)
+
+
+def _transport(instance: object, attribute: attrs.Attribute[str], value: str) -> None:
+    """One of :data:`TRANSPORTS`; ``openai-sdk`` needs the SDK installed (HTTP-2): found
+    without importing it."""
+    _one_of(*TRANSPORTS)(instance, attribute, value)
+    if value == "openai-sdk" and "openai" not in sys.modules:
+        import importlib.util
+
+        if importlib.util.find_spec("openai") is None:
+            raise ValueError(_NO_SDK)
+
+
 def _non_empty(instance: object, attribute: attrs.Attribute[str], value: str) -> None:
     if not value:
         raise ValueError(f"key {attribute.name!r} must not be empty")
@@ -154,6 +185,7 @@ class OpenAIConfig:
         default="max_tokens", validator=_one_of("max_tokens", "max_completion_tokens")
     )
     send_reasoning: bool = False
+    transport: str = attrs.field(default="builtin", validator=_transport)
 
     def resolved_key(self, environ: Mapping[str, str] | None = None) -> str | None:
         """The key: ``api_key``, else the variable ``api_key_env`` names (unset or empty:
@@ -297,10 +329,36 @@ def _retry_after_ms(headers: Any) -> int | None:
     return None
 
 
-def failure_of(exc: BaseException, redact: _Redactor) -> LlmFailure:
-    """The durable failure of an ``openai`` (or transport) exception; the key is redacted."""
-    import openai
+def _builtin_failure(exc: _http.HttpFailure, redact: _Redactor) -> LlmFailure:
+    """The builtin transport's failures, worded as the SDK path words them (HTTP-3)."""
+    if isinstance(exc, _http.StatusFailure):
+        status = exc.status
+        code = _STATUS_CODES.get(status) or ("SERVER_ERROR" if status >= 500 else "HTTP_ERROR")
+        return LlmFailure(
+            message=redact(f"HTTP {status}: {exc.message}"),
+            code=code,
+            status=status,
+            provider_retry_after_ms=_retry_after_ms(exc.headers),
+        )
+    if isinstance(exc, _http.TimeoutFailure):
+        return LlmFailure(message="the request timed out", code="TIMEOUT")
+    if isinstance(exc, _http.StreamErrorEvent):
+        return LlmFailure(message=redact(exc.message), code="PROVIDER_ERROR")
+    if isinstance(exc, _http.ProxyUnsupported):
+        return LlmFailure(message=redact(str(exc)), code="PROXY_UNSUPPORTED")
+    cause = exc.__cause__
+    detail = f": {type(cause).__name__}: {cause}" if cause is not None else f": {exc}"
+    return LlmFailure(message=redact(f"Connection error.{detail}"), code="CONNECTION")
 
+
+def failure_of(exc: BaseException, redact: _Redactor) -> LlmFailure:
+    """The durable failure of a transport's (or an ``openai``) exception; the key is
+    redacted. ``openai`` is looked at only when something imported it (the SDK transport)."""
+    if isinstance(exc, _http.HttpFailure):
+        return _builtin_failure(exc, redact)
+    openai = sys.modules.get("openai")
+    if openai is None:
+        return LlmFailure(message=redact(f"{type(exc).__name__}: {exc}"), code="UNKNOWN")
     if isinstance(exc, openai.APIStatusError):
         status = exc.status_code
         code = _STATUS_CODES.get(status) or ("SERVER_ERROR" if status >= 500 else "HTTP_ERROR")
@@ -395,6 +453,7 @@ class OpenAIAdapter:
         self._key = self.config.resolved_key()
         self._redact = _Redactor(self._key)
         self._client: Any = None
+        self._builtin = self.config.transport == "builtin"
         self._bad_key: LlmFailure | None = None
         if self._key is not None and not _FIELD_VALUE.fullmatch(self._key):
             where = "`api_key`" if self.config.api_key else f"from {self.config.api_key_env}"
@@ -419,10 +478,40 @@ class OpenAIAdapter:
             )
         return _well_formed(text).encode()
 
+    def _wire_headers(self) -> dict[str, str]:
+        """The builtin transport's request headers, as the SDK sends the ones that matter
+        (HTTP-30); the row's ``headers`` replace same-named ones."""
+        headers = {
+            "Accept": "application/json",
+            "Content-Type": "application/json",
+            "User-Agent": f"dsh-llm-openai/{__version__}",
+            "Accept-Encoding": "identity",
+            "Authorization": f"Bearer {self._key}",
+        }
+        for name, variable in (
+            ("OpenAI-Organization", "OPENAI_ORG_ID"),
+            ("OpenAI-Project", "OPENAI_PROJECT_ID"),
+        ):
+            value = os.environ.get(variable)
+            if value and _FIELD_VALUE.fullmatch(value):
+                headers[name] = value
+        own = {name.lower() for name in self.config.headers}
+        headers = {k: v for k, v in headers.items() if k.lower() not in own}
+        headers.update(self.config.headers)
+        return headers
+
     def _make_client(self) -> Any:
+        c = self.config
+        if self._builtin:
+            return _http.Transport(
+                url=_http.chat_completions_url(c.base_url),
+                headers=self._wire_headers(),
+                timeout=c.timeout,
+                connect_timeout=c.connect_timeout,
+                max_retries=c.max_retries,
+            )
         import openai
 
-        c = self.config
         return openai.AsyncOpenAI(
             api_key=self._key,
             base_url=c.base_url,  # None: OPENAI_BASE_URL, else OpenAI's
@@ -434,7 +523,11 @@ class OpenAIAdapter:
     async def aclose(self) -> None:
         """Close the HTTP client (its pooled connections)."""
         client, self._client = self._client, None
-        if client is not None:
+        if client is None:
+            return
+        if self._builtin:
+            await client.aclose()
+        else:
             await client.close()
 
     def stream(self, options: GenerateOptions) -> AsyncIterator[StreamChunk]:
@@ -468,14 +561,17 @@ class OpenAIAdapter:
                 watch.task = asyncio.current_task()
                 watch.waiting = True
                 try:
-                    stream = await client.post(
-                        "/chat/completions",
-                        cast_to=object,
-                        content=content,
-                        options={"security": {"bearer_auth": True}},
-                        stream=True,
-                        stream_cls=_stream_cls(),
-                    )
+                    if self._builtin:
+                        stream = await client.open(content)
+                    else:
+                        stream = await client.post(
+                            "/chat/completions",
+                            cast_to=object,
+                            content=content,
+                            options={"security": {"bearer_auth": True}},
+                            stream=True,
+                            stream_cls=_stream_cls(),
+                        )
                 finally:
                     watch.waiting = False
                 # The stream's objects, mapped inline (one generator layer, no per-chunk call):
