@@ -227,6 +227,11 @@ def _install(session: nox.Session, *args: str, find_links: tuple[Path, ...] = ()
     session.install(*(f"--find-links={link}" for link in links), *args, env=env)
 
 
+#: The extras a test venv installs with a distribution: dsh-llm-openai's ``sdk`` (the
+#: ``openai`` package), so that its tests run on both of its transports and mypy sees the SDK.
+EXTRAS = {"dsh-llm-openai": "dsh-llm-openai[sdk]"}
+
+
 def _install_wheels(
     session: nox.Session, *names: str, extra: tuple[str, ...] = tuple(TEST_REQUIREMENTS)
 ) -> None:
@@ -239,7 +244,7 @@ def _install_wheels(
     this checkout's.
     """
     ours = sorted(set().union(*(_closure(name) for name in names)))
-    _install(session, *names, *extra, find_links=(DIST,))
+    _install(session, *(EXTRAS.get(name, name) for name in names), *extra, find_links=(DIST,))
     again = "--reinstall" if session.venv_backend == "uv" else "--force-reinstall"
     session.install("--no-index", "--find-links", str(DIST), "--no-deps", again, *ours)
     _share_bytecode(session, harvest=False)

@@ -32,6 +32,8 @@ from dsh_core._content import Message, ModelSource, ToolSource
 from dsh_llm_openai import OpenAIAdapter, OpenAIConfig, request_body
 from dsh_llm_openai.testing import ChatCompletionsServer, Reply, chunk, text_reply
 
+pytestmark = pytest.mark.usefixtures("both_transports")
+
 KEY = "sk-test-0123456789abcdefXYZ"
 
 

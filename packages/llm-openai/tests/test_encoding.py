@@ -28,6 +28,8 @@ from dsh_core._content import Message, ModelSource, ToolSource
 from dsh_llm_openai import OpenAIAdapter, OpenAIConfig
 from dsh_llm_openai.testing import ChatCompletionsServer, Reply, chunk, text_reply
 
+pytestmark = pytest.mark.usefixtures("both_transports")
+
 KEY = "sk-test-0123456789abcdefXYZ"
 BAD = "x\ud800y"  # a lone surrogate: valid in a Python str and in escaped JSON, not in UTF-8
 

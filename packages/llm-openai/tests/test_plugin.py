@@ -30,6 +30,8 @@ from dsh_llm_openai import OpenAIAdapter, OpenAIConfig
 from dsh_llm_openai import plugin as openai_plugin
 from dsh_llm_openai.testing import ChatCompletionsServer, Reply, chunk, text_reply
 
+pytestmark = pytest.mark.usefixtures("both_transports")
+
 KEY = "sk-plugin-test-key-0123456789"
 OPENAI = default_options(provider="openai", model="loopback-model")
 

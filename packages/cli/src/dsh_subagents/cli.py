@@ -260,7 +260,6 @@ def cmd_run(args: argparse.Namespace, out: TextIO) -> int:
     children when ``out`` is a terminal). Exit status 0 when the root's last turn completed,
     1 when it did not, 2 when the run could not start (a bad file, flag or route), 124 at
     ``--timeout``, 130 on Ctrl-C, 141 when ``out`` closed."""
-    _warm_sdk(args.model)
     import asyncio
 
     from dsh_core import DshError, make_plugin_manager
@@ -295,30 +294,6 @@ def cmd_run(args: argparse.Namespace, out: TextIO) -> int:
         print(f"dsh-subagents run: error: {exc} [{exc.code}]", file=sys.stderr)
         return 2
     return status
-
-
-#: The SDK each ``--model`` provider's adapter imports on its first request.
-_SDKS = {"openai": "openai"}
-
-
-def _warm_sdk(model: str | None) -> None:
-    """Start importing the SDK of the ``--model`` provider's adapter in a thread, now: the
-    OpenAI SDK's import is most of a run's start-up (CLI-72), and started here it overlaps
-    the reading of the prompt and the host's own imports and boot, where the adapter would
-    start it only at its first request. The adapter's ``import`` then finds it done or waits
-    for it; a failure here is left for that import to report."""
-    sdk = _SDKS.get((model or "").partition(":")[0])
-    if sdk is None or sdk in sys.modules:
-        return
-    import threading
-
-    def load() -> None:
-        try:
-            __import__(sdk)
-        except Exception:  # the adapter's own import reports it
-            pass
-
-    threading.Thread(target=load, name=f"dsh-import-{sdk}", daemon=True).start()
 
 
 #: The most a prompt read from standard input may hold (UTF-8 bytes).
