@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Iterator
 
 import attrs
 import pytest
@@ -12,9 +11,7 @@ from dsh_llm_openai import OpenAIAdapter, OpenAIConfig
 
 
 @pytest.fixture(params=["builtin", "openai-sdk"])
-def both_transports(
-    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[str]:
+def both_transports(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Every adapter the test makes uses this transport (a module opts in with
     ``pytestmark = pytest.mark.usefixtures("both_transports")``)."""
     transport: str = request.param
@@ -26,4 +23,4 @@ def both_transports(
         original(self, attrs.evolve(config or OpenAIConfig(), transport=transport))
 
     monkeypatch.setattr(OpenAIAdapter, "__init__", init)
-    yield transport
+    return transport
