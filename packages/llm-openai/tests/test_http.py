@@ -1,4 +1,4 @@
-"""The builtin transport (HTTP-1..HTTP-36): framing, SSE, keep-alive, retries, bounds, proxies,
+"""The builtin transport (HTTP-1..HTTP-35): framing, SSE, keep-alive, retries, bounds, proxies,
 TLS, and the same chunks and failures as the SDK path.
 
 No network: every server here (a raw asyncio one scripted per test, the loopback
