@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from dsh_core import (
@@ -326,6 +326,7 @@ _events = st.lists(
 )
 
 
+@example(events=[["a", "b"]], newline=b"\r\n", cuts=[])
 @given(
     events=_events,
     newline=st.sampled_from([b"\n", b"\r\n", b"\r"]),
@@ -344,12 +345,13 @@ def test_any_split_of_an_sse_stream_gives_the_same_events(
         raw += newline
     expected = ["\n".join(lines) for lines in events]
     points = sorted({c % (len(raw) + 1) for c in cuts} | {0, len(raw)})
-    decoder = _http.SSEDecoder()
-    got: list[str] = []
-    for start, end in itertools.pairwise(points):
-        got += decoder.feed(raw[start:end])
-    got += decoder.end()
-    assert got == expected
+    for bounds in (points, range(len(raw) + 1)):  # the drawn cuts, then one byte a read
+        decoder = _http.SSEDecoder()
+        got: list[str] = []
+        for start, end in itertools.pairwise(bounds):
+            got += decoder.feed(raw[start:end])
+        got += decoder.end()
+        assert got == expected
 
 
 # -- keep-alive ------------------------------------------------------------------------------------
