@@ -371,6 +371,37 @@ async def test_two_requests_share_one_connection(server: ChatCompletionsServer) 
     assert len(server.requests) == 2
 
 
+@pytest.mark.parametrize("sends_the_end", [True, False])
+async def test_a_stream_ended_by_done_before_its_last_chunk(sends_the_end: bool) -> None:
+    """HTTP-9: a stream whose `[DONE]` came before the chunked body's last chunk finishes at
+    once; its connection serves the next request once that end arrives, and a server that
+    never sends it costs a fresh connection, never a failure."""
+    go = asyncio.Event()
+
+    async def handler(raw: Raw, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        while True:
+            await raw.request(r)
+            w.write(
+                sse_head("Transfer-Encoding: chunked") + b"%x\r\n%s\r\n" % (len(STREAM), STREAM)
+            )
+            await w.drain()
+            if not sends_the_end:
+                await r.read()
+                return
+            await go.wait()
+            w.write(b"0\r\n\r\n")
+
+    async with Raw(handler) as raw:
+        a = make(raw.base_url)
+        try:
+            assert reason(await run(a)) == "stop"  # before the body's end was sent
+            go.set()
+            assert reason(await run(a)) == "stop"
+        finally:
+            await a.aclose()
+    assert raw.connections == (1 if sends_the_end else 2)
+
+
 async def test_connection_close_is_not_reused() -> None:
     """HTTP-10: a response that says `Connection: close` does not pool its connection."""
 

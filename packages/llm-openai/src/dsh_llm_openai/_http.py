@@ -69,6 +69,9 @@ MAX_EVENT = 16 * 1024 * 1024
 MAX_INTERIM = 10
 #: Idle connections kept per transport.
 MAX_IDLE = 8
+#: The longest wait for the end of a body after its ``[DONE]`` before the connection is
+#: reused (see :meth:`Response._finish`).
+DRAIN_WAIT = 0.25
 #: One network read asks for at most this much.
 READ_SIZE = 64 * 1024
 
@@ -321,7 +324,7 @@ async def _read_head(
     status_line = lines[0].decode("latin-1").rstrip("\r\n")
     version, _, rest = status_line.partition(" ")
     code = rest[:3]
-    if not version.startswith("HTTP/1.") or not (code.isdigit() and len(code) == 3):
+    if not version.startswith("HTTP/1.") or not (_digits(code) and len(code) == 3):
         raise ConnectFailure(f"not an HTTP/1.x status line: {status_line[:80]!r}")
     headers: dict[str, str] = {}
     for raw in lines[1:]:
@@ -333,6 +336,11 @@ async def _read_head(
         value = value.strip(" \t")
         headers[key] = f"{headers[key]}, {value}" if key in headers else value
     return int(code), version, headers
+
+
+def _digits(text: str) -> bool:
+    """Whether ``text`` is ASCII digits only (``str.isdigit`` takes other scripts' too)."""
+    return text.isascii() and text.isdigit()
 
 
 class Response:
@@ -385,7 +393,7 @@ class Response:
         elif "content-length" in headers:
             values = {v.strip() for v in headers["content-length"].split(",")}
             length = values.pop() if len(values) == 1 else ""
-            if not length.isdigit():
+            if not _digits(length) or len(length) > 19:
                 raise ConnectFailure("the response has an invalid Content-Length")
             self._mode, self._left = "length", int(length)
         else:
@@ -454,13 +462,10 @@ class Response:
         line = await reader.readuntil(b"\n")
         if len(line) > MAX_CHUNK_LINE:
             raise ConnectFailure("a chunk-size line is too long")
-        size = line.split(b";", 1)[0].strip()
-        try:
-            if not size or size.startswith((b"-", b"+", b"0x", b"0X")):
-                raise ValueError
-            self._chunk_left = int(size, 16)
-        except ValueError:
-            raise ConnectFailure(f"a malformed chunk-size line: {line[:40]!r}") from None
+        size = line.split(b";", 1)[0].strip(b" \t\r\n")
+        if not size or len(size) > 16 or size.strip(b"0123456789abcdefABCDEF"):
+            raise ConnectFailure(f"a malformed chunk-size line: {line[:40]!r}")
+        self._chunk_left = int(size, 16)
         if self._chunk_left:
             return True
         total = 0
@@ -513,6 +518,9 @@ class Response:
         """Read the rest of the body (bounded) on ``conn`` before it carries another
         request."""
         self._conn = conn
+        # The end of the body is normally there already; a server that holds it back costs
+        # this short wait, then the connection is dropped for a fresh one.
+        self._timeout = min(self._timeout, DRAIN_WAIT)
         left = MAX_ERROR_BODY
         while not self._done:
             data = await self.read_some()
