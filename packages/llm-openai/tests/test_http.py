@@ -1,4 +1,4 @@
-"""The builtin transport (HTTP-1..HTTP-35): framing, SSE, keep-alive, retries, bounds, proxies,
+"""The builtin transport (HTTP-1..HTTP-36): framing, SSE, keep-alive, retries, bounds, proxies,
 TLS, and the same chunks and failures as the SDK path.
 
 No network: every server here (a raw asyncio one scripted per test, the loopback
@@ -707,6 +707,24 @@ async def test_oversized_or_malformed_heads_fail_as_connection_errors(reply: byt
             assert a._client._idle == []
         finally:
             await a.aclose()
+
+
+async def test_a_compressed_stream_is_refused_clearly() -> None:
+    """HTTP-36: the request asks for no content coding; a stream sent compressed anyway is a
+    CONNECTION failure naming the coding, never garbage parsed as events."""
+
+    async def handler(raw: Raw, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        await serve_forever(raw, r, w, sse_head("Content-Encoding: gzip", "Content-Length: 0"))
+
+    async with Raw(handler) as raw:
+        a = make(raw.base_url, max_retries=2)
+        try:
+            found = failure(await run(a))
+        finally:
+            await a.aclose()
+    assert found.code == "CONNECTION" and "Content-Encoding: gzip" in found.message
+    assert len(raw.requests) == 1
+    assert raw.requests[0][1]["accept-encoding"] == "identity"
 
 
 async def test_an_error_body_is_read_up_to_a_mebibyte() -> None:

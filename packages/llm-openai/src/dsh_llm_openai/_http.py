@@ -25,6 +25,8 @@ SDK it stands in for does:
   urllib read them: an ``http://`` proxy, with ``CONNECT`` for an https endpoint and the
   absolute URL for an http one; a proxy of another scheme is an error, never a silent direct
   connection (HTTP-24..HTTP-27).
+* The body is asked for uncompressed (a compressed stream is refused, HTTP-36); redirects
+  are not followed (a 3xx is a status failure).
 * ``connect_timeout`` bounds connecting (a proxy's ``CONNECT`` included); ``timeout`` bounds
   each single read or write, as httpx's read timeout does (HTTP-29).
 """
@@ -929,6 +931,13 @@ class Transport:
                     continue
                 raise
             if 200 <= response.status < 300:
+                coding = response.headers.get("content-encoding", "").strip().lower()
+                if coding not in ("", "identity"):
+                    response.release()
+                    raise ConnectFailure(
+                        f"the endpoint sent its stream with Content-Encoding: {coding[:40]}, "
+                        "which this client does not decode (it asks for identity)"
+                    )
                 return EventStream(response)
             if remaining > 0 and should_retry(response.status, response.headers):
                 response.release()
