@@ -904,6 +904,21 @@ def test_the_url_joins_as_the_sdks(base: str | None, env: str | None, url: str) 
     assert _http.chat_completions_url(base, environ) == url
 
 
+@pytest.mark.parametrize("env", ["", "ftp://h/v1", "http://h:99999/v1", "http:///v1"])
+async def test_a_bad_openai_base_url_fails_the_request_not_the_caller(
+    monkeypatch: pytest.MonkeyPatch, env: str
+) -> None:
+    """HTTP-31: an OPENAI_BASE_URL that is not an http(s) URL with a host (no row checked it)
+    ends the request with a CONNECTION failure naming it; nothing raises."""
+    monkeypatch.setenv("OPENAI_BASE_URL", env)
+    a = OpenAIAdapter(OpenAIConfig(api_key=KEY))
+    try:
+        found = failure(await run(a))
+    finally:
+        await a.aclose()
+    assert found.code == "CONNECTION" and "base URL" in found.message
+
+
 async def test_the_sdk_is_never_imported_on_the_builtin_path(tmp_path: Path) -> None:
     """HTTP-1: a request on the builtin transport (the default) leaves `openai` out of
     `sys.modules`, in a fresh interpreter."""

@@ -552,7 +552,11 @@ class OpenAIAdapter:
             return
         client = self._client
         if client is None:
-            client = self._client = self._make_client()
+            try:
+                client = self._client = self._make_client()
+            except Exception as exc:  # OPENAI_BASE_URL, which no row validated, say
+                yield Finish(reason="error", failure=failure_of(exc, self._redact))
+                return
         watch = _Watch(signal)
         stream: Any = None
         try:

@@ -742,6 +742,15 @@ class Transport:
     ) -> None:
         parts = urllib.parse.urlsplit(url)
         scheme = parts.scheme.lower()
+        try:
+            port_ok = parts.port != 0
+        except ValueError:
+            port_ok = False
+        if scheme not in ("http", "https") or not parts.hostname or not port_ok:
+            raise ConnectFailure(
+                f"the base URL {_shown(url)!r} is not an http(s) URL with a host and, if any, "
+                "a port from 1 to 65535"
+            )
         self.origin = _Origin(
             scheme, parts.hostname or "", parts.port or (443 if scheme == "https" else 80)
         )
