@@ -320,9 +320,7 @@ async def test_done_ends_the_stream_and_later_events_are_ignored() -> None:
 
 _events = st.lists(
     st.lists(
-        st.text(
-            st.characters(blacklist_categories=("Cs",), blacklist_characters="\r\n"), max_size=8
-        ),
+        st.text(st.characters(exclude_categories=("Cs",), exclude_characters="\r\n"), max_size=8),
         min_size=1,
         max_size=3,
     ),
