@@ -9,7 +9,7 @@ SDK it stands in for does:
 * Framing by ``Content-Length``, ``Transfer-Encoding: chunked`` or the close of the
   connection (HTTP-4..HTTP-6); SSE per the WHATWG spec, ``[DONE]`` ending the stream (HTTP-7).
 * Keep-alive: a connection whose response was read to its end, and that the server did not
-  close, goes back to a small pool per origin (HTTP-9, HTTP-10); a pooled connection the
+  close, goes back to the adapter's small pool (HTTP-9, HTTP-10); a pooled connection the
   server has closed meanwhile is retried once on a fresh one, if nothing of the response came
   (HTTP-11). A response left half-read (an abort, a timeout, an error) closes its connection
   (HTTP-23).
