@@ -1119,7 +1119,7 @@ async def test_a_proxy_that_does_not_answer_connect_times_out(
     async with Proxy() as proxy:
         proxy.silent = True
         monkeypatch.setenv("HTTPS_PROXY", f"127.0.0.1:{proxy.port}")
-        a = make("https://api.invalid/v1", connect_timeout=0.2)
+        a = make("https://api.invalid/v1", connect_timeout=0.5)
         try:
             assert failure(await run(a)).code == "TIMEOUT"
         finally:
