@@ -477,6 +477,23 @@ async def test_aclose_closes_pooled_connections(server: ChatCompletionsServer) -
     assert await asyncio.to_thread(_closed_soon, server)
 
 
+async def test_a_stream_that_ends_after_aclose_closes_its_connection(
+    server: ChatCompletionsServer,
+) -> None:
+    """HTTP-34: a stream still open when its adapter is closed closes its connection when it
+    ends, never pooling it in the closed adapter."""
+    a = make(server.base_url)
+    transport = transport_of(a)
+    stream = a.stream(request())
+    try:
+        assert isinstance(await anext(stream), TextDelta)
+        await a.aclose()
+        assert reason([c async for c in stream]) == "stop"
+        assert transport._idle == []
+    finally:
+        await stream.aclose()
+
+
 def _closed_soon(server: ChatCompletionsServer) -> bool:
     """Whether the server's handler saw its keep-alive connection end (its thread gone)."""
     deadline = time.monotonic() + 10

@@ -764,6 +764,7 @@ class Transport:
         self.sleep = sleep
         self.random = random
         self._idle: list[_Conn] = []
+        self._closed = False  # after aclose: a connection released later is closed, not pooled
         self._ssl: ssl.SSLContext | None = None
         self._proxy: _Proxy | bool | None = False  # False: not resolved yet
         self.connections_made = 0  # how many connections this transport opened (tests read it)
@@ -771,7 +772,7 @@ class Transport:
     # -- connections -----------------------------------------------------------------------
 
     def _pool(self, conn: _Conn) -> None:
-        if len(self._idle) >= MAX_IDLE:
+        if self._closed or len(self._idle) >= MAX_IDLE:
             conn.abort()
         else:
             self._idle.append(conn)
@@ -960,7 +961,8 @@ class Transport:
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def aclose(self) -> None:
-        """Close every idle connection."""
+        """Close every idle connection; one still in use is closed when its response ends."""
+        self._closed = True
         idle, self._idle = self._idle, []
         for conn in idle:
             conn.abort()
