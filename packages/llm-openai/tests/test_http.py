@@ -1,4 +1,4 @@
-"""The builtin transport (HTTP-1..HTTP-36): framing, SSE, keep-alive, retries, bounds, proxies,
+"""The builtin transport (HTTP-1..HTTP-37): framing, SSE, keep-alive, retries, bounds, proxies,
 TLS, and the same chunks and failures as the SDK path.
 
 No network: every server here (a raw asyncio one scripted per test, the loopback
@@ -265,6 +265,67 @@ async def test_a_body_without_length_ends_at_the_close_and_is_not_reused() -> No
         finally:
             await a.aclose()
     assert raw.connections == 2
+
+
+@pytest.mark.parametrize(
+    ("status", "location", "followed"),
+    [
+        (307, "/v2/chat/completions", True),
+        (308, "http://127.0.0.1:{port}/v3/x?y=1", True),
+        (307, "http://localhost:{port}/v2/chat/completions", False),  # another host
+        (301, "/v2/chat/completions", False),
+        (307, "", False),
+    ],
+)
+async def test_a_same_origin_307_or_308_is_followed(
+    status: int, location: str, followed: bool
+) -> None:
+    """HTTP-37: a 307 or 308 to the same scheme, host and port sends the same POST there (key
+    and body included); another host, another 3xx or no Location is an HTTP_ERROR failure."""
+
+    async def handler(raw: Raw, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        while True:
+            await raw.request(r)
+            if len(raw.requests) == 1:
+                where = location.format(port=raw.port)
+                w.write(head(status, f"Location: {where}", "Content-Length: 0"))
+            else:
+                w.write(sse_head(f"Content-Length: {len(STREAM)}") + STREAM)
+            await w.drain()
+
+    async with Raw(handler) as raw:
+        a = make(raw.base_url)
+        try:
+            chunks = await run(a)
+        finally:
+            await a.aclose()
+    if followed:
+        assert text(chunks) == "Hello"
+        first, second = raw.requests
+        assert second[0].startswith("POST /v") and second[0] != first[0]
+        assert second[1]["authorization"] == f"Bearer {KEY}" and second[2] == first[2]
+    else:
+        found = failure(chunks)
+        assert (found.code, found.status) == ("HTTP_ERROR", status)
+        assert len(raw.requests) == 1
+
+
+async def test_a_redirect_loop_ends() -> None:
+    """HTTP-37: a server that redirects for ever gets 20 redirects followed, then the 307 is
+    the failure."""
+
+    async def handler(raw: Raw, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        await serve_forever(
+            raw, r, w, head(307, "Location: /v1/chat/completions", "Content-Length: 0")
+        )
+
+    async with Raw(handler) as raw:
+        a = make(raw.base_url)
+        try:
+            found = failure(await run(a))
+        finally:
+            await a.aclose()
+    assert (found.code, found.status, len(raw.requests)) == ("HTTP_ERROR", 307, 21)
 
 
 async def test_interim_responses_are_skipped() -> None:

@@ -25,8 +25,11 @@ SDK it stands in for does:
   urllib read them: an ``http://`` proxy, with ``CONNECT`` for an https endpoint and the
   absolute URL for an http one; a proxy of another scheme is an error, never a silent direct
   connection (HTTP-24..HTTP-27).
-* The body is asked for uncompressed (a compressed stream is refused, HTTP-36); redirects
-  are not followed (a 3xx is a status failure).
+* The body is asked for uncompressed (a compressed stream is refused, HTTP-36). A 307 or
+  308 to the same scheme, host and port is followed, as httpx follows it for the SDK (the
+  same POST again, HTTP-37); any other 3xx is a status failure (the SDK would follow a
+  301/302/303 as a GET, which no chat-completions endpoint answers), and so is a redirect to
+  another host (the key is not sent there).
 * ``connect_timeout`` bounds connecting (a proxy's ``CONNECT`` included); ``timeout`` bounds
   each single read or write, as httpx's read timeout does (HTTP-29).
 """
@@ -69,6 +72,8 @@ MAX_ERROR_BODY = 1024 * 1024
 MAX_EVENT = 16 * 1024 * 1024
 #: The most 1xx interim responses taken before the final one.
 MAX_INTERIM = 10
+#: The most 307/308 redirects one request follows (httpx's default).
+MAX_REDIRECTS = 20
 #: Idle connections kept per transport.
 MAX_IDLE = 8
 #: The longest wait for the end of a body after its ``[DONE]`` before the connection is
@@ -754,7 +759,6 @@ class Transport:
         self.origin = _Origin(
             scheme, parts.hostname or "", parts.port or (443 if scheme == "https" else 80)
         )
-        self.target = parts.path + (f"?{parts.query}" if parts.query else "")
         self._url = url
         self._headers = dict(headers)
         self.timeout = timeout
@@ -868,10 +872,14 @@ class Transport:
             return conn
         return None
 
-    def _request_head(self, body: bytes, proxy: _Proxy | None) -> bytes:
+    def _request_head(self, body: bytes, proxy: _Proxy | None, url: str) -> bytes:
         origin = self.origin
         absolute = proxy is not None and origin.scheme == "http"
-        target = self._url.split("#", 1)[0] if absolute else self.target
+        if absolute:
+            target = url.split("#", 1)[0]
+        else:
+            parts = urllib.parse.urlsplit(url)
+            target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         lines = [f"POST {target} HTTP/1.1", f"Host: {origin.host_header}"]
         for name, value in self._headers.items():
             lines.append(f"{name}: {value}")
@@ -898,10 +906,10 @@ class Transport:
                 return Response(self, conn, status, version, headers, self.timeout)
         raise ConnectFailure("too many interim (1xx) responses")
 
-    async def _send(self, body: bytes) -> Response:
+    async def _send(self, body: bytes, url: str) -> Response:
         """One attempt: on an idle connection if there is one (a stale one retried once on a
         fresh connection, HTTP-11), else a fresh one."""
-        head = self._request_head(body, self._resolve_proxy())
+        head = self._request_head(body, self._resolve_proxy(), url)
         conn = await self._idle_conn()
         if conn is not None:
             try:
@@ -931,15 +939,24 @@ class Transport:
         """POST ``body``; the 2xx response's event stream. Retries as the SDK does
         (HTTP-12..HTTP-16) and raises a :class:`HttpFailure` when they are spent. A wait
         between attempts is the request's to cancel (its abort signal does, HTTP-18)."""
-        for retries_taken in range(self.max_retries + 1):
+        url = self._url
+        retries_taken = redirects = 0
+        while True:
             remaining = self.max_retries - retries_taken
             try:
-                response = await self._send(body)
+                response = await self._send(body, url)
             except (ConnectFailure, TimeoutFailure):
                 if remaining > 0:
                     await self.sleep(retry_wait(retries_taken, None, self.random))
+                    retries_taken += 1
                     continue
                 raise
+            if response.status in (307, 308) and redirects < MAX_REDIRECTS:
+                moved = self._redirect(url, response.headers.get("location"))
+                if moved is not None:  # the same request again, at the new address (HTTP-37)
+                    response.release()
+                    url, redirects = moved, redirects + 1
+                    continue
             if 200 <= response.status < 300:
                 coding = response.headers.get("content-encoding", "").strip().lower()
                 if coding not in ("", "identity"):
@@ -952,13 +969,32 @@ class Transport:
             if remaining > 0 and should_retry(response.status, response.headers):
                 response.release()
                 await self.sleep(retry_wait(retries_taken, response.headers, self.random))
+                retries_taken += 1
                 continue
             try:
                 raw = await response.read_all()
             finally:
                 response.release()
             raise StatusFailure(response.status, response.headers, raw)
-        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _redirect(self, url: str, location: str | None) -> str | None:
+        """Where a 307/308 sends the request, if it stays on this endpoint's scheme, host and
+        port (the key goes nowhere else); None otherwise."""
+        if not location:
+            return None
+        moved = urllib.parse.urljoin(url, location.strip())
+        parts = urllib.parse.urlsplit(moved)
+        try:
+            port = parts.port or (443 if parts.scheme == "https" else 80)
+        except ValueError:
+            return None
+        origin = self.origin
+        same = (parts.scheme.lower(), (parts.hostname or "").lower(), port) == (
+            origin.scheme,
+            origin.host.lower(),
+            origin.port,
+        )
+        return moved if same else None
 
     async def aclose(self) -> None:
         """Close every idle connection; one still in use is closed when its response ends."""
