@@ -96,6 +96,13 @@ def decode_model(model: str) -> tuple[str, str] | None:
     return None
 
 
+@functools.lru_cache(maxsize=64)
+def _decoded(model: str) -> tuple[str, str] | None:
+    """``decode_model``, once per model string: every turn of a child passes the same one
+    (its descriptor's), and the result is an immutable pair."""
+    return decode_model(model)
+
+
 def new_input(messages: Sequence[Message], sent: str | None = None) -> str:
     """The text of the user messages after the child's last answer, or after the message
     ``sent`` (the last one a prompt already carried: a turn given up on left no answer):
@@ -311,7 +318,7 @@ class AcpSessions:
         return self._turn(options)
 
     async def _turn(self, options: GenerateOptions) -> AsyncIterator[StreamChunk]:
-        decoded = decode_model(options.model)
+        decoded = _decoded(options.model)
         child_id = options.session_id
         if decoded is None or child_id is None:
             yield _failed(
@@ -400,11 +407,24 @@ class AcpSessions:
         client.cancelled = False
         blocks = [acp.text_block(text)] if text else []
         task = asyncio.ensure_future(conn.prompt(session_id=opened.session_id, prompt=blocks))
-        aborted = asyncio.ensure_future(signal.wait())
+        # Woken by whichever comes first: the answer, the child's exit or the signal (its
+        # listener, not a task waiting on it: nothing to start and cancel again per turn).
+        woken = asyncio.get_running_loop().create_future()
+
+        def wake(_: object = None) -> None:
+            if not woken.done():
+                woken.set_result(None)
+
+        exited = child.exited
+        task.add_done_callback(wake)
+        exited.add_done_callback(wake)
+        unlisten = signal.add_listener(wake)
+        if signal.aborted:
+            wake()
         given_up = False
         try:
-            await asyncio.wait({task, child.exited, aborted}, return_when=asyncio.FIRST_COMPLETED)
-            if aborted.done() and not task.done() and not child.exited.done():
+            await woken
+            if signal.aborted and not task.done() and not exited.done():
                 # ACPC-17: an interrupt cancels the child's prompt, which answers cancelled.
                 await self._cancel(held, task)
                 return _ABORTED, "".join(client.text)
@@ -414,7 +434,7 @@ class AcpSessions:
             # The turn's reader gave up on it (the loop stops reading at an abort): the
             # child's prompt is cancelled in the background, and the next turn waits for it.
             given_up = True
-            if not task.done() and not child.exited.done():
+            if not task.done() and not exited.done():
                 held.unwinding = unwinding = asyncio.ensure_future(self._unwind(held, task))
                 self.releasing.add(unwinding)
                 unwinding.add_done_callback(self.releasing.discard)
@@ -422,7 +442,9 @@ class AcpSessions:
                 self._drop(held)
             raise
         finally:
-            aborted.cancel()
+            unlisten()
+            exited.remove_done_callback(wake)  # the process outlives the turn
+            task.remove_done_callback(wake)
             if not task.done() and not (given_up and held.unwinding is not None):
                 task.cancel()
                 with contextlib.suppress(BaseException):
