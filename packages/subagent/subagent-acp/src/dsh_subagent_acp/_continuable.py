@@ -132,14 +132,17 @@ _ABORTED = Finish(reason="aborted", failure=LlmFailure(message="request aborted"
 class _Held:
     """One live agent process serving the ACP session of one continuable child."""
 
-    __slots__ = ("busy", "child_id", "idle", "opened", "parent_id", "unwinding")
+    __slots__ = ("busy", "child_id", "idle", "idle_until", "opened", "parent_id", "unwinding")
 
     def __init__(self, opened: Opened, child_id: str, parent_id: str | None) -> None:
         self.opened = opened
         self.child_id = child_id
         self.parent_id = parent_id
         self.busy = False
+        #: The idle release's timer, and the loop time it releases at (a turn's end moves
+        #: the time on; the timer, when it fires early, waits for the rest).
         self.idle: asyncio.TimerHandle | None = None
+        self.idle_until = 0.0
         #: A prompt whose turn was given up on, while the child winds it down.
         self.unwinding: asyncio.Future[None] | None = None
 
@@ -208,10 +211,15 @@ class AcpSessions:
         self._arm(held)
 
     def _arm(self, held: _Held) -> None:
-        """ACPC-15: release the process once it has been idle for ``idle_release_ms``."""
-        self._disarm(held)
+        """ACPC-15: release the process once it has been idle for ``idle_release_ms``.
+
+        A timer already set stays: it fires at the old time, finds the process busy or the
+        time moved on, and waits again (ACPC-81). A follow-up's turn neither cancels a timer
+        nor sets a new one."""
         loop = asyncio.get_running_loop()
-        held.idle = loop.call_later(self.config.idle_release_ms / 1000, self._idle, held)
+        held.idle_until = loop.time() + self.config.idle_release_ms / 1000
+        if held.idle is None:
+            held.idle = loop.call_at(held.idle_until, self._idle, held)
 
     @staticmethod
     def _disarm(held: _Held) -> None:
@@ -221,8 +229,13 @@ class AcpSessions:
 
     def _idle(self, held: _Held) -> None:
         held.idle = None
-        if not held.busy and self.held.get(held.child_id) is held:
-            self._drop(held)
+        if held.busy or self.held.get(held.child_id) is not held:
+            return  # a turn runs (its end sets the timer again) or the process is gone
+        loop = asyncio.get_running_loop()
+        if loop.time() < held.idle_until:  # a turn ended since the timer was set
+            held.idle = loop.call_at(held.idle_until, self._idle, held)
+            return
+        self._drop(held)
 
     def _drop(self, held: _Held) -> asyncio.Future[None]:
         if self.held.get(held.child_id) is held:
@@ -350,8 +363,7 @@ class AcpSessions:
                 async for chunk in self._turn(options):
                     yield chunk
                 return
-        held.busy = True
-        self._disarm(held)
+        held.busy = True  # the idle timer, should it fire meanwhile, leaves the process be
         try:
             messages = options.messages
             text = new_input(messages, self.sent.get(child_id))
