@@ -19,6 +19,14 @@ created), and the CPU of both processes to the answer.
     python benchmarks/acp_continuable.py [--followups 20] [--kills 3]
     python benchmarks/acp_continuable.py --followups 200 --kills 3
     python benchmarks/acp_continuable.py --pool-rounds 15
+
+With ``--count N`` it runs only N warm follow-ups of one child (after 5 it does not count),
+nothing beside them, and prints the parent's CPU per follow-up (median and quartiles, all its
+threads); ``--profile tottime|cumtime`` runs those N under cProfile and prints its top entries.
+``benchmarks/instructions.sh TREE followup`` counts the parent's instructions per follow-up
+with it.
+
+    python benchmarks/acp_continuable.py --count 200 --profile tottime
 """
 
 from __future__ import annotations
@@ -224,6 +232,50 @@ async def _run(followups: int, kills: int) -> None:
         await handle.dispose()
 
 
+async def _count(count: int, profile: str | None) -> None:
+    """``count`` warm follow-ups of one child, after 5 uncounted: the parent's CPU per
+    follow-up (``time.process_time``: all its threads), or the profile of them."""
+    import cProfile
+    import pstats
+
+    tmp = Path(tempfile.mkdtemp())
+    async with _host(tmp) as host:
+        ends = tree.Ends(host, helpers.BOUND)
+        handle = await host.create_agent(meta=SessionMeta(cwd=str(tmp)))
+        parent = handle.agent
+        spec = ContinuableStartSpec(
+            provider="acp", label="bench", prompt=text_blocks("first"), parent=parent
+        )
+        child_id = (await host.ctx[SUBAGENTS].start_continuable(spec)).child_id
+        n = 1
+        await ends.answer(n)
+        for i in range(5):
+            await tree.followup(parent, child_id, f"w{i}", helpers.BOUND)
+            n += 1
+            await ends.answer(n)
+        profiler = cProfile.Profile() if profile else None
+        cpu: list[float] = []
+        if profiler is not None:
+            profiler.enable()
+        for i in range(count):
+            own = time.process_time()
+            await tree.followup(parent, child_id, f"q{i}", helpers.BOUND)
+            n += 1
+            await ends.answer(n)
+            cpu.append(time.process_time() - own)
+        if profiler is not None:
+            profiler.disable()
+        q = statistics.quantiles(cpu, n=4)
+        print(
+            f"{count} warm follow-ups: parent CPU per follow-up median {q[1] * 1000:.2f} ms "
+            f"(quartiles {q[0] * 1000:.2f} / {q[2] * 1000:.2f})"
+            + (" under cProfile" if profiler is not None else "")
+        )
+        if profiler is not None:
+            pstats.Stats(profiler).sort_stats(profile).print_stats(30)
+        await handle.dispose()
+
+
 class _Sink:
     async def session_update(self, session_id: str, update: Any, **kwargs: Any) -> None:
         pass
@@ -338,8 +390,12 @@ def main() -> None:
     parser.add_argument("--followups", type=int, default=20)
     parser.add_argument("--kills", type=int, default=3)
     parser.add_argument("--pool-rounds", type=int, default=0)
+    parser.add_argument("--count", type=int, default=0)
+    parser.add_argument("--profile", choices=("tottime", "cumtime"))
     args = parser.parse_args()
-    if args.pool_rounds:
+    if args.count:
+        asyncio.run(_count(args.count, args.profile))
+    elif args.pool_rounds:
         asyncio.run(_pool_rounds(args.pool_rounds))
     else:
         asyncio.run(_run(args.followups, args.kills))

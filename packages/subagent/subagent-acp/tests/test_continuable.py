@@ -65,6 +65,40 @@ async def test_a_followup_is_a_new_prompt_of_the_same_live_session(acp: Any) -> 
         assert (entry.id, entry.mode) == (child_id, "continuable")
 
 
+async def test_a_turn_leaves_no_waiter_on_the_live_process(acp: Any) -> None:
+    """ACPC-80: a turn waits for the prompt's answer, the process's exit and the interrupt
+    without leaving a callback on the process's exit after it: the process outlives its
+    turns, so many follow-ups do not pile callbacks up there."""
+    async with acp.tree() as t:
+        child_id = await t.start("first")
+        await t.ended(1)
+        exited = t.process(child_id).exited
+        waiters = len(exited._callbacks or ())  # None when there is none (the C future)
+        for i in range(5):
+            await t.followup(child_id, f"again {i}")
+            await t.ended(2 + i)
+            assert len(exited._callbacks or ()) == waiters
+
+
+async def test_a_turn_moves_the_idle_release_on_without_a_new_timer(acp: Any) -> None:
+    """ACPC-81: a follow-up's turn keeps the process's idle timer and moves its release time
+    on; the timer firing at its old time finds the process idle for less than
+    idle_release_ms, keeps it and waits for the rest."""
+    async with acp.tree(idle_release_ms=60_000) as t:
+        child_id = await t.start("first")
+        await t.ended(1)
+        held = t.sessions.held[child_id]
+        timer, until = held.idle, held.idle_until
+        assert timer is not None
+        await t.followup(child_id, "second")
+        await t.ended(2)
+        assert held.idle is timer and held.idle_until > until
+        timer.cancel()
+        t.sessions._idle(held)  # the old timer, firing early
+        assert t.sessions.held[child_id] is held
+        assert held.idle is not None and held.idle.when() == held.idle_until
+
+
 async def test_a_child_killed_between_turns_resumes_through_load(acp: Any) -> None:
     """ACPC-13: after kill -9 of the child between turns, a follow-up starts the command
     again and loads the ACP session; what the load replays is not output."""

@@ -182,6 +182,31 @@ async def test_a_follow_up_id_is_returned_only_once_it_is_in_the_childs_log(
         assert resumed in _inserted_ids(_stored(tmp_path, child))
 
 
+async def test_a_cold_resume_is_written_with_the_acceptance_before_the_id_is_returned(
+    tmp_path: Path,
+) -> None:
+    """DUR-60: a follow-up that cold-resumes a settled child returns its id only once the
+    child's file holds the resume's own events (its seed end) and, after them, the accepted
+    message: the acceptance's write carries everything the resume logged before it."""
+    model = _Model()
+    model.gate.set()
+    async with _host(tmp_path, model) as (host, parent):
+        svc = host.ctx[SUBAGENTS]
+        options = SubagentFollowupOptions(source=CoordinatorMessageSource(sender_session_id=PARENT))
+        child = (await svc.start_continuable(_spec(parent))).child_id
+        manager = svc._state.continuation
+        async with asyncio.timeout(10):
+            await manager.activations[child].ended()
+        model.gate.clear()
+        resumed = await svc.followup(parent, child, text_blocks("again"), options)
+        lines = _stored(tmp_path, child)
+        assert [line["type"] for line in lines[-2:]] == [
+            "session/end-seed",
+            "agent/inbox/spliced",
+        ]
+        assert _inserted_ids(lines[-1:]) == [resumed]
+
+
 async def test_a_follow_up_the_store_cannot_write_is_refused(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -96,6 +96,13 @@ def decode_model(model: str) -> tuple[str, str] | None:
     return None
 
 
+@functools.lru_cache(maxsize=64)
+def _decoded(model: str) -> tuple[str, str] | None:
+    """``decode_model``, once per model string: every turn of a child passes the same one
+    (its descriptor's), and the result is an immutable pair."""
+    return decode_model(model)
+
+
 def new_input(messages: Sequence[Message], sent: str | None = None) -> str:
     """The text of the user messages after the child's last answer, or after the message
     ``sent`` (the last one a prompt already carried: a turn given up on left no answer):
@@ -125,14 +132,17 @@ _ABORTED = Finish(reason="aborted", failure=LlmFailure(message="request aborted"
 class _Held:
     """One live agent process serving the ACP session of one continuable child."""
 
-    __slots__ = ("busy", "child_id", "idle", "opened", "parent_id", "unwinding")
+    __slots__ = ("busy", "child_id", "idle", "idle_until", "opened", "parent_id", "unwinding")
 
     def __init__(self, opened: Opened, child_id: str, parent_id: str | None) -> None:
         self.opened = opened
         self.child_id = child_id
         self.parent_id = parent_id
         self.busy = False
+        #: The idle release's timer, and the loop time it releases at (a turn's end moves
+        #: the time on; the timer, when it fires early, waits for the rest).
         self.idle: asyncio.TimerHandle | None = None
+        self.idle_until = 0.0
         #: A prompt whose turn was given up on, while the child winds it down.
         self.unwinding: asyncio.Future[None] | None = None
 
@@ -201,10 +211,15 @@ class AcpSessions:
         self._arm(held)
 
     def _arm(self, held: _Held) -> None:
-        """ACPC-15: release the process once it has been idle for ``idle_release_ms``."""
-        self._disarm(held)
+        """ACPC-15: release the process once it has been idle for ``idle_release_ms``.
+
+        A timer already set stays: it fires at the old time, finds the process busy or the
+        time moved on, and waits again (ACPC-81). A follow-up's turn neither cancels a timer
+        nor sets a new one."""
         loop = asyncio.get_running_loop()
-        held.idle = loop.call_later(self.config.idle_release_ms / 1000, self._idle, held)
+        held.idle_until = loop.time() + self.config.idle_release_ms / 1000
+        if held.idle is None:
+            held.idle = loop.call_at(held.idle_until, self._idle, held)
 
     @staticmethod
     def _disarm(held: _Held) -> None:
@@ -214,8 +229,13 @@ class AcpSessions:
 
     def _idle(self, held: _Held) -> None:
         held.idle = None
-        if not held.busy and self.held.get(held.child_id) is held:
-            self._drop(held)
+        if held.busy or self.held.get(held.child_id) is not held:
+            return  # a turn runs (its end sets the timer again) or the process is gone
+        loop = asyncio.get_running_loop()
+        if loop.time() < held.idle_until:  # a turn ended since the timer was set
+            held.idle = loop.call_at(held.idle_until, self._idle, held)
+            return
+        self._drop(held)
 
     def _drop(self, held: _Held) -> asyncio.Future[None]:
         if self.held.get(held.child_id) is held:
@@ -311,7 +331,7 @@ class AcpSessions:
         return self._turn(options)
 
     async def _turn(self, options: GenerateOptions) -> AsyncIterator[StreamChunk]:
-        decoded = decode_model(options.model)
+        decoded = _decoded(options.model)
         child_id = options.session_id
         if decoded is None or child_id is None:
             yield _failed(
@@ -343,8 +363,7 @@ class AcpSessions:
                 async for chunk in self._turn(options):
                     yield chunk
                 return
-        held.busy = True
-        self._disarm(held)
+        held.busy = True  # the idle timer, should it fire meanwhile, leaves the process be
         try:
             messages = options.messages
             text = new_input(messages, self.sent.get(child_id))
@@ -400,11 +419,24 @@ class AcpSessions:
         client.cancelled = False
         blocks = [acp.text_block(text)] if text else []
         task = asyncio.ensure_future(conn.prompt(session_id=opened.session_id, prompt=blocks))
-        aborted = asyncio.ensure_future(signal.wait())
+        # Woken by whichever comes first: the answer, the child's exit or the signal (its
+        # listener, not a task waiting on it: nothing to start and cancel again per turn).
+        woken = asyncio.get_running_loop().create_future()
+
+        def wake(_: object = None) -> None:
+            if not woken.done():
+                woken.set_result(None)
+
+        exited = child.exited
+        task.add_done_callback(wake)
+        exited.add_done_callback(wake)
+        unlisten = signal.add_listener(wake)
+        if signal.aborted:
+            wake()
         given_up = False
         try:
-            await asyncio.wait({task, child.exited, aborted}, return_when=asyncio.FIRST_COMPLETED)
-            if aborted.done() and not task.done() and not child.exited.done():
+            await woken
+            if signal.aborted and not task.done() and not exited.done():
                 # ACPC-17: an interrupt cancels the child's prompt, which answers cancelled.
                 await self._cancel(held, task)
                 return _ABORTED, "".join(client.text)
@@ -414,7 +446,7 @@ class AcpSessions:
             # The turn's reader gave up on it (the loop stops reading at an abort): the
             # child's prompt is cancelled in the background, and the next turn waits for it.
             given_up = True
-            if not task.done() and not child.exited.done():
+            if not task.done() and not exited.done():
                 held.unwinding = unwinding = asyncio.ensure_future(self._unwind(held, task))
                 self.releasing.add(unwinding)
                 unwinding.add_done_callback(self.releasing.discard)
@@ -422,7 +454,9 @@ class AcpSessions:
                 self._drop(held)
             raise
         finally:
-            aborted.cancel()
+            unlisten()
+            exited.remove_done_callback(wake)  # the process outlives the turn
+            task.remove_done_callback(wake)
             if not task.done() and not (given_up and held.unwinding is not None):
                 task.cancel()
                 with contextlib.suppress(BaseException):

@@ -723,7 +723,7 @@ class ContinuationManager:
         final_check: Callable[[], None],
     ) -> str:
         """Publish-to-acceptance (CONT-4, CONT-5): recheck, own, watch, announce the epoch,
-        write the child's log through, submit (the inbox writes the acceptance through too);
+        submit (the inbox writes the acceptance through, and with it the child's log so far);
         anything failing before acceptance rolls the Activation back (CONT-3)."""
         started = False
         try:
@@ -737,7 +737,8 @@ class ContinuationManager:
             final_check()
             # DUR-31: the child's header and descriptor (and a resume's repair) reach the OS
             # before its id can be named anywhere; a failed write (SESSION_IO) rolls it back.
-            act.handle.agent.session.checkpoint()
+            # The acceptance's checkpoint (the inbox insert, DUR-1) writes them, in the same
+            # write as the acceptance (DUR-60): nothing between here and there names the id.
             return self.submit(act, message)
         except BaseException:
             await self._rollback(act, started=started)
