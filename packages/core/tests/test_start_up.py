@@ -7,9 +7,19 @@ behaviour.
 from __future__ import annotations
 
 import asyncio
+import importlib.metadata as md
+import json
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
 from typing import Any
 
+import pytest
+
 from dsh_core import ToolDefinition, ToolResultBlock, ToolRunContext, blocks_text, dumps
+from dsh_core._entry_points import entry_points
 from dsh_core._tools import _compiled
 from dsh_core.testing import ScriptedReply, ScriptedToolCall, scripted_host
 
@@ -63,3 +73,96 @@ async def test_a_schema_the_validator_cannot_compile_fails_its_first_call() -> N
     assert code == "TOOL_SCHEMA_INVALID"
     assert text.startswith('Error: tool "broken" cannot be used')
     assert "fastjsonschema" not in text and "Exception" not in text
+
+
+#: Imported by none of ``import dsh_core`` and a host's discovery and boot (PERF-10): each
+#: is imported where it is used (a config file read, a schema validated) or not at all.
+LAZY = ("fastjsonschema", "tomllib", "importlib.metadata", "email", "zipfile", "csv")
+
+_BOOT = """
+import asyncio, json, sys
+import dsh_core
+from dsh_core import PluginRow, boot_host, make_plugin_manager
+
+async def main():
+    pm = make_plugin_manager(autoload=True)
+    names = ("sessions", "llm", "llm-scripted", "tools", "system-prompt", "agents")
+    rows = [PluginRow(plugin=n) for n in names]
+    host = await boot_host(rows, pm=pm)
+    await host.dispose()
+
+asyncio.run(main())
+print(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] in WATCH or m in WATCH)))
+"""
+
+
+def test_import_and_boot_leave_the_lazy_modules_alone() -> None:
+    """PERF-10: `import dsh_core`, discovering every installed plugin and booting a host
+    import none of fastjsonschema, tomllib, importlib.metadata (nor its email, zipfile and
+    csv): each is imported on first use."""
+    code = f"WATCH = {LAZY!r}\n" + _BOOT
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.splitlines()[-1]) == []
+
+
+def _dsh_points(points: Any) -> list[tuple[str, str, str]]:
+    return [(ep.name, ep.value, os.fspath(ep.dist._path)) for ep in points]
+
+
+def test_discovery_lists_what_importlib_metadata_lists() -> None:
+    """PERF-12: the entry points discovery reads itself are those of
+    importlib.metadata.entry_points, in the same order, from the same distributions."""
+    for group in ("dsh", "console_scripts", "pytest11"):
+        ours = _dsh_points(entry_points(group))
+        assert ours == _dsh_points(md.entry_points(group=group)), group
+    assert entry_points("dsh"), "the project's own plugins are installed"
+
+
+def _dist(root: Path, folder: str, text: str) -> None:
+    (root / folder).mkdir(parents=True)
+    (root / folder / "entry_points.txt").write_text(text, encoding="utf-8")
+
+
+def test_discovery_order_and_shadowing_match_importlib_metadata(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """PERF-12: on folders of its own (a name twice on the path, versions side by side,
+    sections and comments), discovery keeps importlib.metadata's order and lets the first
+    distribution of a normalized name shadow the later ones."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    _dist(a, "zeta_pkg-1.0.dist-info", "[dsh]\nz = zeta.plugin\n[other]\nq = q\n")
+    _dist(a, "Alpha.Pkg-2.0.dist-info", "# c\n[dsh]\n  one = alpha.one:hook \n\ntwo=alpha.two\n")
+    _dist(a, "old-0.1.egg-info", "[dsh]\nold = old_mod\n")
+    _dist(b, "alpha_pkg-3.0.dist-info", "[dsh]\nshadowed = never\n")
+    _dist(b, "beta-1.0.dist-info", "[dsh]\nb = beta:x.y [extra]\n")
+    monkeypatch.setattr(sys, "path", [str(a), str(tmp_path / "missing"), str(b)])
+    md.FastPath.__new__.cache_clear()  # type: ignore[attr-defined]
+    ours = _dsh_points(entry_points("dsh"))
+    assert ours == _dsh_points(md.entry_points(group="dsh"))
+    assert {name for name, _, _ in ours} == {"z", "one", "two", "old", "b"}
+
+
+def test_discovery_leaves_what_it_does_not_reproduce_to_importlib_metadata(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """PERF-12: a zip on the path, or a line importlib.metadata would refuse, makes
+    discovery ask importlib.metadata itself (same answer, or the same error)."""
+    _dist(tmp_path, "odd-1.0.dist-info", "[dsh]\nno equals sign here\n")
+    monkeypatch.setattr(sys, "path", [str(tmp_path)])
+    md.FastPath.__new__.cache_clear()  # type: ignore[attr-defined]
+    with pytest.raises(Exception) as theirs:
+        list(md.entry_points(group="dsh"))
+    with pytest.raises(theirs.type):
+        list(entry_points("dsh"))
+    archive = tmp_path / "plugins.zip"
+    with zipfile.ZipFile(archive, "w") as z:
+        z.writestr("zipped-1.0.dist-info/entry_points.txt", "[dsh]\nzipped = zipped_mod\n")
+        z.writestr("zipped-1.0.dist-info/METADATA", "Name: zipped\nVersion: 1.0\n")
+    monkeypatch.setattr(sys, "path", [str(archive)])
+    md.FastPath.__new__.cache_clear()  # type: ignore[attr-defined]
+    found = list(entry_points("dsh"))
+    assert [(ep.name, ep.value) for ep in found] == [("zipped", "zipped_mod")]
+    assert isinstance(found[0], md.EntryPoint)

@@ -6,7 +6,6 @@ of the host or the SDK.
 
 from __future__ import annotations
 
-import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -91,6 +90,8 @@ def load_config(path: str | Path | None) -> AgentServerConfig:
     """Read the config file (``None``: the defaults)."""
     if path is None:
         return AgentServerConfig()
+    import tomllib  # only when a file is read: a start reads none (PERF-10)
+
     p = Path(path)
     try:
         data = tomllib.loads(p.read_text(encoding="utf-8"))

@@ -12,7 +12,6 @@ wrong key or type fails with ``PLUGIN_CONFIG`` naming the row, the plugin and th
 from __future__ import annotations
 
 import inspect
-import tomllib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -110,6 +109,8 @@ def _problems(group: BaseExceptionGroup[Exception], path: tuple[str, ...]) -> li
 
 def load_composition(path: str | Path) -> list[PluginRow]:
     """Read ``[[plugins]]`` rows (``plugin``, ``config``, ``disabled``) from a TOML file."""
+    import tomllib  # only when a file is read: a start reads none (PERF-10)
+
     p = Path(path)
     try:
         data = tomllib.loads(p.read_text(encoding="utf-8"))

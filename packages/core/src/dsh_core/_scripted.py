@@ -11,7 +11,6 @@ import asyncio
 import inspect
 import json
 import re
-import tomllib
 from collections.abc import (
     AsyncIterator,
     Awaitable,
@@ -287,6 +286,8 @@ class ScriptedAdapter:
         ``{{last_tool_result}}`` and ``{{NAME}}`` (a named group the rule's regexes captured)
         are replaced by the request's values (docs/scripted-model.md).
         """
+        import tomllib  # only when a file is read: a start reads none (PERF-10)
+
         p = Path(path)
         try:
             text = p.read_text(encoding="utf-8")
