@@ -16,9 +16,18 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
+import attr._make
+import attrs
 import pytest
 
-from dsh_core import ToolDefinition, ToolResultBlock, ToolRunContext, blocks_text, dumps
+from dsh_core import (
+    ToolDefinition,
+    ToolResultBlock,
+    ToolRunContext,
+    attrs_repr,
+    blocks_text,
+    dumps,
+)
 from dsh_core._entry_points import entry_points
 from dsh_core._tools import _compiled
 from dsh_core.testing import ScriptedReply, ScriptedToolCall, scripted_host
@@ -166,3 +175,83 @@ def test_discovery_leaves_what_it_does_not_reproduce_to_importlib_metadata(
     found = list(entry_points("dsh"))
     assert [(ep.name, ep.value) for ep in found] == [("zipped", "zipped_mod")]
     assert isinstance(found[0], md.EntryPoint)
+
+
+def _shared_repr_classes() -> list[type]:
+    """Every attrs class of the installed dsh distributions that uses :func:`attrs_repr`."""
+    import importlib
+    import pkgutil
+
+    found: list[type] = []
+    for ep in entry_points("dsh"):
+        top = ep.value.split(":")[0].split(".")[0]
+        package = importlib.import_module(top)
+        names = [top] + [
+            m.name
+            for m in pkgutil.walk_packages(package.__path__, f"{top}.")
+            if ".tests" not in m.name and not m.name.endswith(("pytest_plugin", "__main__"))
+        ]
+        for name in names:
+            module = importlib.import_module(name)
+            for value in vars(module).values():
+                if (
+                    isinstance(value, type)
+                    and value.__module__ == name
+                    and attrs.has(value)
+                    and value.__dict__.get("__repr__") is attrs_repr
+                    and value not in found
+                ):
+                    found.append(value)
+    return found
+
+
+def _attrs_generated_repr(cls: type) -> Any:
+    """The ``__repr__`` attrs itself would have compiled for ``cls``."""
+    script, globs = attr._make._make_repr_script(attrs.fields(cls), None)
+    exec(compile(script, "<attrs repr>", "exec"), globs)
+    return globs["__repr__"]
+
+
+def test_the_shared_repr_is_the_one_attrs_would_generate() -> None:
+    """PERF-13: each class that says ``__repr__ = attrs_repr`` (the installed dsh packages'
+    own) reprs exactly as attrs' generated ``__repr__`` does: every field shown, custom field
+    reprs, unset fields, a value met again while being shown."""
+    classes = _shared_repr_classes()
+    assert len(classes) > 100
+    samples: list[Any] = [1, "two", None, (3, "x"), {"k": [1.5]}, b"\x00"]
+    for cls in classes:
+        expected = _attrs_generated_repr(cls)
+        fields = attrs.fields(cls)
+        for round_ in range(3):
+            value = object.__new__(cls)
+            for i, field in enumerate(fields):
+                if not field.init and round_ == 2:
+                    continue  # left unset: attrs shows NOTHING, or fails as it would
+                object.__setattr__(value, field.name, samples[(i + round_) % len(samples)])
+            if round_ == 1 and fields:  # the value inside itself
+                object.__setattr__(value, fields[0].name, [value])
+            try:
+                wanted = expected(value)
+            except AttributeError:
+                with pytest.raises(AttributeError):
+                    attrs_repr(value)
+                continue
+            assert attrs_repr(value) == wanted == repr(value), cls
+
+
+@attrs.frozen
+class _Custom:
+    __repr__ = attrs_repr
+
+    shown: int
+    hidden: int = attrs.field(repr=False)
+    custom: int = attrs.field(repr=lambda v: f"<{v}>")
+    later: int = attrs.field(init=False, default=5)
+
+
+def test_the_shared_repr_honours_field_options() -> None:
+    """PERF-13: ``repr=False`` hides a field, a ``repr`` callable formats it, a field set
+    outside ``__init__`` shows as attrs shows it; the same text as attrs' own."""
+    value = _Custom(shown=1, hidden=2, custom=3)
+    assert repr(value) == "_Custom(shown=1, custom=<3>, later=5)"
+    assert repr(value) == _attrs_generated_repr(_Custom)(value)

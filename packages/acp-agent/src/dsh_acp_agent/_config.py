@@ -12,6 +12,8 @@ from typing import Any
 
 import attrs
 
+from dsh_core import attrs_repr
+
 __all__ = ["AgentServerConfig", "ConfigError", "load_config"]
 
 #: The dsh-core plugins every served host mounts (persistence and the model come on top).
@@ -34,6 +36,8 @@ class AgentServerConfig:
     ``session/load`` resumes sessions across processes (``store_root``, default
     ``$DSH_SUBAGENTS_HOME/sessions``).
     """
+
+    __repr__ = attrs_repr
 
     load: tuple[str, ...] = ()
     modules: Mapping[str, str] = attrs.field(factory=dict)

@@ -72,7 +72,7 @@ from ._events import (
     TurnEndReason,
     TurnStartData,
 )
-from ._frozen import builder, speed_up_inits
+from ._frozen import attrs_repr, builder, speed_up_inits
 from ._inbox import Inbox, InboxTarget
 from ._json import MAX_NESTING, JsonValue, NotJsonError, freeze_json
 from ._llm import BlockAssembler, GenerateOptions, failure_of
@@ -187,6 +187,8 @@ class AgentOptions:
     ``agents`` plugin's ``max_steps`` (default :data:`DEFAULT_MAX_STEPS`). A turn that would
     need one more ends ``max-steps``."""
 
+    __repr__ = attrs_repr
+
     provider: str | None = None
     model: str | None = None
     max_tokens: int | None = None
@@ -202,6 +204,8 @@ class CreateAgentOptions:
     sections, restrictions, listeners); it may return a ``commit`` called synchronously right
     before publication. ``signal`` aborts creation.
     """
+
+    __repr__ = attrs_repr
 
     session_id: str | None = None
     meta: SessionMeta | None = None
@@ -220,6 +224,8 @@ class ResumeAgentOptions:
     the log again, and disposes it if the resume fails. It must be of ``resume_session_id``.
     """
 
+    __repr__ = attrs_repr
+
     resume_session_id: str
     agent_options: AgentOptions = AgentOptions()
     signal: AbortSignal | None = attrs.field(default=None, eq=False)
@@ -231,6 +237,8 @@ class ResumeAgentOptions:
 class PreStepDecision:
     """What ``agent/pre-step`` decided: enter ``messages`` into the step, or reject the turn."""
 
+    __repr__ = attrs_repr
+
     kind: Literal["enter", "reject"]
     messages: tuple[Message, ...] = ()
     reason: str | None = None
@@ -239,6 +247,8 @@ class PreStepDecision:
 @attrs.frozen(kw_only=True)
 class PreStep:
     """The ``agent/pre-step`` waterfall argument."""
+
+    __repr__ = attrs_repr
 
     agent: Agent = attrs.field(eq=False)
     messages: tuple[Message, ...]
@@ -251,6 +261,8 @@ class PreStep:
 class RequestContext:
     """The ``agent/request`` waterfall argument; listeners may return another config."""
 
+    __repr__ = attrs_repr
+
     agent: Agent = attrs.field(eq=False)
     config: LlmCallConfig | None
     turn: int
@@ -260,6 +272,8 @@ class RequestContext:
 @attrs.frozen(kw_only=True)
 class RequestErrorContext:
     """The ``agent/request-error`` waterfall argument; a listener may return ``"retry"``."""
+
+    __repr__ = attrs_repr
 
     agent: Agent = attrs.field(eq=False)
     failure: LlmFailure
@@ -1315,6 +1329,7 @@ async def _teardown(
 
 @attrs.define(eq=False)
 class _Registered:
+    __repr__ = attrs_repr
     agent: Agent
     owner: Agent | None
     handle: AgentHandle

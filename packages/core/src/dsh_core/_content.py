@@ -15,7 +15,7 @@ from typing import Literal, TypeAlias
 import attrs
 
 from ._errors import DshError
-from ._frozen import builder, speed_up_inits
+from ._frozen import attrs_repr, builder, speed_up_inits
 from ._json import JsonValue, freeze_json
 from ._tagged import TaggedUnion
 
@@ -92,12 +92,16 @@ def new_id() -> str:
 class ContentBlock:
     """Base of every content block; ``type`` is the tag."""
 
+    __repr__ = attrs_repr
+
     type: str = attrs.field(default="", init=False)
 
 
 @attrs.frozen(kw_only=True)
 class TextBlock(ContentBlock):
     """Plain text."""
+
+    __repr__ = attrs_repr
 
     type: Literal["text"] = attrs.field(default="text", init=False)
     text: str
@@ -107,6 +111,8 @@ class TextBlock(ContentBlock):
 class ReasoningBlock(ContentBlock):
     """Model reasoning text (never sent back as an answer)."""
 
+    __repr__ = attrs_repr
+
     type: Literal["reasoning"] = attrs.field(default="reasoning", init=False)
     text: str
 
@@ -114,6 +120,8 @@ class ReasoningBlock(ContentBlock):
 @attrs.frozen(kw_only=True)
 class ToolCallBlock(ContentBlock):
     """A tool call; ``arguments`` stays the model's raw JSON text."""
+
+    __repr__ = attrs_repr
 
     type: Literal["tool-call"] = attrs.field(default="tool-call", init=False)
     id: CallId
@@ -125,6 +133,8 @@ class ToolCallBlock(ContentBlock):
 class ToolResultBlock(ContentBlock):
     """The result of one tool call."""
 
+    __repr__ = attrs_repr
+
     type: Literal["tool-result"] = attrs.field(default="tool-result", init=False)
     tool_call_id: CallId
     content: tuple[ContentBlock, ...]
@@ -134,6 +144,8 @@ class ToolResultBlock(ContentBlock):
 @attrs.frozen(kw_only=True)
 class UnknownBlock(ContentBlock):
     """A block whose ``type`` no installed plugin knows; kept verbatim."""
+
+    __repr__ = attrs_repr
 
     type: str = attrs.field(default="")
     fields: Mapping[str, JsonValue] = attrs.field(factory=dict, converter=freeze_json)
@@ -191,6 +203,8 @@ def message_text(blocks: Iterable[ContentBlock]) -> str:
 class MessageSource:
     """Where a message came from: durable attribution, never authority. ``kind`` is the tag."""
 
+    __repr__ = attrs_repr
+
     kind: str = attrs.field(default="", init=False)
 
 
@@ -198,12 +212,16 @@ class MessageSource:
 class UserSource(MessageSource):
     """Typed by a person (or a test standing in for one)."""
 
+    __repr__ = attrs_repr
+
     kind: Literal["user"] = attrs.field(default="user", init=False)
 
 
 @attrs.frozen(kw_only=True)
 class PluginSource(MessageSource):
     """Produced by a plugin; ``form`` says how (e.g. ``snapshot`` for runtime context)."""
+
+    __repr__ = attrs_repr
 
     kind: Literal["plugin"] = attrs.field(default="plugin", init=False)
     plugin: str
@@ -216,6 +234,8 @@ class PluginSource(MessageSource):
 class ModelSource(MessageSource):
     """Produced by a model through an adapter."""
 
+    __repr__ = attrs_repr
+
     kind: Literal["model"] = attrs.field(default="model", init=False)
     provider: str
     model: str
@@ -225,6 +245,8 @@ class ModelSource(MessageSource):
 class ToolSource(MessageSource):
     """A tool result or a context a tool deferred."""
 
+    __repr__ = attrs_repr
+
     kind: Literal["tool"] = attrs.field(default="tool", init=False)
     call_id: CallId
 
@@ -232,6 +254,8 @@ class ToolSource(MessageSource):
 @attrs.frozen(kw_only=True)
 class UnknownSource(MessageSource):
     """A source whose ``kind`` no installed plugin knows; kept verbatim."""
+
+    __repr__ = attrs_repr
 
     kind: str = attrs.field(default="")
     fields: Mapping[str, JsonValue] = attrs.field(factory=dict, converter=freeze_json)
@@ -252,6 +276,8 @@ _USER = UserSource()
 @attrs.frozen(kw_only=True)
 class Message:
     """One conversation message. ``role`` narrows it: user, assistant, tool (results), system."""
+
+    __repr__ = attrs_repr
 
     id: MessageId
     role: Role
@@ -309,6 +335,8 @@ def assistant_message(
 class LlmFailure:
     """Why a model request failed, in durable form."""
 
+    __repr__ = attrs_repr
+
     message: str
     code: str
     status: int | None = None
@@ -329,6 +357,8 @@ class LlmError(DshError):
 class TokenUsage:
     """Token accounting of one model response."""
 
+    __repr__ = attrs_repr
+
     input_tokens: int
     output_tokens: int
     cache_read_tokens: int | None = None
@@ -339,12 +369,16 @@ class TokenUsage:
 class StreamChunk:
     """Base of the streamed response pieces; ``type`` is the tag."""
 
+    __repr__ = attrs_repr
+
     type: str = attrs.field(default="", init=False)
 
 
 @attrs.frozen(kw_only=True)
 class BlockStart(StreamChunk):
     """A content block begins at ``index`` (optional: deltas open their block implicitly)."""
+
+    __repr__ = attrs_repr
 
     type: Literal["block-start"] = attrs.field(default="block-start", init=False)
     index: int
@@ -355,6 +389,8 @@ class BlockStart(StreamChunk):
 class TextDelta(StreamChunk):
     """More text for the text block at ``index``."""
 
+    __repr__ = attrs_repr
+
     type: Literal["text-delta"] = attrs.field(default="text-delta", init=False)
     index: int
     text: str
@@ -364,6 +400,8 @@ class TextDelta(StreamChunk):
 class ReasoningDelta(StreamChunk):
     """More reasoning text for the block at ``index``."""
 
+    __repr__ = attrs_repr
+
     type: Literal["reasoning-delta"] = attrs.field(default="reasoning-delta", init=False)
     index: int
     text: str
@@ -372,6 +410,8 @@ class ReasoningDelta(StreamChunk):
 @attrs.frozen(kw_only=True)
 class ToolCallDelta(StreamChunk):
     """Part of a tool call at ``index``: its id and name (first delta) and argument text."""
+
+    __repr__ = attrs_repr
 
     type: Literal["tool-call-delta"] = attrs.field(default="tool-call-delta", init=False)
     index: int
@@ -384,6 +424,8 @@ class ToolCallDelta(StreamChunk):
 class BlockEnd(StreamChunk):
     """The block at ``index`` is complete; ``block`` (if given) is its final form."""
 
+    __repr__ = attrs_repr
+
     type: Literal["block-end"] = attrs.field(default="block-end", init=False)
     index: int
     block: ContentBlock | None = None
@@ -392,6 +434,8 @@ class BlockEnd(StreamChunk):
 @attrs.frozen(kw_only=True)
 class UsageChunk(StreamChunk):
     """Token usage; precedes ``finish`` when present."""
+
+    __repr__ = attrs_repr
 
     type: Literal["usage"] = attrs.field(default="usage", init=False)
     usage: TokenUsage
@@ -404,6 +448,8 @@ FinishReason = Literal["stop", "tool-calls", "max-tokens", "aborted", "error"]
 class Finish(StreamChunk):
     """The response ended; nothing follows. ``failure`` accompanies ``aborted`` / ``error``."""
 
+    __repr__ = attrs_repr
+
     type: Literal["finish"] = attrs.field(default="finish", init=False)
     reason: FinishReason
     failure: LlmFailure | None = None
@@ -412,6 +458,8 @@ class Finish(StreamChunk):
 @attrs.frozen(kw_only=True)
 class UnknownChunk(StreamChunk):
     """A chunk type no installed plugin knows; kept verbatim, ignored by the assembler."""
+
+    __repr__ = attrs_repr
 
     type: str = attrs.field(default="")
     fields: Mapping[str, JsonValue] = attrs.field(factory=dict, converter=freeze_json)

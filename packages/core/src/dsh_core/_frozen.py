@@ -22,6 +22,7 @@ slot) keeps attrs' own ``__init__`` and is its own builder.
 from __future__ import annotations
 
 import linecache
+import threading
 import types
 from collections.abc import Callable, Mapping
 from typing import Any, ParamSpec, TypeVar
@@ -30,6 +31,7 @@ import attrs
 
 __all__ = [
     "attrs_init",
+    "attrs_repr",
     "builder",
     "filled_fields",
     "is_generated_init",
@@ -48,6 +50,46 @@ _originals: dict[type, Callable[..., None]] = {}
 _twins: dict[type, type] = {}
 #: The builder of each class asked for one (a module asking again gets the same function).
 _builders: dict[type, Callable[..., Any]] = {}
+
+
+try:  # attrs' own record, so a cycle through generated and shared reprs reads the same
+    from attr._compat import repr_context as _repring
+except ImportError:  # pragma: no cover - another attrs: the same rule, a record of our own
+    _repring = threading.local()
+
+
+def attrs_repr(self: Any) -> str:
+    """The ``repr`` attrs would generate for ``self``'s class, by one shared function.
+
+    attrs compiles a ``__repr__`` per class when the class is made, about two fifths of what
+    building a class compiles; a class that says ``__repr__ = attrs_repr`` in its body gets
+    none compiled (attrs sees a ``__repr__`` of its own) and the same text: the class's
+    ``__qualname__`` (after the last ``>.``), each field with ``repr`` on as
+    ``name=<its repr or the field's repr callable>`` (a field not in ``__init__`` that is
+    unset shows ``NOTHING``), and ``...`` for a value met again while its own repr is being
+    built (attrs' own record of those: a cycle through both kinds reads the same; PERF-13).
+    A repr is never on the hot path; reading the fields costs little more.
+    """
+    try:
+        seen: set[int] = _repring.already_repring
+    except AttributeError:
+        seen = _repring.already_repring = set()
+    key = id(self)
+    if key in seen:
+        return "..."
+    seen.add(key)
+    try:
+        parts = []
+        for a in type(self).__attrs_attrs__:
+            show = a.repr
+            if show is False:
+                continue
+            value = getattr(self, a.name) if a.init else getattr(self, a.name, attrs.NOTHING)
+            parts.append(f"{a.name}={value!r}" if show is True else f"{a.name}={show(value)}")
+        name = self.__class__.__qualname__.rsplit(">.", 1)[-1]
+        return f"{name}({', '.join(parts)})"
+    finally:
+        seen.remove(key)
 
 
 def attrs_init(cls: type) -> Callable[..., None] | None:

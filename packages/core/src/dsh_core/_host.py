@@ -25,6 +25,7 @@ from ._content import SOURCES
 from ._context import Context, Host
 from ._converter import config_converter, type_name
 from ._events import EventTypeRegistry, EventTypeSpec
+from ._frozen import attrs_repr
 from ._plugins import DshPluginManager, PluginError, PluginSpec, make_plugin_manager
 
 __all__ = ["HostRuntime", "PluginRow", "boot_host", "load_composition", "structure_config"]
@@ -49,6 +50,8 @@ class PluginRow:
     """One row of a composition. Checked when made, as strictly as its config: ``plugin`` a
     string, ``config`` a table, ``disabled`` a boolean (``disabled = "no"`` must not disable
     a plugin); otherwise ``PLUGIN_CONFIG``."""
+
+    __repr__ = attrs_repr
 
     plugin: str = attrs.field(validator=_check_row_field)
     config: Mapping[str, Any] = attrs.field(factory=dict, validator=_check_row_field)

@@ -24,6 +24,7 @@ import attrs
 
 from ._abort import AbortController, AbortSignal
 from ._errors import DshError
+from ._frozen import attrs_repr
 from ._tools import ToolDefinition, ToolError, ToolRunContext
 from ._words import shown_id
 
@@ -53,6 +54,8 @@ class JobError(DshError):
 @attrs.frozen(kw_only=True)
 class JobSettlement:
     """How a producer ended: its status, final output text, and failure detail."""
+
+    __repr__ = attrs_repr
 
     status: Literal["completed", "failed", "killed"]
     output: str = ""

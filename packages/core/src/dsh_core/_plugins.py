@@ -21,6 +21,7 @@ import pluggy
 from . import hookspecs
 from ._entry_points import entry_points as _installed
 from ._errors import DshError
+from ._frozen import attrs_repr
 
 if TYPE_CHECKING:
     import importlib.metadata as md
@@ -66,6 +67,8 @@ class PluginSpec:
     attrs class the row's config is structured into (``None``: the plugin takes no config).
     """
 
+    __repr__ = attrs_repr
+
     name: str
     apply: Callable[[Any, Any], Awaitable[None] | None]
     requires: tuple[str, ...] = ()
@@ -79,6 +82,8 @@ class PluginSpec:
 class DiscoveredPlugin:
     """An entry point that loaded: its name, distribution, version and mountable plugins."""
 
+    __repr__ = attrs_repr
+
     name: str
     value: str
     distribution: str | None
@@ -89,6 +94,8 @@ class DiscoveredPlugin:
 @attrs.frozen(kw_only=True)
 class PluginLoadFailure:
     """An entry point that did not load; ``message`` names the error, the others stay loaded."""
+
+    __repr__ = attrs_repr
 
     name: str
     value: str | None

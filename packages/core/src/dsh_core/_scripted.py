@@ -46,7 +46,7 @@ from ._content import (
 )
 from ._errors import DshError
 from ._events import ToolSchema
-from ._frozen import builder, speed_up_inits
+from ._frozen import attrs_repr, builder, speed_up_inits
 from ._json import dumps
 from ._llm import GenerateOptions
 
@@ -69,6 +69,8 @@ class ScriptError(DshError, ValueError):
 class ScriptedToolCall:
     """A tool call the model makes; ``arguments`` is an object or raw JSON text."""
 
+    __repr__ = attrs_repr
+
     name: str
     arguments: Any = attrs.field(factory=dict)
     id: str | None = None
@@ -87,6 +89,8 @@ class ScriptedReply:
     awaited after the text and before the finish, racing the request's abort signal.
     ``chunks`` replaces everything with an exact chunk list.
     """
+
+    __repr__ = attrs_repr
 
     text: str | None = None
     reasoning: str | None = None
@@ -109,6 +113,8 @@ class ScriptedRequest:
     :attr:`ScriptedAdapter.requests` records. ``options`` is the raw :class:`GenerateOptions`;
     its fields read through (``model``, ``tools``, ``max_tokens``, ...), and ``system`` is
     ``''`` rather than ``None`` when there is none."""
+
+    __repr__ = attrs_repr
 
     options: GenerateOptions
     index: int

@@ -23,7 +23,7 @@ from ._content import ContentBlock, Message, TextBlock, ToolResultBlock, ToolSou
 from ._context import ScopedCache, nearest_scope
 from ._errors import DshError
 from ._events import ToolSchema
-from ._frozen import builder, speed_up_inits
+from ._frozen import attrs_repr, builder, speed_up_inits
 from ._json import MAX_NESTING, JsonValue, NotJsonError, dumps, freeze_json, thaw_json
 from ._words import (
     NAME_LIMIT,
@@ -67,6 +67,8 @@ class ToolError(DshError):
 class ToolFailure:
     """Why a call failed: a message for the model and a stable code."""
 
+    __repr__ = attrs_repr
+
     message: str
     code: str
 
@@ -74,6 +76,8 @@ class ToolFailure:
 @attrs.frozen(kw_only=True)
 class ToolOutput:
     """How a tool's value is checked (JSON Schema) and shown to the model (``render``)."""
+
+    __repr__ = attrs_repr
 
     schema: Mapping[str, JsonValue] | None = None
     render: Callable[[Any, ToolRunContext], tuple[ContentBlock, ...]] | None = attrs.field(
@@ -92,6 +96,8 @@ class ToolDefinition:
     the other tools visible there (e.g. ``job_output`` only beside a tool that starts jobs); it
     is evaluated once per change, with the scope's cached visibility, never per call.
     """
+
+    __repr__ = attrs_repr
 
     name: str
     description: str
@@ -116,6 +122,8 @@ class ToolDefinition:
 class ToolRestriction:
     """Hide inherited tools from one scope: keep only ``allow``, and/or drop ``deny``."""
 
+    __repr__ = attrs_repr
+
     allow: tuple[str, ...] | None = None
     deny: tuple[str, ...] | None = None
 
@@ -123,6 +131,8 @@ class ToolRestriction:
 @attrs.frozen(kw_only=True)
 class ToolExecutionInput:
     """One call to execute. ``arguments`` is the model's raw JSON text or a parsed value."""
+
+    __repr__ = attrs_repr
 
     call_id: str
     name: str
@@ -135,6 +145,8 @@ class ToolExecutionInput:
 @attrs.frozen(kw_only=True)
 class ToolExecutionResult:
     """A call's outcome: ``error`` is ``None`` on success. ``content`` is what the model sees."""
+
+    __repr__ = attrs_repr
 
     value: Any = None
     content: tuple[ContentBlock, ...] = ()
@@ -261,6 +273,7 @@ def compile_schema(schema: Mapping[str, JsonValue]) -> Callable[[Any], Any]:
 
 @attrs.define(eq=False)
 class _Entry:
+    __repr__ = attrs_repr
     definition: ToolDefinition
     validate: Callable[[Any], Any]
     validate_output: Callable[[Any], Any] | None

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import attrs
 
+from dsh_core import attrs_repr
 from dsh_subagent import (
     ContinuableCreateRequest,
     ContinuableCreateSpec,
@@ -26,6 +27,8 @@ __all__ = ["ForkProvider"]
 @attrs.frozen(kw_only=True)
 class ForkProvider:
     """Subagent provider ``fork`` (in-process; every start-time capability)."""
+
+    __repr__ = attrs_repr
 
     name: str = "fork"
     capabilities: SubagentCapabilities = IN_PROCESS_CAPABILITIES

@@ -20,6 +20,7 @@ from dsh_core import (
     NotJsonError,
     SessionEvent,
     SharedDisposal,
+    attrs_repr,
     freeze_json,
 )
 
@@ -74,6 +75,8 @@ class SubagentCapabilities:
     Each flag matches one request field; ``depth_limit`` matches ``max_depth``.
     """
 
+    __repr__ = attrs_repr
+
     output_schema: bool = False
     depth_limit: bool = False
     tool_filter: bool = False
@@ -103,6 +106,8 @@ class SubagentStartRequest:
     need the matching provider capability, or the start is refused (SVC-5).
     """
 
+    __repr__ = attrs_repr
+
     prompt: tuple[ContentBlock, ...]
     parent: Agent = attrs.field(eq=False)
     signal: AbortSignal = attrs.field(eq=False, factory=AbortSignal)
@@ -118,6 +123,8 @@ class SubagentStartRequest:
 class ResolvedSubagentStartRequest(SubagentStartRequest):
     """The provider-facing request: the caller's fields plus the resolved descriptor (SVC-7)."""
 
+    __repr__ = attrs_repr
+
     descriptor: SubagentDescriptorData
 
 
@@ -130,6 +137,8 @@ class SubagentResult:
     ``output`` may be partial. ``diagnostic`` is safe provider text (at most 4096 UTF-8 bytes),
     kept apart from ``output``.
     """
+
+    __repr__ = attrs_repr
 
     output: tuple[ContentBlock, ...]
     stop_reason: SubagentStopReason
@@ -314,6 +323,8 @@ class ContinuableCreateRequest:
     """What the continuation manager asks a provider while creating a continuable child's
     FIRST activation: only what distinguishes a fresh child from a seeded one."""
 
+    __repr__ = attrs_repr
+
     session_id: str
     parent: Agent = attrs.field(eq=False)
     signal: AbortSignal = attrs.field(eq=False, factory=AbortSignal)
@@ -330,6 +341,8 @@ class ContinuableCreateSpec:
     route is kept in the child's durable descriptor, so a cold resume takes it too.
     """
 
+    __repr__ = attrs_repr
+
     seed: tuple[SessionEvent, ...] | None = None
     agent_provider: str | None = None
     agent_model: str | None = None
@@ -338,6 +351,8 @@ class ContinuableCreateSpec:
 @attrs.frozen(kw_only=True)
 class ContinuableStartSpec:
     """``start_continuable``: a provider, the durable label, and the child's request."""
+
+    __repr__ = attrs_repr
 
     provider: str
     label: str
@@ -355,6 +370,8 @@ class ContinuableStartSpec:
 class ContinuableStart:
     """Identities returned once a continuable child accepted its initial prompt."""
 
+    __repr__ = attrs_repr
+
     child_id: str
     message_id: str
 
@@ -366,6 +383,8 @@ class ContinuableStart:
 class CoordinatorMessageSource(MessageSource):
     """A model coordinator's follow-up to one of its children (attribution, not authority)."""
 
+    __repr__ = attrs_repr
+
     kind: Literal["coordinator"] = attrs.field(default="coordinator", init=False)
     sender_session_id: str
     form: Literal["relay"] = "relay"
@@ -375,6 +394,8 @@ class CoordinatorMessageSource(MessageSource):
 class SubagentReportMessageSource(MessageSource):
     """A continuable child's explicit report to its direct parent."""
 
+    __repr__ = attrs_repr
+
     kind: Literal["subagent-report"] = attrs.field(default="subagent-report", init=False)
     sender_session_id: str
     form: Literal["relay"] = "relay"
@@ -383,6 +404,8 @@ class SubagentReportMessageSource(MessageSource):
 @attrs.frozen(kw_only=True)
 class SubagentSettledMessageSource(MessageSource):
     """The runtime's notice that a background child settled."""
+
+    __repr__ = attrs_repr
 
     kind: Literal["subagent-settled"] = attrs.field(default="subagent-settled", init=False)
     sender_session_id: str
@@ -397,6 +420,8 @@ SubagentReportDelivery = Literal["quiet", "wakeup", "next-step"]
 class SubagentFollowupOptions:
     """Options for following up with one continuable child."""
 
+    __repr__ = attrs_repr
+
     source: MessageSource
     signal: AbortSignal = attrs.field(eq=False, factory=AbortSignal)
 
@@ -407,6 +432,8 @@ class SubagentReportOptions:
     ``next-step`` (steer, the default), ``quiet`` (inject, no wake) or ``wakeup`` (a new
     parent turn)."""
 
+    __repr__ = attrs_repr
+
     delivery: SubagentReportDelivery = "next-step"
     signal: AbortSignal = attrs.field(eq=False, factory=AbortSignal)
 
@@ -415,6 +442,8 @@ class SubagentReportOptions:
 class UserInterruptAuthority:
     """A person interrupting a child of ``parent_session_id``."""
 
+    __repr__ = attrs_repr
+
     parent_session_id: str
     kind: Literal["user"] = "user"
 
@@ -422,6 +451,8 @@ class UserInterruptAuthority:
 @attrs.frozen(kw_only=True)
 class AncestorInterruptAuthority:
     """A live ancestor agent interrupting one of its descendants."""
+
+    __repr__ = attrs_repr
 
     agent: Agent = attrs.field(eq=False)
     kind: Literal["ancestor"] = "ancestor"
@@ -437,6 +468,8 @@ SubagentInterruptAuthority: TypeAlias = "UserInterruptAuthority | AncestorInterr
 class SubagentRunInfo:
     """``subagent/start``: a run (or a continuable residency epoch) began."""
 
+    __repr__ = attrs_repr
+
     run_id: str
     provider: str
     id: str
@@ -447,6 +480,8 @@ class SubagentRunInfo:
 class SubagentRunEndInfo:
     """``subagent/end``: the run began as ``run_id`` ended (``last_assistant_message`` is
     omitted when there was no output)."""
+
+    __repr__ = attrs_repr
 
     run_id: str
     provider: str
@@ -461,6 +496,8 @@ class SubagentChildEntry:
     """A listed child with a valid descriptor. ``label`` is always present when continuable;
     ``has_children``: some direct descendant's header says ``origin: subagent`` (LIST-3)."""
 
+    __repr__ = attrs_repr
+
     id: str
     mode: Literal["one-shot", "continuable"]
     activity: Literal["running", "inactive"]
@@ -474,6 +511,8 @@ class SubagentDiagnosticEntry:
     """A child that could not be classified; one broken sibling never hides healthy ones.
     ``has_children`` as on a child entry (its own children may still be listed)."""
 
+    __repr__ = attrs_repr
+
     id: str
     reason: Literal["corrupt", "unsupported", "unavailable"]
     has_children: bool = False
@@ -486,6 +525,8 @@ SubagentListEntry: TypeAlias = "SubagentChildEntry | SubagentDiagnosticEntry"
 @attrs.frozen(kw_only=True)
 class SubagentDescendantListEntry:
     """A listing entry with its durable direct parent and depth below the root (children: 1)."""
+
+    __repr__ = attrs_repr
 
     entry: SubagentListEntry
     parent_id: str

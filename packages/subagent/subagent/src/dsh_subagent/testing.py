@@ -30,6 +30,7 @@ from dsh_core import (
     Agent,
     Message,
     TextBlock,
+    attrs_repr,
     blocks_text,
     check_balanced,
     text_blocks,
@@ -80,6 +81,8 @@ class ContractHost:
     provider (CONT-10). ``followup_output`` is what the child's answer to ``followup_prompt``
     contains.
     """
+
+    __repr__ = attrs_repr
 
     host: TestHost
     parent: Agent = attrs.field(eq=False)
