@@ -21,13 +21,18 @@ import attrs
 import pytest
 
 from dsh_core import (
+    PluginError,
+    PluginSpec,
     ToolDefinition,
     ToolResultBlock,
     ToolRunContext,
     attrs_repr,
     blocks_text,
     dumps,
+    make_plugin_manager,
+    structure_config,
 )
+from dsh_core._converter import config_converter
 from dsh_core._entry_points import entry_points
 from dsh_core._tools import _compiled
 from dsh_core.testing import ScriptedReply, ScriptedToolCall, scripted_host
@@ -255,3 +260,52 @@ def test_the_shared_repr_honours_field_options() -> None:
     value = _Custom(shown=1, hidden=2, custom=3)
     assert repr(value) == "_Custom(shown=1, custom=<3>, later=5)"
     assert repr(value) == _attrs_generated_repr(_Custom)(value)
+
+
+def test_an_empty_config_is_built_as_the_converter_builds_it() -> None:
+    """PERF-14: an empty config table of a class whose every field has a default is that
+    class's defaults, equal to what the config converter structures (every installed
+    plugin's config class), and no structure function is generated for it."""
+    specs = make_plugin_manager(autoload=True).collect_plugin_specs()
+    defaulted = [
+        s
+        for s in specs.values()
+        if s.config_type is not None
+        and attrs.has(s.config_type)
+        and all(f.default is not attrs.NOTHING for f in attrs.fields(s.config_type) if f.init)
+    ]
+    assert len(defaulted) >= 8
+    for spec in defaulted:
+        built = structure_config(spec, {})
+        assert type(built) is spec.config_type
+        expected = config_converter.structure({}, spec.config_type)
+        assert attrs.asdict(built) == attrs.asdict(expected), spec.name
+
+    @attrs.frozen(kw_only=True)
+    class Fresh:
+        size: int = 3
+        names: tuple[str, ...] = ()
+
+    dispatch = config_converter._structure_func.dispatch
+    before = dispatch.cache_info().currsize  # type: ignore[attr-defined]
+    fresh = structure_config(PluginSpec(name="f", apply=lambda c, x: None, config_type=Fresh), {})
+    assert fresh == Fresh()
+    assert dispatch.cache_info().currsize == before  # type: ignore[attr-defined]
+
+
+def test_a_config_with_keys_or_a_required_field_still_goes_through_the_converter() -> None:
+    """PERF-14: a table with keys, or a class with a required field, is structured (and
+    refused) by the converter exactly as before."""
+
+    @attrs.frozen(kw_only=True)
+    class Needs:
+        name: str
+        size: int = 3
+
+    spec = PluginSpec(name="needs", apply=lambda ctx, config: None, config_type=Needs)
+    with pytest.raises(PluginError) as info:
+        structure_config(spec, {})
+    assert "'name'" in str(info.value) and "is required" in str(info.value)
+    assert structure_config(spec, {"name": "x"}) == Needs(name="x")
+    with pytest.raises(PluginError, match="size"):
+        structure_config(spec, {"name": "x", "size": "3"})

@@ -74,6 +74,11 @@ def structure_config(spec: PluginSpec, raw: object, *, row: int | None = None) -
                 f"{where} takes no config, got keys {sorted(raw)}", code="PLUGIN_CONFIG"
             )
         return None
+    if not raw and _all_defaulted(spec.config_type):
+        try:  # what the converter would build, without generating its structure function
+            return spec.config_type()
+        except Exception:  # pragma: no cover - a validator refused a default: let it report
+            pass
     try:
         return config_converter.structure(dict(raw), spec.config_type)
     except cattrs.ClassValidationError as exc:
@@ -81,6 +86,24 @@ def structure_config(spec: PluginSpec, raw: object, *, row: int | None = None) -
         raise PluginError(f"{where} config: {problems}", code="PLUGIN_CONFIG") from exc
     except (TypeError, ValueError, KeyError) as exc:
         raise PluginError(f"{where} config: {exc}", code="PLUGIN_CONFIG") from exc
+
+
+#: Config classes every ``__init__`` field of which has a default, and those not so.
+_defaulted: dict[type, bool] = {}
+
+
+def _all_defaulted(cls: type) -> bool:
+    """Whether the config converter structures an empty table into ``cls`` as ``cls()``: an
+    attrs class whose every ``__init__`` field has a default (nothing to read from the table,
+    no key to refuse; the converter would call ``cls()`` with no argument). The mounts of a
+    start read empty tables mostly, and generating each class's structure function is most
+    of what checking them costs (PERF-14)."""
+    known = _defaulted.get(cls)
+    if known is None:
+        known = _defaulted[cls] = attrs.has(cls) and all(
+            f.default is not attrs.NOTHING for f in attrs.fields(cls) if f.init
+        )
+    return known
 
 
 def _problems(group: BaseExceptionGroup[Exception], path: tuple[str, ...]) -> list[str]:
