@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.metadata as md
+import inspect
 import json
 import os
 import subprocess
@@ -26,6 +27,7 @@ from dsh_core import (
     ToolDefinition,
     ToolResultBlock,
     ToolRunContext,
+    _frozen,
     attrs_repr,
     blocks_text,
     dumps,
@@ -34,6 +36,7 @@ from dsh_core import (
 )
 from dsh_core._converter import config_converter
 from dsh_core._entry_points import entry_points
+from dsh_core._frozen import speed_up_inits
 from dsh_core._tools import _compiled
 from dsh_core.testing import ScriptedReply, ScriptedToolCall, scripted_host
 
@@ -309,3 +312,46 @@ def test_a_config_with_keys_or_a_required_field_still_goes_through_the_converter
     assert structure_config(spec, {"name": "x"}) == Needs(name="x")
     with pytest.raises(PluginError, match="size"):
         structure_config(spec, {"name": "x", "size": "3"})
+
+
+def test_a_faster_init_is_made_at_the_first_construction() -> None:
+    """PERF-15: speed_up_inits compiles nothing for a class until it is first constructed:
+    before, the class has attrs' signature and is built by attrs' rules; its first
+    construction puts the faster __init__ in place, once, and builds the same value."""
+
+    @attrs.frozen(kw_only=True)
+    class Late:
+        name: str
+        size: int = 2
+        tags: tuple[str, ...] = attrs.field(factory=tuple, converter=tuple)
+
+    original = Late.__init__
+    signature = inspect.signature(Late)
+    speed_up_inits({"__name__": Late.__module__, "Late": Late})
+    assert _frozen._pending[Late] is original
+    assert Late not in _frozen._originals
+    assert inspect.signature(Late) == signature
+    assert _frozen.is_generated_init(Late)
+    built = Late(name="a", tags=["x"])
+    assert built == Late(name="a", size=2, tags=("x",))
+    assert Late not in _frozen._pending and _frozen._originals[Late] is original
+    fast = Late.__dict__["__init__"]
+    assert fast.__code__.co_filename.startswith(_frozen._PREFIX)
+    Late(name="b")
+    assert Late.__dict__["__init__"] is fast
+    assert inspect.signature(Late) == signature
+
+
+def test_importing_core_makes_no_init_for_classes_it_does_not_build() -> None:
+    """PERF-15: after `import dsh_core`, most of core's frozen classes still wait for their
+    first construction (a request error's context, say, has no faster __init__ yet)."""
+    code = (
+        "import dsh_core; from dsh_core import _frozen\n"
+        "print(len(_frozen._pending), len(_frozen._originals),"
+        " dsh_core.RequestErrorContext in _frozen._pending)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    pending, made, lineage = done.stdout.split()
+    assert int(pending) > 2 * int(made) and lineage == "True"

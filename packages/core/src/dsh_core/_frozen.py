@@ -6,7 +6,8 @@ the store itself costs. A turn builds some forty payloads, messages and blocks, 
 answer one chunk payload per token, so:
 
 - :func:`speed_up_inits` gives each frozen class of a module an ``__init__`` that fills the
-  slots through their descriptors directly (every ``Cls(...)`` call benefits);
+  slots through their descriptors directly (every ``Cls(...)`` call benefits), made at the
+  class's first construction;
 - :func:`builder` goes further for the hottest call sites: calling a class at all (argument
   tuple, keyword dict, ``__init__`` lookup) costs more than filling a small payload, so a
   builder is a plain function that fills an :func:`open_twin` with ordinary attribute stores
@@ -94,6 +95,8 @@ def attrs_repr(self: Any) -> str:
 
 def attrs_init(cls: type) -> Callable[..., None] | None:
     """attrs' ``__init__`` of ``cls`` if :func:`speed_up_inits` replaced it."""
+    if cls in _pending:
+        _settle(cls)
     return _originals.get(cls)
 
 
@@ -101,6 +104,8 @@ def is_generated_init(cls: type) -> bool:
     """Whether ``cls.__init__`` is attrs-generated or its faster equivalent from here: either
     way constructing ``cls`` is exactly filling its fields, nothing of the class's own runs."""
     init = cls.__dict__.get("__init__")
+    if cls in _pending:
+        return True  # attrs' own until the first call settles it
     if cls in _originals:
         return init is not None and init.__code__.co_filename.startswith(_PREFIX)
     return bool(
@@ -128,11 +133,57 @@ def filled_fields(cls: type) -> tuple[Any, ...] | None:
 
 def speed_up_inits(namespace: Mapping[str, object]) -> None:
     """Replace the ``__init__`` of each frozen attrs class defined in module ``namespace``
-    (pass ``globals()`` at the end of the module) by an equivalent, faster one."""
+    (pass ``globals()`` at the end of the module) by an equivalent, faster one.
+
+    Made when the class is first constructed (PERF-15): until then the class has a stand-in
+    ``__init__`` (attrs' signature, through ``__wrapped__``) that makes the faster one, puts
+    it in its own place and runs it. A start imports many classes it never builds, and
+    compiling an ``__init__`` for each was a measurable part of importing them."""
     module = namespace["__name__"]
     for value in list(namespace.values()):
-        if isinstance(value, type) and value.__module__ == module:
-            _speed_up(value)
+        if isinstance(value, type) and value.__module__ == module and _is_frozen(value):
+            _defer(value)
+
+
+#: attrs' ``__init__`` of each class whose faster one is made at its first construction.
+_pending: dict[type, Callable[..., None]] = {}
+
+
+def _is_frozen(cls: type) -> bool:
+    """Frozen by attrs (the first thing :func:`_plan` requires), with an ``__init__`` of its
+    own not yet replaced."""
+    return (
+        getattr(getattr(cls, "__setattr__", None), "__name__", "") == "_frozen_setattrs"
+        and "__init__" in cls.__dict__
+        and cls not in _originals
+        and cls not in _pending
+    )
+
+
+def _defer(cls: type) -> None:
+    original = cls.__dict__["__init__"]
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        _settle(cls)(self, *args, **kwargs)
+
+    __init__.__wrapped__ = original  # type: ignore[attr-defined]
+    __init__.__qualname__ = original.__qualname__
+    __init__.__module__ = original.__module__
+    __init__.__doc__ = original.__doc__
+    __init__.__annotations__ = dict(original.__annotations__)
+    _pending[cls] = original
+    cls.__init__ = __init__  # type: ignore[misc]
+
+
+def _settle(cls: type) -> Callable[..., None]:
+    """Give ``cls`` its faster ``__init__`` (or attrs' back, when there is none) and return
+    the one in place. Once per class; a second thread finds it done."""
+    original = _pending.pop(cls, None)
+    if original is not None:
+        cls.__init__ = original  # type: ignore[misc]
+        _speed_up(cls)
+    init: Callable[..., None] = cls.__dict__["__init__"]
+    return init
 
 
 def slot_setter(cls: type, name: str) -> Callable[[Any, Any], None] | None:
