@@ -355,3 +355,30 @@ def test_importing_core_makes_no_init_for_classes_it_does_not_build() -> None:
     )
     pending, made, lineage = done.stdout.split()
     assert int(pending) > 2 * int(made) and lineage == "True"
+
+
+def test_the_checked_chunk_builder_is_compiled_at_the_first_chunk() -> None:
+    """PERF-16: importing core compiles no checked chunk builder (nothing before a run's
+    first request streams a chunk); the first chunk compiles it, once, and it is used from
+    then on."""
+    code = """
+import asyncio
+from dsh_core import _agent
+from dsh_core.testing import scripted_host
+
+print(_agent._checked_chunk_data is _agent._first_checked_chunk_data)
+
+async def main():
+    async with scripted_host(model=["one", "two"]) as host:
+        agent = (await host.create_agent()).agent
+        await asyncio.wait_for(host.run(agent, "go"), 10)
+        first = _agent._checked_chunk_data
+        await asyncio.wait_for(host.run(agent, "again"), 10)
+        print(first is _agent._checked_chunk_data, first.__name__, agent.session.events[-1].type)
+
+asyncio.run(main())
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert done.stdout.split() == ["True", "True", "build", "turn/end"]

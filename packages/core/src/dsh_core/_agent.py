@@ -133,16 +133,26 @@ def _unchecked(turn: int, step: int, chunk: StreamChunk) -> AssistantChunkData:
     raise Unfit
 
 
+def _first_checked_chunk_data(turn: int, step: int, chunk: StreamChunk) -> AssistantChunkData:
+    """Compile the checked chunk builder at the first chunk, not at import (nothing before a
+    run's first request streams one: PERF-16), put it in this stand-in's place and use it."""
+    global _checked_chunk_data
+    _checked_chunk_data = (
+        checked_builder(
+            AssistantChunkData,
+            "chunk",
+            _CHUNK_LEVELS,
+            (TextDelta, ReasoningDelta, ToolCallDelta, Finish),
+        )
+        or _unchecked
+    )
+    return _checked_chunk_data(turn, step, chunk)
+
+
 #: The chunk payload's builder that first checks an adapter's chunk (see Agent._stream), the
 #: most frequent chunk classes tested first; called with positions (turn, step, chunk).
-_checked_chunk_data = (
-    checked_builder(
-        AssistantChunkData,
-        "chunk",
-        _CHUNK_LEVELS,
-        (TextDelta, ReasoningDelta, ToolCallDelta, Finish),
-    )
-    or _unchecked
+_checked_chunk_data: Callable[[int, int, StreamChunk], AssistantChunkData] = (
+    _first_checked_chunk_data
 )
 _tool_call = builder(ToolCallData)
 _tool_result = builder(ToolResultData)
