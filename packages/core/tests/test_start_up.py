@@ -257,12 +257,21 @@ class _Custom:
     later: int = attrs.field(init=False, default=5)
 
 
+@attrs.frozen(repr=False)
+class _Quiet(_Custom):
+    extra: int = 0
+
+
 def test_the_shared_repr_honours_field_options() -> None:
     """PERF-13: ``repr=False`` hides a field, a ``repr`` callable formats it, a field set
-    outside ``__init__`` shows as attrs shows it; the same text as attrs' own."""
+    outside ``__init__`` shows as attrs shows it, a subclass made with ``repr=False`` shows
+    its base's fields; the same text as attrs' own."""
     value = _Custom(shown=1, hidden=2, custom=3)
     assert repr(value) == "_Custom(shown=1, custom=<3>, later=5)"
     assert repr(value) == _attrs_generated_repr(_Custom)(value)
+    quiet = _Quiet(shown=1, hidden=2, custom=3, extra=4)  # inherits its base's repr
+    assert repr(quiet) == "_Quiet(shown=1, custom=<3>, later=5)"
+    assert repr(quiet) == _attrs_generated_repr(_Custom)(quiet)
 
 
 def test_an_empty_config_is_built_as_the_converter_builds_it() -> None:

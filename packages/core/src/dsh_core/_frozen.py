@@ -81,7 +81,11 @@ def attrs_repr(self: Any) -> str:
     seen.add(key)
     try:
         parts = []
-        for a in type(self).__attrs_attrs__:
+        # The fields of the class this repr is the ``__repr__`` of, as attrs' own would show
+        # (a subclass made with ``repr=False`` inherits it and shows its base's fields).
+        mro = type(self).__mro__
+        owner = next((k for k in mro if k.__dict__.get("__repr__") is attrs_repr), type(self))
+        for a in attrs.fields(owner):
             show = a.repr
             if show is False:
                 continue
