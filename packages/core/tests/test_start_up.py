@@ -28,6 +28,8 @@ from dsh_core import (
     ToolResultBlock,
     ToolRunContext,
     _frozen,
+    attrs_eq,
+    attrs_hash,
     attrs_repr,
     blocks_text,
     dumps,
@@ -391,3 +393,81 @@ asyncio.run(main())
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
     )
     assert done.stdout.split() == ["True", "True", "build", "turn/end"]
+
+
+def _shared_eq_classes() -> list[type]:
+    """Every class of the installed dsh distributions with the shared eq and hash (the
+    stand-in, or what it compiled when the class was first compared)."""
+
+    def shared(cls: type) -> bool:
+        eq = cls.__dict__.get("__eq__")
+        code = getattr(eq, "__code__", None)
+        return eq is attrs_eq or (code is not None and code.co_filename.startswith("<dsh __eq__"))
+
+    return [c for c in _shared_repr_classes() if shared(c)]
+
+
+def _attrs_generated_eq(cls: type) -> Any:
+    """The ``__eq__`` attrs itself would have compiled for ``cls``."""
+    script, globs = attr._make._make_eq_script(list(attrs.fields(cls)))
+    exec(compile(script, "<attrs eq>", "exec"), globs)
+    return globs["__eq__"]
+
+
+def _filled(cls: type, values: list[Any]) -> Any:
+    value = object.__new__(cls)
+    for i, field in enumerate(attrs.fields(cls)):
+        object.__setattr__(value, field.name, values[i % len(values)])
+    return value
+
+
+def test_the_shared_eq_and_hash_behave_as_attrs_own() -> None:
+    """PERF-18: each class with ``__eq__ = attrs_eq`` and ``__hash__ = attrs_hash`` (the
+    installed dsh packages' frozen classes) is frozen, no exception, compares exactly as
+    attrs' generated ``__eq__`` (equal, unequal in any compared field, another class), and
+    equal values hash equal; the first call puts the compiled methods in place."""
+    classes = _shared_eq_classes()
+    assert len(classes) > 100
+    for cls in classes:
+        assert not issubclass(cls, BaseException)
+        expected = _attrs_generated_eq(cls)
+        a = _filled(cls, [1, "x", (2,)])
+        b = _filled(cls, [1, "x", (2,)])
+        assert (a == b) is expected(a, b) is True, cls
+        assert hash(a) == hash(b), cls
+        assert a.__eq__(object()) is NotImplemented
+        for field in attrs.fields(cls):
+            c = _filled(cls, [1, "x", (2,)])
+            object.__setattr__(c, field.name, ["other"])
+            assert (a == c) == expected(a, c), (cls, field.name)
+            assert (a != c) == (not expected(a, c)), (cls, field.name)
+        assert cls.__dict__["__eq__"] is not attrs_eq  # compiled and in place
+        assert cls.__dict__["__hash__"] is not attrs_hash
+
+
+@attrs.frozen
+class _Keyed:
+    __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
+
+    name: str = attrs.field(eq=str.lower)
+    ignored: int = attrs.field(eq=False)
+    size: int = 0
+
+
+@attrs.frozen(eq=False)
+class _Plain(_Keyed):
+    extra: int = 0
+
+
+def test_the_shared_eq_and_hash_honour_field_options() -> None:
+    """PERF-18: an ``eq`` key compares and hashes through the key, a field with ``eq=False``
+    takes no part, a subclass that leaves equality to its base compares by the base's
+    fields; as attrs' own would."""
+    assert _Keyed("Ab", 1) == _Keyed("aB", 2)
+    assert hash(_Keyed("Ab", 1)) == hash(_Keyed("aB", 2))
+    assert _Keyed("Ab", 1) != _Keyed("Ab", 1, size=3)
+    assert _Keyed("a", 1) != _Plain("a", 1)
+    assert _Plain("a", 1, extra=1) == _Plain("a", 2, extra=5)
+    assert len({_Keyed("X", 1), _Keyed("x", 2)}) == 1

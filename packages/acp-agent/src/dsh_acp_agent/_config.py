@@ -12,7 +12,7 @@ from typing import Any
 
 import attrs
 
-from dsh_core import attrs_repr
+from dsh_core import attrs_eq, attrs_hash, attrs_repr
 
 __all__ = ["AgentServerConfig", "ConfigError", "load_config"]
 
@@ -38,6 +38,8 @@ class AgentServerConfig:
     """
 
     __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     load: tuple[str, ...] = ()
     modules: Mapping[str, str] = attrs.field(factory=dict)

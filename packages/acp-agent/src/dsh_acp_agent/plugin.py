@@ -20,6 +20,8 @@ from dsh_core import (
     Context,
     JsonlSessionPersistence,
     PluginSpec,
+    attrs_eq,
+    attrs_hash,
     attrs_repr,
     hookimpl,
 )
@@ -46,6 +48,8 @@ class AcpAgentConfig:
     ``model`` non-empty, ``max_tokens`` at least 1, as the config file's ``[model]``)."""
 
     __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     provider: str = attrs.field(default="scripted", validator=_non_empty)
     model: str = attrs.field(default="echo", validator=_non_empty)

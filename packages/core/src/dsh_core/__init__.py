@@ -93,7 +93,7 @@ from ._events import (
     structure_header,
 )
 from ._fold import ConsumedWork, fold_consumed_work
-from ._frozen import attrs_repr
+from ._frozen import attrs_eq, attrs_hash, attrs_repr
 from ._host import HostRuntime, PluginRow, boot_host, load_composition, structure_config
 from ._inbox import Inbox, InboxError, InboxTarget, replay_inbox
 from ._invariants import InvariantError, InvariantRegistry
@@ -325,6 +325,8 @@ __all__ = [
     "MESSAGE_BLOCK_SEPARATOR",
     "__version__",
     "assistant_message",
+    "attrs_eq",
+    "attrs_hash",
     "attrs_repr",
     "blocks_text",
     "boot_host",

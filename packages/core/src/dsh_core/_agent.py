@@ -72,7 +72,7 @@ from ._events import (
     TurnEndReason,
     TurnStartData,
 )
-from ._frozen import attrs_repr, builder, speed_up_inits
+from ._frozen import attrs_eq, attrs_hash, attrs_repr, builder, speed_up_inits
 from ._inbox import Inbox, InboxTarget
 from ._json import MAX_NESTING, JsonValue, NotJsonError, freeze_json
 from ._llm import BlockAssembler, GenerateOptions, failure_of
@@ -198,6 +198,8 @@ class AgentOptions:
     need one more ends ``max-steps``."""
 
     __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     provider: str | None = None
     model: str | None = None
@@ -216,6 +218,8 @@ class CreateAgentOptions:
     """
 
     __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     session_id: str | None = None
     meta: SessionMeta | None = None
@@ -235,6 +239,8 @@ class ResumeAgentOptions:
     """
 
     __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     resume_session_id: str
     agent_options: AgentOptions = AgentOptions()
@@ -248,6 +254,8 @@ class PreStepDecision:
     """What ``agent/pre-step`` decided: enter ``messages`` into the step, or reject the turn."""
 
     __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     kind: Literal["enter", "reject"]
     messages: tuple[Message, ...] = ()
@@ -259,6 +267,8 @@ class PreStep:
     """The ``agent/pre-step`` waterfall argument."""
 
     __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     agent: Agent = attrs.field(eq=False)
     messages: tuple[Message, ...]
@@ -272,6 +282,8 @@ class RequestContext:
     """The ``agent/request`` waterfall argument; listeners may return another config."""
 
     __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     agent: Agent = attrs.field(eq=False)
     config: LlmCallConfig | None
@@ -284,6 +296,8 @@ class RequestErrorContext:
     """The ``agent/request-error`` waterfall argument; a listener may return ``"retry"``."""
 
     __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     agent: Agent = attrs.field(eq=False)
     failure: LlmFailure

@@ -15,7 +15,7 @@ from typing import Literal, TypeAlias
 import attrs
 
 from ._errors import DshError
-from ._frozen import attrs_repr, builder, speed_up_inits
+from ._frozen import attrs_eq, attrs_hash, attrs_repr, builder, speed_up_inits
 from ._json import JsonValue, freeze_json
 from ._tagged import TaggedUnion
 
@@ -93,6 +93,8 @@ class ContentBlock:
     """Base of every content block; ``type`` is the tag."""
 
     __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     type: str = attrs.field(default="", init=False)
 
@@ -102,6 +104,8 @@ class TextBlock(ContentBlock):
     """Plain text."""
 
     __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     type: Literal["text"] = attrs.field(default="text", init=False)
     text: str
@@ -112,6 +116,8 @@ class ReasoningBlock(ContentBlock):
     """Model reasoning text (never sent back as an answer)."""
 
     __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     type: Literal["reasoning"] = attrs.field(default="reasoning", init=False)
     text: str
@@ -122,6 +128,8 @@ class ToolCallBlock(ContentBlock):
     """A tool call; ``arguments`` stays the model's raw JSON text."""
 
     __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     type: Literal["tool-call"] = attrs.field(default="tool-call", init=False)
     id: CallId
@@ -134,6 +142,8 @@ class ToolResultBlock(ContentBlock):
     """The result of one tool call."""
 
     __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     type: Literal["tool-result"] = attrs.field(default="tool-result", init=False)
     tool_call_id: CallId
@@ -146,6 +156,8 @@ class UnknownBlock(ContentBlock):
     """A block whose ``type`` no installed plugin knows; kept verbatim."""
 
     __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     type: str = attrs.field(default="")
     fields: Mapping[str, JsonValue] = attrs.field(factory=dict, converter=freeze_json)
@@ -204,6 +216,8 @@ class MessageSource:
     """Where a message came from: durable attribution, never authority. ``kind`` is the tag."""
 
     __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     kind: str = attrs.field(default="", init=False)
 
@@ -213,6 +227,8 @@ class UserSource(MessageSource):
     """Typed by a person (or a test standing in for one)."""
 
     __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     kind: Literal["user"] = attrs.field(default="user", init=False)
 
@@ -222,6 +238,8 @@ class PluginSource(MessageSource):
     """Produced by a plugin; ``form`` says how (e.g. ``snapshot`` for runtime context)."""
 
     __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     kind: Literal["plugin"] = attrs.field(default="plugin", init=False)
     plugin: str
@@ -235,6 +253,8 @@ class ModelSource(MessageSource):
     """Produced by a model through an adapter."""
 
     __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     kind: Literal["model"] = attrs.field(default="model", init=False)
     provider: str
@@ -246,6 +266,8 @@ class ToolSource(MessageSource):
     """A tool result or a context a tool deferred."""
 
     __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     kind: Literal["tool"] = attrs.field(default="tool", init=False)
     call_id: CallId
@@ -256,6 +278,8 @@ class UnknownSource(MessageSource):
     """A source whose ``kind`` no installed plugin knows; kept verbatim."""
 
     __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     kind: str = attrs.field(default="")
     fields: Mapping[str, JsonValue] = attrs.field(factory=dict, converter=freeze_json)
@@ -278,6 +302,8 @@ class Message:
     """One conversation message. ``role`` narrows it: user, assistant, tool (results), system."""
 
     __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     id: MessageId
     role: Role
@@ -336,6 +362,8 @@ class LlmFailure:
     """Why a model request failed, in durable form."""
 
     __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     message: str
     code: str
@@ -358,6 +386,8 @@ class TokenUsage:
     """Token accounting of one model response."""
 
     __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     input_tokens: int
     output_tokens: int
@@ -370,6 +400,8 @@ class StreamChunk:
     """Base of the streamed response pieces; ``type`` is the tag."""
 
     __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     type: str = attrs.field(default="", init=False)
 
@@ -379,6 +411,8 @@ class BlockStart(StreamChunk):
     """A content block begins at ``index`` (optional: deltas open their block implicitly)."""
 
     __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     type: Literal["block-start"] = attrs.field(default="block-start", init=False)
     index: int
@@ -390,6 +424,8 @@ class TextDelta(StreamChunk):
     """More text for the text block at ``index``."""
 
     __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     type: Literal["text-delta"] = attrs.field(default="text-delta", init=False)
     index: int
@@ -401,6 +437,8 @@ class ReasoningDelta(StreamChunk):
     """More reasoning text for the block at ``index``."""
 
     __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     type: Literal["reasoning-delta"] = attrs.field(default="reasoning-delta", init=False)
     index: int
@@ -412,6 +450,8 @@ class ToolCallDelta(StreamChunk):
     """Part of a tool call at ``index``: its id and name (first delta) and argument text."""
 
     __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     type: Literal["tool-call-delta"] = attrs.field(default="tool-call-delta", init=False)
     index: int
@@ -425,6 +465,8 @@ class BlockEnd(StreamChunk):
     """The block at ``index`` is complete; ``block`` (if given) is its final form."""
 
     __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     type: Literal["block-end"] = attrs.field(default="block-end", init=False)
     index: int
@@ -436,6 +478,8 @@ class UsageChunk(StreamChunk):
     """Token usage; precedes ``finish`` when present."""
 
     __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     type: Literal["usage"] = attrs.field(default="usage", init=False)
     usage: TokenUsage
@@ -449,6 +493,8 @@ class Finish(StreamChunk):
     """The response ended; nothing follows. ``failure`` accompanies ``aborted`` / ``error``."""
 
     __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     type: Literal["finish"] = attrs.field(default="finish", init=False)
     reason: FinishReason
@@ -460,6 +506,8 @@ class UnknownChunk(StreamChunk):
     """A chunk type no installed plugin knows; kept verbatim, ignored by the assembler."""
 
     __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     type: str = attrs.field(default="")
     fields: Mapping[str, JsonValue] = attrs.field(factory=dict, converter=freeze_json)

@@ -20,7 +20,7 @@ from ._codec import Unfit, class_checker, class_decoder
 from ._content import LlmFailure, Message, StreamChunk, TokenUsage
 from ._converter import converter
 from ._errors import DshError
-from ._frozen import attrs_repr, open_twin, speed_up_inits
+from ._frozen import attrs_eq, attrs_hash, attrs_repr, open_twin, speed_up_inits
 from ._json import MAX_NESTING, JsonValue, NotJsonError, dumps, freeze_json
 
 __all__ = [
@@ -78,6 +78,8 @@ class SessionMeta:
     """The caller-chosen header fields of a new session."""
 
     __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     cwd: str | None = None
     parent_session: str | None = None
@@ -94,6 +96,8 @@ class SessionHeader:
     """
 
     __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     version: int = SESSION_FORMAT_VERSION
     id: str
@@ -113,6 +117,8 @@ class SessionEvent:
     """One log entry. Surface types (model-visible) carry ``source_event_seqs``/``surface_op``."""
 
     __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     type: str
     seq: int
@@ -160,6 +166,8 @@ class AgentCancelCause:
     """Why an agent's turn was cancelled (rides in the abort reason)."""
 
     __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     kind: Literal["user", "parent", "hook", "disposed"]
     reason: str | None = None
@@ -171,6 +179,8 @@ class TurnEndReason:
     interrupted (crash repair only); readers treat an unknown kind as a failure."""
 
     __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     kind: str
     cause: AgentCancelCause | None = None
@@ -182,6 +192,8 @@ class TurnStartData:
     """``turn/start``: opens turn ``turn``."""
 
     __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     turn: int
 
@@ -191,6 +203,8 @@ class TurnEndData:
     """``turn/end``: closes the open turn."""
 
     __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     turn: int
     reason: TurnEndReason
@@ -201,6 +215,8 @@ class StepData:
     """``step/start`` and ``step/end``."""
 
     __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     turn: int
     step: int
@@ -211,6 +227,8 @@ class AssistantChunkData:
     """``assistant/chunk``: one raw stream chunk."""
 
     __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     turn: int
     step: int
@@ -222,6 +240,8 @@ class AssistantMessageData:
     """``assistant/message``: the assembled response (empty content is logged, never derived)."""
 
     __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     turn: int
     step: int
@@ -235,6 +255,8 @@ class ToolCallData:
     """``tool/call``: a call about to be executed."""
 
     __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     turn: int
     step: int
@@ -248,6 +270,8 @@ class ToolResultError:
     """What failed in a tool call, by tool name and stable code."""
 
     __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     name: str
     code: str
@@ -258,6 +282,8 @@ class ToolResultData:
     """``tool/result``: the result message of one call (model-visible)."""
 
     __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     turn: int
     step: int
@@ -271,6 +297,8 @@ class LlmCallConfig:
     """The model route and sampling settings of a request."""
 
     __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     provider: str
     model: str
@@ -284,6 +312,8 @@ class ToolSchema:
     """A tool as the model sees it: name, description, JSON Schema of its arguments."""
 
     __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     name: str
     description: str
@@ -295,6 +325,8 @@ class EpochHeader:
     """The request envelope the next request is rebuilt from."""
 
     __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     config: LlmCallConfig
     system: str | None = None
@@ -306,6 +338,8 @@ class RequestHeaderData:
     """``request/header``: the envelope in force from this request on."""
 
     __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     header: EpochHeader
     reason: Literal["initial", "resume", "change"]
@@ -316,6 +350,8 @@ class InboxSplicedData:
     """``agent/inbox/spliced``: one durable mutation of an agent's inbox projection."""
 
     __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     target: Literal["next-turn", "next-step"]
     start: int
@@ -329,6 +365,8 @@ class EndSeedData:
     """``session/end-seed``: marks the first live write after a seed."""
 
     __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
 
 # -- registry ----------------------------------------------------------------------------------
@@ -346,6 +384,8 @@ class EventTypeSpec:
     """
 
     __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     name: str
     payload: type | None = None

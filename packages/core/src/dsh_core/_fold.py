@@ -12,7 +12,7 @@ from collections.abc import Iterable
 import attrs
 
 from ._events import InboxSplicedData, SessionEvent, TurnEndData
-from ._frozen import attrs_repr
+from ._frozen import attrs_eq, attrs_hash, attrs_repr
 
 __all__ = ["ConsumedWork", "fold_consumed_work"]
 
@@ -25,6 +25,8 @@ class ConsumedWork:
     work was cancelled after it without a replacement and without a turn over it."""
 
     __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     end: TurnEndData | None
     end_seq: int | None

@@ -31,6 +31,8 @@ from typing import Any, ParamSpec, TypeVar
 import attrs
 
 __all__ = [
+    "attrs_eq",
+    "attrs_hash",
     "attrs_init",
     "attrs_repr",
     "builder",
@@ -95,6 +97,61 @@ def attrs_repr(self: Any) -> str:
         return f"{name}({', '.join(parts)})"
     finally:
         seen.remove(key)
+
+
+def attrs_eq(self: Any, other: object) -> Any:
+    """A stand-in for the ``__eq__`` attrs would generate: a frozen class that says
+    ``__eq__ = attrs_eq`` and ``__hash__ = attrs_hash`` in its body gets neither compiled when
+    it is made (attrs sees methods of its own), and each is compiled on its first call, the
+    same code as attrs', then put in the stand-in's place (PERF-18). Most classes a start
+    makes are never compared or hashed before its first request, many never at all."""
+    return _settle_method(type(self), "__eq__", attrs_eq)(self, other)
+
+
+def attrs_hash(self: Any) -> Any:
+    """A stand-in for the ``__hash__`` attrs would generate for a frozen class (see
+    :func:`attrs_eq`): the fields that take part in equality, after a per-class constant."""
+    return _settle_method(type(self), "__hash__", attrs_hash)(self)
+
+
+def _settle_method(cls: type, name: str, stand_in: Callable[..., Any]) -> Callable[..., Any]:
+    """Compile method ``name`` of the class whose own it ``stand_in`` is (``cls`` or a base),
+    put it there and return it."""
+    owner = next((k for k in cls.__mro__ if k.__dict__.get(name) is stand_in), cls)
+    fields = attrs.fields(owner)
+    env: dict[str, Any] = {}
+    if name == "__eq__":
+        compared = [f for f in fields if f.eq]
+        terms = []
+        for f in compared:
+            if f.eq_key:
+                env[f"_{f.name}_key"] = f.eq_key
+                terms.append(f"_{f.name}_key(self.{f.name}) == _{f.name}_key(other.{f.name})")
+            else:
+                terms.append(f"self.{f.name} == other.{f.name}")
+        body = [
+            "if other.__class__ is not self.__class__:",
+            "    return NotImplemented",
+            f"return ({' and '.join(terms)})" if terms else "return True",
+        ]
+        head = "def __eq__(self, other):"
+    else:
+        hashed = [f for f in fields if f.hash is True or (f.hash is None and f.eq is True)]
+        items = [f"{hash(f'<dsh hash {owner.__module__}.{owner.__qualname__}>')}"]
+        for f in hashed:
+            if f.eq_key:
+                env[f"_{f.name}_key"] = f.eq_key
+                items.append(f"_{f.name}_key(self.{f.name})")
+            else:
+                items.append(f"self.{f.name}")
+        body = [f"return hash(({', '.join(items)},))"]
+        head = "def __hash__(self):"
+    filename = f"<dsh {name} {owner.__module__}.{owner.__qualname__}>"
+    method: Callable[..., Any] = _define(head, body, env, filename)
+    method.__qualname__ = f"{owner.__qualname__}.{name}"
+    method.__module__ = owner.__module__
+    setattr(owner, name, method)
+    return method
 
 
 def attrs_init(cls: type) -> Callable[..., None] | None:

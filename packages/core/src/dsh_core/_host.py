@@ -25,7 +25,7 @@ from ._content import SOURCES
 from ._context import Context, Host
 from ._converter import config_converter, type_name
 from ._events import EventTypeRegistry, EventTypeSpec
-from ._frozen import attrs_repr
+from ._frozen import attrs_eq, attrs_hash, attrs_repr
 from ._plugins import DshPluginManager, PluginError, PluginSpec, make_plugin_manager
 
 __all__ = ["HostRuntime", "PluginRow", "boot_host", "load_composition", "structure_config"]
@@ -52,6 +52,8 @@ class PluginRow:
     a plugin); otherwise ``PLUGIN_CONFIG``."""
 
     __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     plugin: str = attrs.field(validator=_check_row_field)
     config: Mapping[str, Any] = attrs.field(factory=dict, validator=_check_row_field)

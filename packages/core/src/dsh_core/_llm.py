@@ -34,7 +34,7 @@ from ._content import (
 )
 from ._errors import DshError
 from ._events import ToolSchema
-from ._frozen import attrs_repr, builder, speed_up_inits
+from ._frozen import attrs_eq, attrs_hash, attrs_repr, builder, speed_up_inits
 
 if TYPE_CHECKING:
     from ._context import Context
@@ -64,6 +64,8 @@ class GenerateOptions:
     """
 
     __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     provider: str
     model: str

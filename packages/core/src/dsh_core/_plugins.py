@@ -21,7 +21,7 @@ import pluggy
 from . import hookspecs
 from ._entry_points import entry_points as _installed
 from ._errors import DshError
-from ._frozen import attrs_repr
+from ._frozen import attrs_eq, attrs_hash, attrs_repr
 
 if TYPE_CHECKING:
     import importlib.metadata as md
@@ -68,6 +68,8 @@ class PluginSpec:
     """
 
     __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     name: str
     apply: Callable[[Any, Any], Awaitable[None] | None]
@@ -83,6 +85,8 @@ class DiscoveredPlugin:
     """An entry point that loaded: its name, distribution, version and mountable plugins."""
 
     __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     name: str
     value: str
@@ -96,6 +100,8 @@ class PluginLoadFailure:
     """An entry point that did not load; ``message`` names the error, the others stay loaded."""
 
     __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     name: str
     value: str | None

@@ -19,7 +19,7 @@ import attrs
 from ._abort import AbortSignal
 from ._context import ScopedCache, nearest_scope
 from ._errors import DshError
-from ._frozen import attrs_repr, builder, speed_up_inits
+from ._frozen import attrs_eq, attrs_hash, attrs_repr, builder, speed_up_inits
 
 if TYPE_CHECKING:
     from ._agent import Agent
@@ -50,6 +50,8 @@ class AssembleContext:
     """For whom the prompt is being assembled."""
 
     __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     scope: Scope | None = None
     signal: AbortSignal | None = attrs.field(default=None, eq=False)
@@ -64,6 +66,8 @@ class PromptSection:
     """A piece of the system text. ``text`` may be computed per assembly."""
 
     __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     name: str
     order: float
@@ -75,6 +79,8 @@ class PromptContext:
     """A runtime-context statement; changed contexts reach the model as a user message."""
 
     __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     name: str
     order: float
@@ -86,6 +92,8 @@ class PromptAssembly:
     """One assembly: the rendered system text, its sections, and the joined contexts."""
 
     __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     system: str
     sections: tuple[tuple[str, str], ...]

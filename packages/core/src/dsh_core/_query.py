@@ -20,7 +20,7 @@ import attrs
 from ._abort import AbortedError, AbortSignal
 from ._errors import DshError
 from ._events import SessionError, SessionEvent, SessionHeader
-from ._frozen import attrs_repr
+from ._frozen import attrs_eq, attrs_hash, attrs_repr
 from ._log_checker import LogInvariantError, SessionLogChecker
 from ._persistence import DamagedSession, StoredScan, kept_until
 from ._words import reason_text, shown_id
@@ -59,6 +59,8 @@ class SessionRecord:
     """One session of the corpus: its header, whether it is live here, whether it is stored."""
 
     __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     header: SessionHeader
     live: bool
@@ -78,6 +80,8 @@ class SessionLineageNode:
     """A descendant and its own descendants (oldest first)."""
 
     __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     session: SessionRecord
     descendants: tuple[SessionLineageNode, ...] = ()
@@ -94,6 +98,8 @@ class SessionLineageTrace:
     """
 
     __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     target: SessionRecord
     ancestors: tuple[SessionRecord, ...]
@@ -113,6 +119,8 @@ class SessionScan:
     first (from the live log, or read from the store)."""
 
     __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     header: SessionHeader
     events: tuple[SessionEvent, ...]
@@ -124,6 +132,8 @@ class SessionQueryListing:
     left out of it because their header cannot be read."""
 
     __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     records: tuple[SessionRecord, ...]
     damaged: tuple[DamagedSession, ...] = ()

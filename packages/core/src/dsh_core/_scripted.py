@@ -46,7 +46,7 @@ from ._content import (
 )
 from ._errors import DshError
 from ._events import ToolSchema
-from ._frozen import attrs_repr, builder, speed_up_inits
+from ._frozen import attrs_eq, attrs_hash, attrs_repr, builder, speed_up_inits
 from ._json import dumps
 from ._llm import GenerateOptions
 
@@ -70,6 +70,8 @@ class ScriptedToolCall:
     """A tool call the model makes; ``arguments`` is an object or raw JSON text."""
 
     __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     name: str
     arguments: Any = attrs.field(factory=dict)
@@ -91,6 +93,8 @@ class ScriptedReply:
     """
 
     __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     text: str | None = None
     reasoning: str | None = None
@@ -115,6 +119,8 @@ class ScriptedRequest:
     ``''`` rather than ``None`` when there is none."""
 
     __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     options: GenerateOptions
     index: int

@@ -23,7 +23,7 @@ from ._content import ContentBlock, Message, TextBlock, ToolResultBlock, ToolSou
 from ._context import ScopedCache, nearest_scope
 from ._errors import DshError
 from ._events import ToolSchema
-from ._frozen import attrs_repr, builder, speed_up_inits
+from ._frozen import attrs_eq, attrs_hash, attrs_repr, builder, speed_up_inits
 from ._json import MAX_NESTING, JsonValue, NotJsonError, dumps, freeze_json, thaw_json
 from ._words import (
     NAME_LIMIT,
@@ -68,6 +68,8 @@ class ToolFailure:
     """Why a call failed: a message for the model and a stable code."""
 
     __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     message: str
     code: str
@@ -78,6 +80,8 @@ class ToolOutput:
     """How a tool's value is checked (JSON Schema) and shown to the model (``render``)."""
 
     __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     schema: Mapping[str, JsonValue] | None = None
     render: Callable[[Any, ToolRunContext], tuple[ContentBlock, ...]] | None = attrs.field(
@@ -98,6 +102,8 @@ class ToolDefinition:
     """
 
     __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     name: str
     description: str
@@ -123,6 +129,8 @@ class ToolRestriction:
     """Hide inherited tools from one scope: keep only ``allow``, and/or drop ``deny``."""
 
     __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     allow: tuple[str, ...] | None = None
     deny: tuple[str, ...] | None = None
@@ -133,6 +141,8 @@ class ToolExecutionInput:
     """One call to execute. ``arguments`` is the model's raw JSON text or a parsed value."""
 
     __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     call_id: str
     name: str
@@ -147,6 +157,8 @@ class ToolExecutionResult:
     """A call's outcome: ``error`` is ``None`` on success. ``content`` is what the model sees."""
 
     __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     value: Any = None
     content: tuple[ContentBlock, ...] = ()

@@ -32,7 +32,7 @@ import attrs
 from ._agent import DEFAULT_MAX_STEPS, AgentRegistryService
 from ._context import Context
 from ._events import CORE_EVENT_TYPES, EventTypeSpec
-from ._frozen import attrs_repr
+from ._frozen import attrs_eq, attrs_hash, attrs_repr
 from ._invariants import install_core_invariants
 from ._jobs import DEFAULT_CAP, install_jobs
 from ._llm import LlmRuntimeService
@@ -77,6 +77,8 @@ class MemoryPersistenceConfig:
     disposed log is dropped first; a log in use is never dropped."""
 
     __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     retain_disposed: int | None = attrs.field(default=None, validator=_retain)
 
@@ -89,6 +91,8 @@ class JsonlPersistenceConfig:
     the file at a flush or the session's disposal)."""
 
     __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     root: str | None = None
     sync: str = attrs.field(default="batch", validator=_sync_mode)
@@ -107,6 +111,8 @@ class ScriptedModelConfig:
     """
 
     __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     provider: str = attrs.field(default="scripted", validator=_non_empty)
     script: str | None = None
@@ -117,6 +123,8 @@ class SystemPromptConfig:
     """``system-prompt``: the deployment persona (empty: no persona section)."""
 
     __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     persona: str = ""
 
@@ -135,6 +143,8 @@ class JobsConfig:
     """``jobs``: unfinished jobs allowed per owner (at least 1)."""
 
     __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     cap: int = attrs.field(default=DEFAULT_CAP, validator=_at_least_one)
 
@@ -145,6 +155,8 @@ class AgentsConfig:
     own ``AgentOptions.max_steps`` is unset."""
 
     __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     max_steps: int = attrs.field(default=DEFAULT_MAX_STEPS, validator=_positive_key)
 

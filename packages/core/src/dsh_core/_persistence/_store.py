@@ -21,7 +21,7 @@ from .._events import (
     SessionEvent,
     SessionHeader,
 )
-from .._frozen import attrs_repr
+from .._frozen import attrs_eq, attrs_hash, attrs_repr
 from .._log_checker import LogInvariantError
 from .._sessions import FoldedSeed, LogFold, Session, check_session_id, fold_log
 from ._common import T, _check, _deliver, _log, _settle, _stored_anyway, _succeeded, _Unwritten
@@ -51,6 +51,8 @@ class DamagedSession:
     """
 
     __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     id: str
     code: str
@@ -63,6 +65,8 @@ class SessionListing:
     that are damaged. One damaged entry never hides the others."""
 
     __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     headers: tuple[SessionHeader, ...]
     damaged: tuple[DamagedSession, ...] = ()
@@ -79,6 +83,8 @@ class StoredScan:
     if the backend cannot tell)."""
 
     __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     header: SessionHeader
     events: tuple[SessionEvent, ...]
@@ -102,6 +108,8 @@ class _Handle:
 @attrs.frozen(kw_only=True)
 class _Loaded:
     __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
     header: SessionHeader
     events: list[SessionEvent]  # the stored events, then the repair closers
     closers: list[SessionEvent] = attrs.field(factory=list)

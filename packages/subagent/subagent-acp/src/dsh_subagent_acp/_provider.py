@@ -7,7 +7,7 @@ import os
 
 import attrs
 
-from dsh_core import AbortedError, Agent, TextBlock, attrs_repr
+from dsh_core import AbortedError, Agent, TextBlock, attrs_eq, attrs_hash, attrs_repr
 from dsh_subagent import (
     NO_START_CAPABILITIES,
     ContinuableCreateRequest,
@@ -39,6 +39,8 @@ class AcpProvider:
     """
 
     __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     config: AcpConfig
     cwd: str | None = None

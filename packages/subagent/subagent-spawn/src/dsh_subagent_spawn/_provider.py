@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import attrs
 
-from dsh_core import attrs_repr
+from dsh_core import attrs_eq, attrs_hash, attrs_repr
 from dsh_subagent import (
     ContinuableCreateRequest,
     ContinuableCreateSpec,
@@ -22,6 +22,8 @@ class SpawnProvider:
     """Subagent provider ``spawn`` (in-process; every start-time capability)."""
 
     __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     name: str = "spawn"
     capabilities: SubagentCapabilities = IN_PROCESS_CAPABILITIES

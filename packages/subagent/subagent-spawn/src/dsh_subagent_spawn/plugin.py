@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import attrs
 
-from dsh_core import Context, PluginSpec, attrs_repr, hookimpl
+from dsh_core import Context, PluginSpec, attrs_eq, attrs_hash, attrs_repr, hookimpl
 
 from ._provider import SpawnProvider
 
@@ -20,6 +20,8 @@ class SpawnConfig:
     """Config of ``subagent-spawn``."""
 
     __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     provider_name: str = "spawn"
 

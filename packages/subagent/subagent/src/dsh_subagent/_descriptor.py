@@ -15,7 +15,7 @@ from typing import Any, Literal, TypeAlias
 
 import attrs
 
-from dsh_core import EventTypeSpec, SessionEvent, ToolRestriction, attrs_repr
+from dsh_core import EventTypeSpec, SessionEvent, ToolRestriction, attrs_eq, attrs_hash, attrs_repr
 
 from ._errors import DescriptorError
 
@@ -46,6 +46,8 @@ class OneShotDescriptor:
     """Identity of a one-shot child."""
 
     __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     provider: str
     label: str | None = None
@@ -66,6 +68,8 @@ class ContinuableDescriptor:
     """Identity of a continuable child, with what cold resume reapplies."""
 
     __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     provider: str
     label: str
@@ -219,6 +223,8 @@ class DescriptorFold:
     """What a log's own suffix says about its identity."""
 
     __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     status: Literal["none", "ok", "unsupported"]
     descriptor: SubagentDescriptorData | None = None

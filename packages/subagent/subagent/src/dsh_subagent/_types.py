@@ -20,6 +20,8 @@ from dsh_core import (
     NotJsonError,
     SessionEvent,
     SharedDisposal,
+    attrs_eq,
+    attrs_hash,
     attrs_repr,
     freeze_json,
 )
@@ -76,6 +78,8 @@ class SubagentCapabilities:
     """
 
     __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     output_schema: bool = False
     depth_limit: bool = False
@@ -107,6 +111,8 @@ class SubagentStartRequest:
     """
 
     __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     prompt: tuple[ContentBlock, ...]
     parent: Agent = attrs.field(eq=False)
@@ -124,6 +130,8 @@ class ResolvedSubagentStartRequest(SubagentStartRequest):
     """The provider-facing request: the caller's fields plus the resolved descriptor (SVC-7)."""
 
     __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     descriptor: SubagentDescriptorData
 
@@ -139,6 +147,8 @@ class SubagentResult:
     """
 
     __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     output: tuple[ContentBlock, ...]
     stop_reason: SubagentStopReason
@@ -324,6 +334,8 @@ class ContinuableCreateRequest:
     FIRST activation: only what distinguishes a fresh child from a seeded one."""
 
     __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     session_id: str
     parent: Agent = attrs.field(eq=False)
@@ -342,6 +354,8 @@ class ContinuableCreateSpec:
     """
 
     __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     seed: tuple[SessionEvent, ...] | None = None
     agent_provider: str | None = None
@@ -353,6 +367,8 @@ class ContinuableStartSpec:
     """``start_continuable``: a provider, the durable label, and the child's request."""
 
     __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     provider: str
     label: str
@@ -371,6 +387,8 @@ class ContinuableStart:
     """Identities returned once a continuable child accepted its initial prompt."""
 
     __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     child_id: str
     message_id: str
@@ -384,6 +402,8 @@ class CoordinatorMessageSource(MessageSource):
     """A model coordinator's follow-up to one of its children (attribution, not authority)."""
 
     __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     kind: Literal["coordinator"] = attrs.field(default="coordinator", init=False)
     sender_session_id: str
@@ -395,6 +415,8 @@ class SubagentReportMessageSource(MessageSource):
     """A continuable child's explicit report to its direct parent."""
 
     __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     kind: Literal["subagent-report"] = attrs.field(default="subagent-report", init=False)
     sender_session_id: str
@@ -406,6 +428,8 @@ class SubagentSettledMessageSource(MessageSource):
     """The runtime's notice that a background child settled."""
 
     __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     kind: Literal["subagent-settled"] = attrs.field(default="subagent-settled", init=False)
     sender_session_id: str
@@ -421,6 +445,8 @@ class SubagentFollowupOptions:
     """Options for following up with one continuable child."""
 
     __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     source: MessageSource
     signal: AbortSignal = attrs.field(eq=False, factory=AbortSignal)
@@ -433,6 +459,8 @@ class SubagentReportOptions:
     parent turn)."""
 
     __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     delivery: SubagentReportDelivery = "next-step"
     signal: AbortSignal = attrs.field(eq=False, factory=AbortSignal)
@@ -443,6 +471,8 @@ class UserInterruptAuthority:
     """A person interrupting a child of ``parent_session_id``."""
 
     __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     parent_session_id: str
     kind: Literal["user"] = "user"
@@ -453,6 +483,8 @@ class AncestorInterruptAuthority:
     """A live ancestor agent interrupting one of its descendants."""
 
     __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     agent: Agent = attrs.field(eq=False)
     kind: Literal["ancestor"] = "ancestor"
@@ -469,6 +501,8 @@ class SubagentRunInfo:
     """``subagent/start``: a run (or a continuable residency epoch) began."""
 
     __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     run_id: str
     provider: str
@@ -482,6 +516,8 @@ class SubagentRunEndInfo:
     omitted when there was no output)."""
 
     __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     run_id: str
     provider: str
@@ -497,6 +533,8 @@ class SubagentChildEntry:
     ``has_children``: some direct descendant's header says ``origin: subagent`` (LIST-3)."""
 
     __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     id: str
     mode: Literal["one-shot", "continuable"]
@@ -512,6 +550,8 @@ class SubagentDiagnosticEntry:
     ``has_children`` as on a child entry (its own children may still be listed)."""
 
     __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     id: str
     reason: Literal["corrupt", "unsupported", "unavailable"]
@@ -527,6 +567,8 @@ class SubagentDescendantListEntry:
     """A listing entry with its durable direct parent and depth below the root (children: 1)."""
 
     __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     entry: SubagentListEntry
     parent_id: str

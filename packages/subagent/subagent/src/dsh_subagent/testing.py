@@ -30,6 +30,8 @@ from dsh_core import (
     Agent,
     Message,
     TextBlock,
+    attrs_eq,
+    attrs_hash,
     attrs_repr,
     blocks_text,
     check_balanced,
@@ -83,6 +85,8 @@ class ContractHost:
     """
 
     __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     host: TestHost
     parent: Agent = attrs.field(eq=False)

@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 import attrs
 
-from dsh_core import attrs_repr
+from dsh_core import attrs_eq, attrs_hash, attrs_repr
 
 __all__ = ["REPORT_DELIVERIES", "ReportConfig", "ReportDelivery", "as_delivery"]
 
@@ -44,5 +44,7 @@ class ReportConfig:
     """
 
     __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     report_delivery: str = attrs.field(default="next-step", validator=_check_delivery)

@@ -12,7 +12,7 @@ from typing import Any
 
 import attrs
 
-from dsh_core import AgentOptions, ToolRestriction, attrs_repr
+from dsh_core import AgentOptions, ToolRestriction, attrs_eq, attrs_hash, attrs_repr
 from dsh_subagent import MAX_SAFE_INTEGER
 
 __all__ = [
@@ -37,6 +37,8 @@ class AgentOptionsConfig:
     """``agent_options``: the child's model route and limit; only the keys given are set."""
 
     __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     provider: str | None = None
     model: str | None = None
@@ -66,6 +68,8 @@ class ToolFilterConfig:
     """``tool_filter``: tool names the child keeps (``allow``) and/or drops (``deny``)."""
 
     __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     allow: tuple[str, ...] | None = None
     deny: tuple[str, ...] | None = None
@@ -111,6 +115,8 @@ class SubagentToolConfig:
     """Config of ``tool-subagent``: one row binds one provider to one tool name."""
 
     __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     provider: str = attrs.field(validator=_check_name)  # required: no default
     tool_name: str = attrs.field(default="subagent", validator=_check_name)
