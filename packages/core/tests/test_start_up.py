@@ -471,3 +471,29 @@ def test_the_shared_eq_and_hash_honour_field_options() -> None:
     assert _Keyed("a", 1) != _Plain("a", 1)
     assert _Plain("a", 1, extra=1) == _Plain("a", 2, extra=5)
     assert len({_Keyed("X", 1), _Keyed("x", 2)}) == 1
+
+
+def test_names_a_start_does_not_need_are_imported_on_first_use() -> None:
+    """PERF-19: `import dsh_core` imports neither the consumed-work fold, the invariant
+    replay nor the in-memory store; their public names resolve on first use, to the same
+    objects as their modules', and stay in `__all__`."""
+    code = """
+import json, sys
+import dsh_core
+print(json.dumps(sorted(m for m in sys.modules if m in (
+    "dsh_core._fold", "dsh_core._invariants", "dsh_core._persistence._memory"))))
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert json.loads(done.stdout) == []
+    import dsh_core
+    from dsh_core import _fold, _invariants
+    from dsh_core._persistence import _memory
+
+    assert dsh_core.fold_consumed_work is _fold.fold_consumed_work
+    assert dsh_core.InvariantRegistry is _invariants.InvariantRegistry
+    assert dsh_core.MemorySessionPersistence is _memory.MemorySessionPersistence
+    assert {"ConsumedWork", "InvariantError", "install_memory_persistence"} <= set(dsh_core.__all__)
+    with pytest.raises(AttributeError):
+        dsh_core.no_such_name  # noqa: B018

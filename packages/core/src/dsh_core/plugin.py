@@ -33,7 +33,6 @@ from ._agent import DEFAULT_MAX_STEPS, AgentRegistryService
 from ._context import Context
 from ._events import CORE_EVENT_TYPES, EventTypeSpec
 from ._frozen import attrs_eq, attrs_hash, attrs_repr
-from ._invariants import install_core_invariants
 from ._jobs import DEFAULT_CAP, install_jobs
 from ._llm import LlmRuntimeService
 from ._plugins import PluginSpec, hookimpl
@@ -230,6 +229,8 @@ def _jobs(ctx: Context, config: JobsConfig) -> None:
 
 
 def _invariants(ctx: Context, _: None) -> None:
+    from ._invariants import install_core_invariants  # test-only: imported when mounted
+
     install_core_invariants(ctx)
 
 
