@@ -19,7 +19,14 @@ uncompiled site-packages is compiled again by every run, which then measures the
 ``compileall`` skips what is up to date, so only the first run pays. The warm-up run then
 checks that every module it imported had its byte-code and names those that did not.
 
+With ``--model scripted`` a run is on the offline scripted model instead (no server, no
+SDK: what the runtime, its plugins and the command cost by themselves). Its "request" is the
+scripted model's first ``stream`` call: a hook the run is started through wraps
+``ScriptedAdapter.stream`` when ``dsh_core._scripted`` is imported (nothing else changes) and
+reports, at that call, the wall-clock time and the process's CPU time (every thread).
+
     python benchmarks/cli_start.py --rounds 21
+    python benchmarks/cli_start.py --model scripted --rounds 21
     python benchmarks/cli_start.py --importtime   # the slowest imports of one run
 """
 
@@ -36,6 +43,7 @@ import sys
 import sysconfig
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import attrs
@@ -87,6 +95,58 @@ atexit.register(_uncompiled)
 sys.argv[0] = "dsh-subagents"
 runpy.run_module("dsh_subagents.cli", run_name="__main__", alter_sys=True)
 """
+
+
+#: Runs the command as ``-m`` does, on the scripted model; at the model's first ``stream``
+#: call prints (to stderr, after a marker) the wall-clock time and the CPU time used so far.
+_SCRIPTED = """
+import importlib.util, runpy, sys, time
+
+class Hook:  # a finder of nothing: it wraps the module's loader once and steps aside
+    def find_spec(self, name, path=None, target=None):
+        if name != "dsh_core._scripted":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        run = spec.loader.exec_module
+
+        def exec_module(module):
+            run(module)
+            stream = module.ScriptedAdapter.stream
+
+            def first(self, *args, **kwargs):
+                module.ScriptedAdapter.stream = stream
+                print(f"\\n@request {time.time()!r} {time.process_time()!r}", file=sys.stderr)
+                return stream(self, *args, **kwargs)
+
+            module.ScriptedAdapter.stream = first
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+sys.meta_path.insert(0, Hook())
+sys.argv[0] = "dsh-subagents"
+runpy.run_module("dsh_subagents.cli", run_name="__main__", alter_sys=True)
+"""
+
+
+def _run_scripted(env: dict[str, str]) -> float:
+    """One run on the scripted model: the wall-clock time to its first ``stream`` call
+    (and the CPU time until then, recorded)."""
+    cpu = _children_cpu()
+    start = time.time()
+    done = subprocess.run(
+        [sys.executable, "-c", _SCRIPTED, "run", "--model", "scripted", "hi"],
+        capture_output=True,
+        env=env,
+        timeout=120,
+    )
+    if done.returncode != 0:
+        raise SystemExit(f"the run failed ({done.returncode}): {done.stderr.decode()}")
+    at, used = done.stderr.decode().rpartition("@request ")[2].split()[:2]
+    CPU.append(_children_cpu() - cpu)
+    CPU_TO_REQUEST.append(float(used))
+    return float(at) - start
 
 
 #: Test folders no run imports (the standard library's hold files that do not compile).
@@ -166,8 +226,23 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--importtime", action="store_true")
+    parser.add_argument(
+        "--model",
+        choices=("openai", "scripted"),
+        default="openai",
+        help="openai (the default): on the loopback server; scripted: the offline model",
+    )
     args = parser.parse_args()
     compile_everything()
+    if args.model == "scripted":
+        with tempfile.TemporaryDirectory() as home:
+            env = {k: v for k, v in os.environ.items() if not k.startswith("DSH_")}
+            env["DSH_SUBAGENTS_HOME"] = home
+            _run_scripted(env)  # warm the disk cache
+            CPU.clear()
+            CPU_TO_REQUEST.clear()
+            _report(*_rounds(args.rounds, lambda: _run_scripted(env)))
+        return
     with (
         tempfile.TemporaryDirectory() as home,
         ChatCompletionsServer(default=attrs.evolve(text_reply("ok"), delay=REPLY_DELAY)) as server,
@@ -203,15 +278,25 @@ def main() -> None:
                 print(f"{int(row[1]) / 1000:8.1f} ms  {row[2].rstrip()}")
             return
         _check_compiled(server, env)  # and warm the disk cache
-        bare: list[float] = []
-        runs: list[float] = []
-        for i in range(args.rounds):
-            if i % 2:
-                runs.append(_run(server, env))
-                bare.append(_bare())
-            else:
-                bare.append(_bare())
-                runs.append(_run(server, env))
+        bare, runs = _rounds(args.rounds, lambda: _run(server, env))
+    _report(bare, runs)
+
+
+def _rounds(rounds: int, run: Callable[[], float]) -> tuple[list[float], list[float]]:
+    """``rounds`` pairs of a bare interpreter and a run, in alternating order."""
+    bare: list[float] = []
+    runs: list[float] = []
+    for i in range(rounds):
+        if i % 2:
+            runs.append(run())
+            bare.append(_bare())
+        else:
+            bare.append(_bare())
+            runs.append(run())
+    return bare, runs
+
+
+def _report(bare: list[float], runs: list[float]) -> None:
     print(f"python -c pass                     {_quartiles(bare)}")
     print(f"dsh-subagents run, first request   {_quartiles(runs)}")
     diffs = [r - b for r, b in zip(runs, bare, strict=True)]

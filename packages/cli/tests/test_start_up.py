@@ -117,6 +117,49 @@ def test_rich_is_not_imported_when_the_output_is_not_a_terminal(
     assert "rich" not in scripted_run
 
 
+#: What a scripted run (its output a pipe) never imports (CLI-100): the `sessions` commands,
+#: the schema validator (no tool is called), TOML (no file is read), importlib.metadata and
+#: what it imports (discovery reads the entry points itself), the live tree, the SDK.
+NOT_IMPORTED = (
+    "dsh_subagents._sessions",
+    "fastjsonschema",
+    "tomllib",
+    "importlib.metadata",
+    "email",
+    "zipfile",
+    "csv",
+    "rich",
+    "openai",
+)
+
+_MODULES = """
+import atexit, json, runpy, sys
+
+atexit.register(lambda: print("\\n@modules " + json.dumps(sorted(sys.modules)), file=sys.stderr))
+sys.argv[0] = "dsh-subagents"
+runpy.run_module("dsh_subagents.cli", run_name="__main__", alter_sys=True)
+"""
+
+
+def test_a_scripted_run_imports_nothing_it_does_not_use(tmp_path: Path) -> None:
+    """CLI-100: `run --model scripted` (output a pipe) imports none of NOT_IMPORTED: each
+    is imported only by the command or the call that uses it; the answer is printed."""
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("DSH_")}
+    environ["DSH_SUBAGENTS_HOME"] = str(tmp_path / "home")
+    done = subprocess.run(
+        [sys.executable, "-c", _MODULES, "run", "--model", "scripted", "hello there"],
+        capture_output=True,
+        text=True,
+        env=environ,
+        timeout=120,
+        check=True,
+    )
+    assert done.stdout.startswith("hello there")
+    modules = set(json.loads(done.stderr.rpartition("@modules ")[2]))
+    assert "dsh_core" in modules
+    assert sorted(m for m in modules if m in NOT_IMPORTED or m.split(".")[0] in NOT_IMPORTED) == []
+
+
 def test_a_run_on_an_openai_model_never_imports_the_sdk(tmp_path: Path) -> None:
     """HTTP-1: `run --model openai:MODEL` on the builtin transport (the default) sends its
     request and gets its answer without ever importing the openai SDK."""

@@ -6,12 +6,13 @@ of the host or the SDK.
 
 from __future__ import annotations
 
-import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import attrs
+
+from dsh_core import attrs_eq, attrs_hash, attrs_repr
 
 __all__ = ["AgentServerConfig", "ConfigError", "load_config"]
 
@@ -35,6 +36,10 @@ class AgentServerConfig:
     ``session/load`` resumes sessions across processes (``store_root``, default
     ``$DSH_SUBAGENTS_HOME/sessions``).
     """
+
+    __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     load: tuple[str, ...] = ()
     modules: Mapping[str, str] = attrs.field(factory=dict)
@@ -91,6 +96,8 @@ def load_config(path: str | Path | None) -> AgentServerConfig:
     """Read the config file (``None``: the defaults)."""
     if path is None:
         return AgentServerConfig()
+    import tomllib  # only when a file is read: a start reads none (PERF-10)
+
     p = Path(path)
     try:
         data = tomllib.loads(p.read_text(encoding="utf-8"))

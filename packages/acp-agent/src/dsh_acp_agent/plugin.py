@@ -15,7 +15,16 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from dsh_core import AgentOptions, Context, JsonlSessionPersistence, PluginSpec, hookimpl
+from dsh_core import (
+    AgentOptions,
+    Context,
+    JsonlSessionPersistence,
+    PluginSpec,
+    attrs_eq,
+    attrs_hash,
+    attrs_repr,
+    hookimpl,
+)
 
 if TYPE_CHECKING:
     from ._server import DshAcpAgent
@@ -37,6 +46,10 @@ def _positive(instance: object, attribute: attrs.Attribute[int | None], value: i
 class AcpAgentConfig:
     """Config of ``acp-agent``: the model route of the sessions it serves (``provider`` and
     ``model`` non-empty, ``max_tokens`` at least 1, as the config file's ``[model]``)."""
+
+    __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     provider: str = attrs.field(default="scripted", validator=_non_empty)
     model: str = attrs.field(default="echo", validator=_non_empty)

@@ -41,7 +41,6 @@ __all__ = [
     "HEAD_READ",
     "TAIL_READ",
     "SessionsError",
-    "add_parser",
     "list_sessions",
     "scan_folder",
 ]
@@ -1148,61 +1147,3 @@ def _run(command: Callable[[argparse.Namespace, TextIO], int]) -> Callable[..., 
             return 1
 
     return run
-
-
-def _count(value: str) -> int:
-    """``-n``: a whole number, 0 or more."""
-    if not value.isdigit():
-        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number of sessions (0: all)")
-    return int(value)
-
-
-def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add ``sessions`` (``list``, ``show``, ``tree``) to the command's subparsers."""
-    sessions = sub.add_parser(
-        "sessions",
-        help="list, show and walk stored sessions",
-        description="Browse the sessions stored as JSONL files (default: "
-        "$DSH_SUBAGENTS_HOME/sessions, else ~/.dsh-subagents/sessions).",
-        epilog="examples:\n  dsh-subagents sessions list\n  dsh-subagents sessions show 3fa9\n"
-        "  dsh-subagents sessions show 3fa9 --children\n  dsh-subagents sessions tree 3fa9 --json",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    which = sessions.add_subparsers(dest="sessions_command", required=True)
-
-    def common(p: argparse.ArgumentParser) -> None:
-        p.add_argument(
-            "--store",
-            metavar="DIR",
-            help="the sessions folder (default: $DSH_SUBAGENTS_HOME/sessions, else "
-            "~/.dsh-subagents/sessions)",
-        )
-        p.add_argument("--json", action="store_true", help="print JSON (docs/sessions.md)")
-
-    listing = which.add_parser(
-        "list", help="root sessions, newest first: id, when, model, turns, children, tokens"
-    )
-    common(listing)
-    listing.add_argument(
-        "-n",
-        "--limit",
-        type=_count,
-        default=20,
-        metavar="N",
-        help="show the newest N root sessions (default 20; 0 for all)",
-    )
-    listing.add_argument("--all", action="store_true", help="show every root session")
-    listing.set_defaults(run=_run(cmd_list))
-    show = which.add_parser("show", help="a session's transcript (ID or a unique prefix)")
-    common(show)
-    show.add_argument("id", metavar="ID", help="a session id or a unique prefix of one")
-    show.add_argument(
-        "--children", action="store_true", help="show the children's transcripts inline"
-    )
-    show.set_defaults(run=_run(cmd_show))
-    tree = which.add_parser(
-        "tree", help="a session's subagents: label, provider, mode, status, epochs"
-    )
-    common(tree)
-    tree.add_argument("id", metavar="ID", help="a session id or a unique prefix of one")
-    tree.set_defaults(run=_run(cmd_tree))

@@ -24,7 +24,7 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, TextIO, cast
 
-from . import _help, _sessions
+from . import _help, _sessions_args
 from .__about__ import __version__
 
 if TYPE_CHECKING:  # dsh-core is imported by the commands that run it: `sessions` does not
@@ -472,7 +472,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     demo.set_defaults(run=cmd_demo)
     _add_run(sub)
-    _sessions.add_parser(sub)
+    _sessions_args.add_parser(sub)
     return parser
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from .__about__ import __version__
 from ._abort import AbortController, AbortedError, AbortSignal, fuse, race_abort
 from ._agent import (
@@ -92,10 +94,9 @@ from ._events import (
     encode_header,
     structure_header,
 )
-from ._fold import ConsumedWork, fold_consumed_work
+from ._frozen import attrs_eq, attrs_hash, attrs_repr
 from ._host import HostRuntime, PluginRow, boot_host, load_composition, structure_config
 from ._inbox import Inbox, InboxError, InboxTarget, replay_inbox
-from ._invariants import InvariantError, InvariantRegistry
 from ._jobs import Job, JobError, JobService, JobSettlement, JobStatus
 from ._json import JsonValue, NotJsonError, dumps, freeze_json, is_lossless_json, thaw_json
 from ._llm import BlockAssembler, GenerateOptions, LlmAdapter, LlmRuntime, LlmSeamError
@@ -103,14 +104,12 @@ from ._log_checker import LogInvariantError, SessionLogChecker, check_balanced
 from ._persistence import (
     DamagedSession,
     JsonlSessionPersistence,
-    MemorySessionPersistence,
     SessionListing,
     SessionPersistence,
     SessionPreparation,
     StoredScan,
     default_sessions_dir,
     install_jsonl_persistence,
-    install_memory_persistence,
     repair_closers,
 )
 from ._plugins import (
@@ -170,6 +169,34 @@ from ._words import (
     shown_id,
     unknown_fields_text,
 )
+
+if TYPE_CHECKING:
+    from ._fold import ConsumedWork, fold_consumed_work
+    from ._invariants import InvariantError, InvariantRegistry
+    from ._persistence._memory import MemorySessionPersistence, install_memory_persistence
+
+#: Public names whose modules a host's start does not need, imported on first use (PERF-19):
+#: the consumed-work fold, the test-only invariant replay and the in-memory store.
+_LAZY = {
+    "ConsumedWork": "._fold",
+    "fold_consumed_work": "._fold",
+    "InvariantError": "._invariants",
+    "InvariantRegistry": "._invariants",
+    "MemorySessionPersistence": "._persistence._memory",
+    "install_memory_persistence": "._persistence._memory",
+}
+
+
+def __getattr__(name: str) -> Any:
+    home = _LAZY.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(home, __name__), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "CORE_EVENT_TYPES",
@@ -324,6 +351,9 @@ __all__ = [
     "MESSAGE_BLOCK_SEPARATOR",
     "__version__",
     "assistant_message",
+    "attrs_eq",
+    "attrs_hash",
+    "attrs_repr",
     "blocks_text",
     "boot_host",
     "check_balanced",

@@ -72,7 +72,7 @@ from ._events import (
     TurnEndReason,
     TurnStartData,
 )
-from ._frozen import builder, speed_up_inits
+from ._frozen import attrs_eq, attrs_hash, attrs_repr, builder, speed_up_inits
 from ._inbox import Inbox, InboxTarget
 from ._json import MAX_NESTING, JsonValue, NotJsonError, freeze_json
 from ._llm import BlockAssembler, GenerateOptions, failure_of
@@ -133,16 +133,26 @@ def _unchecked(turn: int, step: int, chunk: StreamChunk) -> AssistantChunkData:
     raise Unfit
 
 
+def _first_checked_chunk_data(turn: int, step: int, chunk: StreamChunk) -> AssistantChunkData:
+    """Compile the checked chunk builder at the first chunk, not at import (nothing before a
+    run's first request streams one: PERF-16), put it in this stand-in's place and use it."""
+    global _checked_chunk_data
+    _checked_chunk_data = (
+        checked_builder(
+            AssistantChunkData,
+            "chunk",
+            _CHUNK_LEVELS,
+            (TextDelta, ReasoningDelta, ToolCallDelta, Finish),
+        )
+        or _unchecked
+    )
+    return _checked_chunk_data(turn, step, chunk)
+
+
 #: The chunk payload's builder that first checks an adapter's chunk (see Agent._stream), the
 #: most frequent chunk classes tested first; called with positions (turn, step, chunk).
-_checked_chunk_data = (
-    checked_builder(
-        AssistantChunkData,
-        "chunk",
-        _CHUNK_LEVELS,
-        (TextDelta, ReasoningDelta, ToolCallDelta, Finish),
-    )
-    or _unchecked
+_checked_chunk_data: Callable[[int, int, StreamChunk], AssistantChunkData] = (
+    _first_checked_chunk_data
 )
 _tool_call = builder(ToolCallData)
 _tool_result = builder(ToolResultData)
@@ -187,6 +197,10 @@ class AgentOptions:
     ``agents`` plugin's ``max_steps`` (default :data:`DEFAULT_MAX_STEPS`). A turn that would
     need one more ends ``max-steps``."""
 
+    __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
+
     provider: str | None = None
     model: str | None = None
     max_tokens: int | None = None
@@ -202,6 +216,10 @@ class CreateAgentOptions:
     sections, restrictions, listeners); it may return a ``commit`` called synchronously right
     before publication. ``signal`` aborts creation.
     """
+
+    __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     session_id: str | None = None
     meta: SessionMeta | None = None
@@ -220,6 +238,10 @@ class ResumeAgentOptions:
     the log again, and disposes it if the resume fails. It must be of ``resume_session_id``.
     """
 
+    __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
+
     resume_session_id: str
     agent_options: AgentOptions = AgentOptions()
     signal: AbortSignal | None = attrs.field(default=None, eq=False)
@@ -231,6 +253,10 @@ class ResumeAgentOptions:
 class PreStepDecision:
     """What ``agent/pre-step`` decided: enter ``messages`` into the step, or reject the turn."""
 
+    __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
+
     kind: Literal["enter", "reject"]
     messages: tuple[Message, ...] = ()
     reason: str | None = None
@@ -239,6 +265,10 @@ class PreStepDecision:
 @attrs.frozen(kw_only=True)
 class PreStep:
     """The ``agent/pre-step`` waterfall argument."""
+
+    __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     agent: Agent = attrs.field(eq=False)
     messages: tuple[Message, ...]
@@ -251,6 +281,10 @@ class PreStep:
 class RequestContext:
     """The ``agent/request`` waterfall argument; listeners may return another config."""
 
+    __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
+
     agent: Agent = attrs.field(eq=False)
     config: LlmCallConfig | None
     turn: int
@@ -260,6 +294,10 @@ class RequestContext:
 @attrs.frozen(kw_only=True)
 class RequestErrorContext:
     """The ``agent/request-error`` waterfall argument; a listener may return ``"retry"``."""
+
+    __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     agent: Agent = attrs.field(eq=False)
     failure: LlmFailure
@@ -1315,6 +1353,7 @@ async def _teardown(
 
 @attrs.define(eq=False)
 class _Registered:
+    __repr__ = attrs_repr
     agent: Agent
     owner: Agent | None
     handle: AgentHandle

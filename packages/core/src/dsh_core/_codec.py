@@ -41,7 +41,7 @@ import attrs
 
 from ._converter import converter, tagged_unions
 from ._frozen import _plan as _builder_plan
-from ._frozen import filled_fields, open_twin, slot_setter
+from ._frozen import attrs_eq, attrs_hash, attrs_repr, filled_fields, open_twin, slot_setter
 from ._json import _INT_HI, dumps, freeze_json
 from ._tagged import TaggedUnion
 
@@ -353,6 +353,10 @@ def _variant(union: TaggedUnion[Any], cls: type, compile: Callable[[type], Any])
 @attrs.frozen
 class _Plan:
     """What compiling ``cls`` needs: its fields in order, and its tag if it is a variant."""
+
+    __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     cls: type
     fields: tuple[tuple[str, Shape, Any], ...]  # (name, shape, default or NOTHING)

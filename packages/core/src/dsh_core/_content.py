@@ -15,7 +15,7 @@ from typing import Literal, TypeAlias
 import attrs
 
 from ._errors import DshError
-from ._frozen import builder, speed_up_inits
+from ._frozen import attrs_eq, attrs_hash, attrs_repr, builder, speed_up_inits
 from ._json import JsonValue, freeze_json
 from ._tagged import TaggedUnion
 
@@ -92,12 +92,20 @@ def new_id() -> str:
 class ContentBlock:
     """Base of every content block; ``type`` is the tag."""
 
+    __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
+
     type: str = attrs.field(default="", init=False)
 
 
 @attrs.frozen(kw_only=True)
 class TextBlock(ContentBlock):
     """Plain text."""
+
+    __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     type: Literal["text"] = attrs.field(default="text", init=False)
     text: str
@@ -107,6 +115,10 @@ class TextBlock(ContentBlock):
 class ReasoningBlock(ContentBlock):
     """Model reasoning text (never sent back as an answer)."""
 
+    __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
+
     type: Literal["reasoning"] = attrs.field(default="reasoning", init=False)
     text: str
 
@@ -114,6 +126,10 @@ class ReasoningBlock(ContentBlock):
 @attrs.frozen(kw_only=True)
 class ToolCallBlock(ContentBlock):
     """A tool call; ``arguments`` stays the model's raw JSON text."""
+
+    __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     type: Literal["tool-call"] = attrs.field(default="tool-call", init=False)
     id: CallId
@@ -125,6 +141,10 @@ class ToolCallBlock(ContentBlock):
 class ToolResultBlock(ContentBlock):
     """The result of one tool call."""
 
+    __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
+
     type: Literal["tool-result"] = attrs.field(default="tool-result", init=False)
     tool_call_id: CallId
     content: tuple[ContentBlock, ...]
@@ -134,6 +154,10 @@ class ToolResultBlock(ContentBlock):
 @attrs.frozen(kw_only=True)
 class UnknownBlock(ContentBlock):
     """A block whose ``type`` no installed plugin knows; kept verbatim."""
+
+    __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     type: str = attrs.field(default="")
     fields: Mapping[str, JsonValue] = attrs.field(factory=dict, converter=freeze_json)
@@ -191,6 +215,10 @@ def message_text(blocks: Iterable[ContentBlock]) -> str:
 class MessageSource:
     """Where a message came from: durable attribution, never authority. ``kind`` is the tag."""
 
+    __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
+
     kind: str = attrs.field(default="", init=False)
 
 
@@ -198,12 +226,20 @@ class MessageSource:
 class UserSource(MessageSource):
     """Typed by a person (or a test standing in for one)."""
 
+    __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
+
     kind: Literal["user"] = attrs.field(default="user", init=False)
 
 
 @attrs.frozen(kw_only=True)
 class PluginSource(MessageSource):
     """Produced by a plugin; ``form`` says how (e.g. ``snapshot`` for runtime context)."""
+
+    __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     kind: Literal["plugin"] = attrs.field(default="plugin", init=False)
     plugin: str
@@ -216,6 +252,10 @@ class PluginSource(MessageSource):
 class ModelSource(MessageSource):
     """Produced by a model through an adapter."""
 
+    __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
+
     kind: Literal["model"] = attrs.field(default="model", init=False)
     provider: str
     model: str
@@ -225,6 +265,10 @@ class ModelSource(MessageSource):
 class ToolSource(MessageSource):
     """A tool result or a context a tool deferred."""
 
+    __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
+
     kind: Literal["tool"] = attrs.field(default="tool", init=False)
     call_id: CallId
 
@@ -232,6 +276,10 @@ class ToolSource(MessageSource):
 @attrs.frozen(kw_only=True)
 class UnknownSource(MessageSource):
     """A source whose ``kind`` no installed plugin knows; kept verbatim."""
+
+    __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     kind: str = attrs.field(default="")
     fields: Mapping[str, JsonValue] = attrs.field(factory=dict, converter=freeze_json)
@@ -252,6 +300,10 @@ _USER = UserSource()
 @attrs.frozen(kw_only=True)
 class Message:
     """One conversation message. ``role`` narrows it: user, assistant, tool (results), system."""
+
+    __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     id: MessageId
     role: Role
@@ -309,6 +361,10 @@ def assistant_message(
 class LlmFailure:
     """Why a model request failed, in durable form."""
 
+    __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
+
     message: str
     code: str
     status: int | None = None
@@ -329,6 +385,10 @@ class LlmError(DshError):
 class TokenUsage:
     """Token accounting of one model response."""
 
+    __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
+
     input_tokens: int
     output_tokens: int
     cache_read_tokens: int | None = None
@@ -339,12 +399,20 @@ class TokenUsage:
 class StreamChunk:
     """Base of the streamed response pieces; ``type`` is the tag."""
 
+    __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
+
     type: str = attrs.field(default="", init=False)
 
 
 @attrs.frozen(kw_only=True)
 class BlockStart(StreamChunk):
     """A content block begins at ``index`` (optional: deltas open their block implicitly)."""
+
+    __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     type: Literal["block-start"] = attrs.field(default="block-start", init=False)
     index: int
@@ -355,6 +423,10 @@ class BlockStart(StreamChunk):
 class TextDelta(StreamChunk):
     """More text for the text block at ``index``."""
 
+    __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
+
     type: Literal["text-delta"] = attrs.field(default="text-delta", init=False)
     index: int
     text: str
@@ -364,6 +436,10 @@ class TextDelta(StreamChunk):
 class ReasoningDelta(StreamChunk):
     """More reasoning text for the block at ``index``."""
 
+    __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
+
     type: Literal["reasoning-delta"] = attrs.field(default="reasoning-delta", init=False)
     index: int
     text: str
@@ -372,6 +448,10 @@ class ReasoningDelta(StreamChunk):
 @attrs.frozen(kw_only=True)
 class ToolCallDelta(StreamChunk):
     """Part of a tool call at ``index``: its id and name (first delta) and argument text."""
+
+    __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     type: Literal["tool-call-delta"] = attrs.field(default="tool-call-delta", init=False)
     index: int
@@ -384,6 +464,10 @@ class ToolCallDelta(StreamChunk):
 class BlockEnd(StreamChunk):
     """The block at ``index`` is complete; ``block`` (if given) is its final form."""
 
+    __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
+
     type: Literal["block-end"] = attrs.field(default="block-end", init=False)
     index: int
     block: ContentBlock | None = None
@@ -392,6 +476,10 @@ class BlockEnd(StreamChunk):
 @attrs.frozen(kw_only=True)
 class UsageChunk(StreamChunk):
     """Token usage; precedes ``finish`` when present."""
+
+    __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     type: Literal["usage"] = attrs.field(default="usage", init=False)
     usage: TokenUsage
@@ -404,6 +492,10 @@ FinishReason = Literal["stop", "tool-calls", "max-tokens", "aborted", "error"]
 class Finish(StreamChunk):
     """The response ended; nothing follows. ``failure`` accompanies ``aborted`` / ``error``."""
 
+    __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
+
     type: Literal["finish"] = attrs.field(default="finish", init=False)
     reason: FinishReason
     failure: LlmFailure | None = None
@@ -412,6 +504,10 @@ class Finish(StreamChunk):
 @attrs.frozen(kw_only=True)
 class UnknownChunk(StreamChunk):
     """A chunk type no installed plugin knows; kept verbatim, ignored by the assembler."""
+
+    __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     type: str = attrs.field(default="")
     fields: Mapping[str, JsonValue] = attrs.field(factory=dict, converter=freeze_json)

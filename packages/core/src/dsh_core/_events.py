@@ -20,7 +20,7 @@ from ._codec import Unfit, class_checker, class_decoder
 from ._content import LlmFailure, Message, StreamChunk, TokenUsage
 from ._converter import converter
 from ._errors import DshError
-from ._frozen import open_twin, speed_up_inits
+from ._frozen import attrs_eq, attrs_hash, attrs_repr, open_twin, speed_up_inits
 from ._json import MAX_NESTING, JsonValue, NotJsonError, dumps, freeze_json
 
 __all__ = [
@@ -77,6 +77,10 @@ def _finite(_: object, attribute: attrs.Attribute[Any], value: float | None) -> 
 class SessionMeta:
     """The caller-chosen header fields of a new session."""
 
+    __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
+
     cwd: str | None = None
     parent_session: str | None = None
     seed_length: int | None = None
@@ -90,6 +94,10 @@ class SessionHeader:
 
     ``origin`` is a navigation hint only; it proves nothing. ``delegation_depth`` absent means 0.
     """
+
+    __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     version: int = SESSION_FORMAT_VERSION
     id: str
@@ -107,6 +115,10 @@ class SessionHeader:
 @attrs.frozen(kw_only=True)
 class SessionEvent:
     """One log entry. Surface types (model-visible) carry ``source_event_seqs``/``surface_op``."""
+
+    __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     type: str
     seq: int
@@ -153,6 +165,10 @@ def make_event(
 class AgentCancelCause:
     """Why an agent's turn was cancelled (rides in the abort reason)."""
 
+    __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
+
     kind: Literal["user", "parent", "hook", "disposed"]
     reason: str | None = None
 
@@ -161,6 +177,10 @@ class AgentCancelCause:
 class TurnEndReason:
     """Why a turn ended. ``kind`` is open: completed, aborted, blocked, error, max-tokens,
     interrupted (crash repair only); readers treat an unknown kind as a failure."""
+
+    __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     kind: str
     cause: AgentCancelCause | None = None
@@ -171,12 +191,20 @@ class TurnEndReason:
 class TurnStartData:
     """``turn/start``: opens turn ``turn``."""
 
+    __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
+
     turn: int
 
 
 @attrs.frozen(kw_only=True)
 class TurnEndData:
     """``turn/end``: closes the open turn."""
+
+    __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     turn: int
     reason: TurnEndReason
@@ -186,6 +214,10 @@ class TurnEndData:
 class StepData:
     """``step/start`` and ``step/end``."""
 
+    __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
+
     turn: int
     step: int
 
@@ -193,6 +225,10 @@ class StepData:
 @attrs.frozen(kw_only=True)
 class AssistantChunkData:
     """``assistant/chunk``: one raw stream chunk."""
+
+    __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     turn: int
     step: int
@@ -202,6 +238,10 @@ class AssistantChunkData:
 @attrs.frozen(kw_only=True)
 class AssistantMessageData:
     """``assistant/message``: the assembled response (empty content is logged, never derived)."""
+
+    __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     turn: int
     step: int
@@ -214,6 +254,10 @@ class AssistantMessageData:
 class ToolCallData:
     """``tool/call``: a call about to be executed."""
 
+    __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
+
     turn: int
     step: int
     call_id: str
@@ -225,6 +269,10 @@ class ToolCallData:
 class ToolResultError:
     """What failed in a tool call, by tool name and stable code."""
 
+    __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
+
     name: str
     code: str
 
@@ -232,6 +280,10 @@ class ToolResultError:
 @attrs.frozen(kw_only=True)
 class ToolResultData:
     """``tool/result``: the result message of one call (model-visible)."""
+
+    __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     turn: int
     step: int
@@ -244,6 +296,10 @@ class ToolResultData:
 class LlmCallConfig:
     """The model route and sampling settings of a request."""
 
+    __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
+
     provider: str
     model: str
     max_tokens: int | None = None
@@ -255,6 +311,10 @@ class LlmCallConfig:
 class ToolSchema:
     """A tool as the model sees it: name, description, JSON Schema of its arguments."""
 
+    __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
+
     name: str
     description: str
     parameters: Mapping[str, JsonValue] = attrs.field(converter=freeze_json)
@@ -263,6 +323,10 @@ class ToolSchema:
 @attrs.frozen(kw_only=True)
 class EpochHeader:
     """The request envelope the next request is rebuilt from."""
+
+    __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     config: LlmCallConfig
     system: str | None = None
@@ -273,6 +337,10 @@ class EpochHeader:
 class RequestHeaderData:
     """``request/header``: the envelope in force from this request on."""
 
+    __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
+
     header: EpochHeader
     reason: Literal["initial", "resume", "change"]
 
@@ -280,6 +348,10 @@ class RequestHeaderData:
 @attrs.frozen(kw_only=True)
 class InboxSplicedData:
     """``agent/inbox/spliced``: one durable mutation of an agent's inbox projection."""
+
+    __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     target: Literal["next-turn", "next-step"]
     start: int
@@ -291,6 +363,10 @@ class InboxSplicedData:
 @attrs.frozen(kw_only=True)
 class EndSeedData:
     """``session/end-seed``: marks the first live write after a seed."""
+
+    __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
 
 # -- registry ----------------------------------------------------------------------------------
@@ -306,6 +382,10 @@ class EventTypeSpec:
     :param trusted: appends of exactly the payload class take the session's fast path (its
         compiled check, see ``EventTypeRegistry.snapshot``); others go through ``snapshot``.
     """
+
+    __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     name: str
     payload: type | None = None

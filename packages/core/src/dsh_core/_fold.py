@@ -12,6 +12,7 @@ from collections.abc import Iterable
 import attrs
 
 from ._events import InboxSplicedData, SessionEvent, TurnEndData
+from ._frozen import attrs_eq, attrs_hash, attrs_repr
 
 __all__ = ["ConsumedWork", "fold_consumed_work"]
 
@@ -22,6 +23,10 @@ _FAILED_AFTER_CLAIM = frozenset({"blocked", "aborted", "interrupted", "error"})
 class ConsumedWork:
     """``end``: the accounting ``turn/end`` (``None`` if none); ``dropped_unrun``: accepted
     work was cancelled after it without a replacement and without a turn over it."""
+
+    __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     end: TurnEndData | None
     end_seq: int | None

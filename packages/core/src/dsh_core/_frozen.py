@@ -6,7 +6,8 @@ the store itself costs. A turn builds some forty payloads, messages and blocks, 
 answer one chunk payload per token, so:
 
 - :func:`speed_up_inits` gives each frozen class of a module an ``__init__`` that fills the
-  slots through their descriptors directly (every ``Cls(...)`` call benefits);
+  slots through their descriptors directly (every ``Cls(...)`` call benefits), made at the
+  class's first construction;
 - :func:`builder` goes further for the hottest call sites: calling a class at all (argument
   tuple, keyword dict, ``__init__`` lookup) costs more than filling a small payload, so a
   builder is a plain function that fills an :func:`open_twin` with ordinary attribute stores
@@ -22,6 +23,7 @@ slot) keeps attrs' own ``__init__`` and is its own builder.
 from __future__ import annotations
 
 import linecache
+import threading
 import types
 from collections.abc import Callable, Mapping
 from typing import Any, ParamSpec, TypeVar
@@ -29,7 +31,10 @@ from typing import Any, ParamSpec, TypeVar
 import attrs
 
 __all__ = [
+    "attrs_eq",
+    "attrs_hash",
     "attrs_init",
+    "attrs_repr",
     "builder",
     "filled_fields",
     "is_generated_init",
@@ -50,8 +55,109 @@ _twins: dict[type, type] = {}
 _builders: dict[type, Callable[..., Any]] = {}
 
 
+try:  # attrs' own record, so a cycle through generated and shared reprs reads the same
+    from attr._compat import repr_context as _repring
+except ImportError:  # pragma: no cover - another attrs: the same rule, a record of our own
+    _repring = threading.local()
+
+
+def attrs_repr(self: Any) -> str:
+    """The ``repr`` attrs would generate for ``self``'s class, by one shared function.
+
+    attrs compiles a ``__repr__`` per class when the class is made, about two fifths of what
+    building a class compiles; a class that says ``__repr__ = attrs_repr`` in its body gets
+    none compiled (attrs sees a ``__repr__`` of its own) and the same text: the class's
+    ``__qualname__`` (after the last ``>.``), each field with ``repr`` on as
+    ``name=<its repr or the field's repr callable>`` (a field not in ``__init__`` that is
+    unset shows ``NOTHING``), and ``...`` for a value met again while its own repr is being
+    built (attrs' own record of those: a cycle through both kinds reads the same; PERF-13).
+    A repr is never on the hot path; reading the fields costs little more.
+    """
+    try:
+        seen: set[int] = _repring.already_repring
+    except AttributeError:
+        seen = _repring.already_repring = set()
+    key = id(self)
+    if key in seen:
+        return "..."
+    seen.add(key)
+    try:
+        parts = []
+        # The fields of the class this repr is the ``__repr__`` of, as attrs' own would show
+        # (a subclass made with ``repr=False`` inherits it and shows its base's fields).
+        mro = type(self).__mro__
+        owner = next((k for k in mro if k.__dict__.get("__repr__") is attrs_repr), type(self))
+        for a in attrs.fields(owner):
+            show = a.repr
+            if show is False:
+                continue
+            value = getattr(self, a.name) if a.init else getattr(self, a.name, attrs.NOTHING)
+            parts.append(f"{a.name}={value!r}" if show is True else f"{a.name}={show(value)}")
+        name = self.__class__.__qualname__.rsplit(">.", 1)[-1]
+        return f"{name}({', '.join(parts)})"
+    finally:
+        seen.remove(key)
+
+
+def attrs_eq(self: Any, other: object) -> Any:
+    """A stand-in for the ``__eq__`` attrs would generate: a frozen class that says
+    ``__eq__ = attrs_eq`` and ``__hash__ = attrs_hash`` in its body gets neither compiled when
+    it is made (attrs sees methods of its own), and each is compiled on its first call, the
+    same code as attrs', then put in the stand-in's place (PERF-18). Most classes a start
+    makes are never compared or hashed before its first request, many never at all."""
+    return _settle_method(type(self), "__eq__", attrs_eq)(self, other)
+
+
+def attrs_hash(self: Any) -> Any:
+    """A stand-in for the ``__hash__`` attrs would generate for a frozen class (see
+    :func:`attrs_eq`): the fields that take part in equality, after a per-class constant."""
+    return _settle_method(type(self), "__hash__", attrs_hash)(self)
+
+
+def _settle_method(cls: type, name: str, stand_in: Callable[..., Any]) -> Callable[..., Any]:
+    """Compile method ``name`` of the class whose own it ``stand_in`` is (``cls`` or a base),
+    put it there and return it."""
+    owner = next((k for k in cls.__mro__ if k.__dict__.get(name) is stand_in), cls)
+    fields = attrs.fields(owner)
+    env: dict[str, Any] = {}
+    if name == "__eq__":
+        compared = [f for f in fields if f.eq]
+        terms = []
+        for f in compared:
+            if f.eq_key:
+                env[f"_{f.name}_key"] = f.eq_key
+                terms.append(f"_{f.name}_key(self.{f.name}) == _{f.name}_key(other.{f.name})")
+            else:
+                terms.append(f"self.{f.name} == other.{f.name}")
+        body = [
+            "if other.__class__ is not self.__class__:",
+            "    return NotImplemented",
+            f"return ({' and '.join(terms)})" if terms else "return True",
+        ]
+        head = "def __eq__(self, other):"
+    else:
+        hashed = [f for f in fields if f.hash is True or (f.hash is None and f.eq is True)]
+        items = [f"{hash(f'<dsh hash {owner.__module__}.{owner.__qualname__}>')}"]
+        for f in hashed:
+            if f.eq_key:
+                env[f"_{f.name}_key"] = f.eq_key
+                items.append(f"_{f.name}_key(self.{f.name})")
+            else:
+                items.append(f"self.{f.name}")
+        body = [f"return hash(({', '.join(items)},))"]
+        head = "def __hash__(self):"
+    filename = f"<dsh {name} {owner.__module__}.{owner.__qualname__}>"
+    method: Callable[..., Any] = _define(head, body, env, filename)
+    method.__qualname__ = f"{owner.__qualname__}.{name}"
+    method.__module__ = owner.__module__
+    setattr(owner, name, method)
+    return method
+
+
 def attrs_init(cls: type) -> Callable[..., None] | None:
     """attrs' ``__init__`` of ``cls`` if :func:`speed_up_inits` replaced it."""
+    if cls in _pending:
+        _settle(cls)
     return _originals.get(cls)
 
 
@@ -59,6 +165,8 @@ def is_generated_init(cls: type) -> bool:
     """Whether ``cls.__init__`` is attrs-generated or its faster equivalent from here: either
     way constructing ``cls`` is exactly filling its fields, nothing of the class's own runs."""
     init = cls.__dict__.get("__init__")
+    if cls in _pending:
+        return True  # attrs' own until the first call settles it
     if cls in _originals:
         return init is not None and init.__code__.co_filename.startswith(_PREFIX)
     return bool(
@@ -86,11 +194,57 @@ def filled_fields(cls: type) -> tuple[Any, ...] | None:
 
 def speed_up_inits(namespace: Mapping[str, object]) -> None:
     """Replace the ``__init__`` of each frozen attrs class defined in module ``namespace``
-    (pass ``globals()`` at the end of the module) by an equivalent, faster one."""
+    (pass ``globals()`` at the end of the module) by an equivalent, faster one.
+
+    Made when the class is first constructed (PERF-15): until then the class has a stand-in
+    ``__init__`` (attrs' signature, through ``__wrapped__``) that makes the faster one, puts
+    it in its own place and runs it. A start imports many classes it never builds, and
+    compiling an ``__init__`` for each was a measurable part of importing them."""
     module = namespace["__name__"]
     for value in list(namespace.values()):
-        if isinstance(value, type) and value.__module__ == module:
-            _speed_up(value)
+        if isinstance(value, type) and value.__module__ == module and _is_frozen(value):
+            _defer(value)
+
+
+#: attrs' ``__init__`` of each class whose faster one is made at its first construction.
+_pending: dict[type, Callable[..., None]] = {}
+
+
+def _is_frozen(cls: type) -> bool:
+    """Frozen by attrs (the first thing :func:`_plan` requires), with an ``__init__`` of its
+    own not yet replaced."""
+    return (
+        getattr(getattr(cls, "__setattr__", None), "__name__", "") == "_frozen_setattrs"
+        and "__init__" in cls.__dict__
+        and cls not in _originals
+        and cls not in _pending
+    )
+
+
+def _defer(cls: type) -> None:
+    original = cls.__dict__["__init__"]
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        _settle(cls)(self, *args, **kwargs)
+
+    __init__.__wrapped__ = original  # type: ignore[attr-defined]
+    __init__.__qualname__ = original.__qualname__
+    __init__.__module__ = original.__module__
+    __init__.__doc__ = original.__doc__
+    __init__.__annotations__ = dict(original.__annotations__)
+    _pending[cls] = original
+    cls.__init__ = __init__  # type: ignore[misc]
+
+
+def _settle(cls: type) -> Callable[..., None]:
+    """Give ``cls`` its faster ``__init__`` (or attrs' back, when there is none) and return
+    the one in place. Once per class; a second thread finds it done."""
+    original = _pending.pop(cls, None)
+    if original is not None:
+        cls.__init__ = original  # type: ignore[misc]
+        _speed_up(cls)
+    init: Callable[..., None] = cls.__dict__["__init__"]
+    return init
 
 
 def slot_setter(cls: type, name: str) -> Callable[[Any, Any], None] | None:

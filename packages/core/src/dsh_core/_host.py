@@ -12,7 +12,6 @@ wrong key or type fails with ``PLUGIN_CONFIG`` naming the row, the plugin and th
 from __future__ import annotations
 
 import inspect
-import tomllib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -26,6 +25,7 @@ from ._content import SOURCES
 from ._context import Context, Host
 from ._converter import config_converter, type_name
 from ._events import EventTypeRegistry, EventTypeSpec
+from ._frozen import attrs_eq, attrs_hash, attrs_repr
 from ._plugins import DshPluginManager, PluginError, PluginSpec, make_plugin_manager
 
 __all__ = ["HostRuntime", "PluginRow", "boot_host", "load_composition", "structure_config"]
@@ -51,6 +51,10 @@ class PluginRow:
     string, ``config`` a table, ``disabled`` a boolean (``disabled = "no"`` must not disable
     a plugin); otherwise ``PLUGIN_CONFIG``."""
 
+    __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
+
     plugin: str = attrs.field(validator=_check_row_field)
     config: Mapping[str, Any] = attrs.field(factory=dict, validator=_check_row_field)
     disabled: bool = attrs.field(default=False, validator=_check_row_field)
@@ -72,6 +76,11 @@ def structure_config(spec: PluginSpec, raw: object, *, row: int | None = None) -
                 f"{where} takes no config, got keys {sorted(raw)}", code="PLUGIN_CONFIG"
             )
         return None
+    if not raw and _all_defaulted(spec.config_type):
+        try:  # what the converter would build, without generating its structure function
+            return spec.config_type()
+        except Exception:  # pragma: no cover - a validator refused a default: let it report
+            pass
     try:
         return config_converter.structure(dict(raw), spec.config_type)
     except cattrs.ClassValidationError as exc:
@@ -79,6 +88,24 @@ def structure_config(spec: PluginSpec, raw: object, *, row: int | None = None) -
         raise PluginError(f"{where} config: {problems}", code="PLUGIN_CONFIG") from exc
     except (TypeError, ValueError, KeyError) as exc:
         raise PluginError(f"{where} config: {exc}", code="PLUGIN_CONFIG") from exc
+
+
+#: Config classes every ``__init__`` field of which has a default, and those not so.
+_defaulted: dict[type, bool] = {}
+
+
+def _all_defaulted(cls: type) -> bool:
+    """Whether the config converter structures an empty table into ``cls`` as ``cls()``: an
+    attrs class whose every ``__init__`` field has a default (nothing to read from the table,
+    no key to refuse; the converter would call ``cls()`` with no argument). The mounts of a
+    start read empty tables mostly, and generating each class's structure function is most
+    of what checking them costs (PERF-14)."""
+    known = _defaulted.get(cls)
+    if known is None:
+        known = _defaulted[cls] = attrs.has(cls) and all(
+            f.default is not attrs.NOTHING for f in attrs.fields(cls) if f.init
+        )
+    return known
 
 
 def _problems(group: BaseExceptionGroup[Exception], path: tuple[str, ...]) -> list[str]:
@@ -110,6 +137,8 @@ def _problems(group: BaseExceptionGroup[Exception], path: tuple[str, ...]) -> li
 
 def load_composition(path: str | Path) -> list[PluginRow]:
     """Read ``[[plugins]]`` rows (``plugin``, ``config``, ``disabled``) from a TOML file."""
+    import tomllib  # only when a file is read: a start reads none (PERF-10)
+
     p = Path(path)
     try:
         data = tomllib.loads(p.read_text(encoding="utf-8"))

@@ -24,6 +24,7 @@ import attrs
 
 from ._abort import AbortController, AbortSignal
 from ._errors import DshError
+from ._frozen import attrs_eq, attrs_hash, attrs_repr
 from ._tools import ToolDefinition, ToolError, ToolRunContext
 from ._words import shown_id
 
@@ -53,6 +54,10 @@ class JobError(DshError):
 @attrs.frozen(kw_only=True)
 class JobSettlement:
     """How a producer ended: its status, final output text, and failure detail."""
+
+    __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     status: Literal["completed", "failed", "killed"]
     output: str = ""

@@ -34,7 +34,7 @@ from ._content import (
 )
 from ._errors import DshError
 from ._events import ToolSchema
-from ._frozen import builder, speed_up_inits
+from ._frozen import attrs_eq, attrs_hash, attrs_repr, builder, speed_up_inits
 
 if TYPE_CHECKING:
     from ._context import Context
@@ -62,6 +62,10 @@ class GenerateOptions:
     ``messages`` is any immutable sequence: the loop passes its session's
     ``derive_messages()``, a view of the history that costs O(1) to take (not a copy).
     """
+
+    __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     provider: str
     model: str

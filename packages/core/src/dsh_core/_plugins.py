@@ -9,18 +9,24 @@ entry point and error (a host that discovers again does not repeat it).
 
 from __future__ import annotations
 
-import importlib.metadata as md
 import logging
 import os
 import re
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import attrs
 import pluggy
 
 from . import hookspecs
+from ._entry_points import entry_points as _installed
 from ._errors import DshError
+from ._frozen import attrs_eq, attrs_hash, attrs_repr
+
+if TYPE_CHECKING:
+    import importlib.metadata as md
+
+    from ._entry_points import EntryPoint, PathDistribution
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -61,6 +67,10 @@ class PluginSpec:
     attrs class the row's config is structured into (``None``: the plugin takes no config).
     """
 
+    __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
+
     name: str
     apply: Callable[[Any, Any], Awaitable[None] | None]
     requires: tuple[str, ...] = ()
@@ -74,6 +84,10 @@ class PluginSpec:
 class DiscoveredPlugin:
     """An entry point that loaded: its name, distribution, version and mountable plugins."""
 
+    __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
+
     name: str
     value: str
     distribution: str | None
@@ -84,6 +98,10 @@ class DiscoveredPlugin:
 @attrs.frozen(kw_only=True)
 class PluginLoadFailure:
     """An entry point that did not load; ``message`` names the error, the others stay loaded."""
+
+    __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     name: str
     value: str | None
@@ -102,7 +120,7 @@ def _normalize(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def _dist_of(ep: md.EntryPoint) -> tuple[str | None, str | None]:
+def _dist_of(ep: md.EntryPoint | EntryPoint) -> tuple[str | None, str | None]:
     dist = getattr(ep, "dist", None)
     if dist is None:
         return None, None
@@ -114,7 +132,7 @@ def _dist_of(ep: md.EntryPoint) -> tuple[str | None, str | None]:
     return meta.get("Name"), meta.get("Version")
 
 
-def _name_version(dist: md.Distribution) -> tuple[str, str] | None:
+def _name_version(dist: md.Distribution | PathDistribution) -> tuple[str, str] | None:
     """``Name`` and ``Version`` from the head of the distribution's metadata file, read as
     the plain ``Key: value`` lines it starts with; ``None`` when they are not both there
     plainly (the caller then parses it whole). Discovery needs only these two, and parsing
@@ -166,9 +184,7 @@ class DshPluginManager(pluggy.PluginManager):
         ``only`` restricts loading to entry points whose name or distribution name is listed;
         a listed name that matches nothing is recorded as a failure, so a typo is loud.
         """
-        eps = list(
-            md.entry_points(group=ENTRY_POINT_GROUP) if entry_points is None else entry_points
-        )
+        eps = list(_installed(ENTRY_POINT_GROUP) if entry_points is None else entry_points)
         wanted = None if only is None else {_normalize(n): n for n in only}
         matched: set[str] = set()
         for ep in eps:
@@ -194,7 +210,9 @@ class DshPluginManager(pluggy.PluginManager):
                     )
                 )
 
-    def _load_one(self, ep: md.EntryPoint, dist_name: str | None, version: str | None) -> None:
+    def _load_one(
+        self, ep: md.EntryPoint | EntryPoint, dist_name: str | None, version: str | None
+    ) -> None:
         def fail(exc: BaseException, stage: str) -> None:
             self._fail(
                 PluginLoadFailure(

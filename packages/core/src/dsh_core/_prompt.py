@@ -19,7 +19,7 @@ import attrs
 from ._abort import AbortSignal
 from ._context import ScopedCache, nearest_scope
 from ._errors import DshError
-from ._frozen import builder, speed_up_inits
+from ._frozen import attrs_eq, attrs_hash, attrs_repr, builder, speed_up_inits
 
 if TYPE_CHECKING:
     from ._agent import Agent
@@ -49,6 +49,10 @@ class PromptError(DshError):
 class AssembleContext:
     """For whom the prompt is being assembled."""
 
+    __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
+
     scope: Scope | None = None
     signal: AbortSignal | None = attrs.field(default=None, eq=False)
     agent: Agent | None = attrs.field(default=None, eq=False)
@@ -61,6 +65,10 @@ TextSource = str | Callable[[AssembleContext], str]
 class PromptSection:
     """A piece of the system text. ``text`` may be computed per assembly."""
 
+    __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
+
     name: str
     order: float
     text: TextSource = attrs.field(eq=False)
@@ -70,6 +78,10 @@ class PromptSection:
 class PromptContext:
     """A runtime-context statement; changed contexts reach the model as a user message."""
 
+    __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
+
     name: str
     order: float
     text: TextSource = attrs.field(eq=False)
@@ -78,6 +90,10 @@ class PromptContext:
 @attrs.frozen(kw_only=True)
 class PromptAssembly:
     """One assembly: the rendered system text, its sections, and the joined contexts."""
+
+    __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     system: str
     sections: tuple[tuple[str, str], ...]
@@ -113,6 +129,7 @@ def render_prompt(template: str, variables: Mapping[str, str | None]) -> str:
 
 @attrs.define(eq=False)
 class _Item:
+    __repr__ = attrs_repr
     value: PromptSection | PromptContext
     index: int
 

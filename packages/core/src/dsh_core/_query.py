@@ -20,6 +20,7 @@ import attrs
 from ._abort import AbortedError, AbortSignal
 from ._errors import DshError
 from ._events import SessionError, SessionEvent, SessionHeader
+from ._frozen import attrs_eq, attrs_hash, attrs_repr
 from ._log_checker import LogInvariantError, SessionLogChecker
 from ._persistence import DamagedSession, StoredScan, kept_until
 from ._words import reason_text, shown_id
@@ -57,6 +58,10 @@ class SessionQueryError(DshError):
 class SessionRecord:
     """One session of the corpus: its header, whether it is live here, whether it is stored."""
 
+    __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
+
     header: SessionHeader
     live: bool
     persisted: bool
@@ -74,6 +79,10 @@ class SessionRecord:
 class SessionLineageNode:
     """A descendant and its own descendants (oldest first)."""
 
+    __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
+
     session: SessionRecord
     descendants: tuple[SessionLineageNode, ...] = ()
 
@@ -87,6 +96,10 @@ class SessionLineageTrace:
     corpus does not hold and ``root`` is ``None``. ``damaged`` lists the stored entries left
     out of the corpus because their header cannot be read (their lineage is unknown).
     """
+
+    __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     target: SessionRecord
     ancestors: tuple[SessionRecord, ...]
@@ -105,6 +118,10 @@ class SessionScan:
     """``scan_sessions``: one session's header and its events of the asked types, oldest
     first (from the live log, or read from the store)."""
 
+    __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
+
     header: SessionHeader
     events: tuple[SessionEvent, ...]
 
@@ -113,6 +130,10 @@ class SessionScan:
 class SessionQueryListing:
     """``listing()``: every record of the corpus (newest first) and, by id, the stored entries
     left out of it because their header cannot be read."""
+
+    __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     records: tuple[SessionRecord, ...]
     damaged: tuple[DamagedSession, ...] = ()

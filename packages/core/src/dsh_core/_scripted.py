@@ -11,7 +11,6 @@ import asyncio
 import inspect
 import json
 import re
-import tomllib
 from collections.abc import (
     AsyncIterator,
     Awaitable,
@@ -47,7 +46,7 @@ from ._content import (
 )
 from ._errors import DshError
 from ._events import ToolSchema
-from ._frozen import builder, speed_up_inits
+from ._frozen import attrs_eq, attrs_hash, attrs_repr, builder, speed_up_inits
 from ._json import dumps
 from ._llm import GenerateOptions
 
@@ -70,6 +69,10 @@ class ScriptError(DshError, ValueError):
 class ScriptedToolCall:
     """A tool call the model makes; ``arguments`` is an object or raw JSON text."""
 
+    __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
+
     name: str
     arguments: Any = attrs.field(factory=dict)
     id: str | None = None
@@ -88,6 +91,10 @@ class ScriptedReply:
     awaited after the text and before the finish, racing the request's abort signal.
     ``chunks`` replaces everything with an exact chunk list.
     """
+
+    __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     text: str | None = None
     reasoning: str | None = None
@@ -110,6 +117,10 @@ class ScriptedRequest:
     :attr:`ScriptedAdapter.requests` records. ``options`` is the raw :class:`GenerateOptions`;
     its fields read through (``model``, ``tools``, ``max_tokens``, ...), and ``system`` is
     ``''`` rather than ``None`` when there is none."""
+
+    __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     options: GenerateOptions
     index: int
@@ -287,6 +298,8 @@ class ScriptedAdapter:
         ``{{last_tool_result}}`` and ``{{NAME}}`` (a named group the rule's regexes captured)
         are replaced by the request's values (docs/scripted-model.md).
         """
+        import tomllib  # only when a file is read: a start reads none (PERF-10)
+
         p = Path(path)
         try:
             text = p.read_text(encoding="utf-8")

@@ -32,7 +32,7 @@ from ._events import (
     SessionHeader,
     SessionMeta,
 )
-from ._frozen import open_twin
+from ._frozen import attrs_eq, attrs_hash, attrs_repr, open_twin
 from ._json import MAX_NESTING
 from ._log_checker import LogInvariantError, check_balanced
 
@@ -558,6 +558,9 @@ class Session:
 
 @attrs.frozen
 class _Entry:
+    __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
     session: Session
     owner: Context
 

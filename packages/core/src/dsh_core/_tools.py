@@ -16,7 +16,6 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import attrs
-import fastjsonschema
 
 from ._abort import AbortSignal
 from ._codec import Unfit, class_checker
@@ -24,7 +23,7 @@ from ._content import ContentBlock, Message, TextBlock, ToolResultBlock, ToolSou
 from ._context import ScopedCache, nearest_scope
 from ._errors import DshError
 from ._events import ToolSchema
-from ._frozen import builder, speed_up_inits
+from ._frozen import attrs_eq, attrs_hash, attrs_repr, builder, speed_up_inits
 from ._json import MAX_NESTING, JsonValue, NotJsonError, dumps, freeze_json, thaw_json
 from ._words import (
     NAME_LIMIT,
@@ -68,6 +67,10 @@ class ToolError(DshError):
 class ToolFailure:
     """Why a call failed: a message for the model and a stable code."""
 
+    __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
+
     message: str
     code: str
 
@@ -75,6 +78,10 @@ class ToolFailure:
 @attrs.frozen(kw_only=True)
 class ToolOutput:
     """How a tool's value is checked (JSON Schema) and shown to the model (``render``)."""
+
+    __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     schema: Mapping[str, JsonValue] | None = None
     render: Callable[[Any, ToolRunContext], tuple[ContentBlock, ...]] | None = attrs.field(
@@ -93,6 +100,10 @@ class ToolDefinition:
     the other tools visible there (e.g. ``job_output`` only beside a tool that starts jobs); it
     is evaluated once per change, with the scope's cached visibility, never per call.
     """
+
+    __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     name: str
     description: str
@@ -117,6 +128,10 @@ class ToolDefinition:
 class ToolRestriction:
     """Hide inherited tools from one scope: keep only ``allow``, and/or drop ``deny``."""
 
+    __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
+
     allow: tuple[str, ...] | None = None
     deny: tuple[str, ...] | None = None
 
@@ -124,6 +139,10 @@ class ToolRestriction:
 @attrs.frozen(kw_only=True)
 class ToolExecutionInput:
     """One call to execute. ``arguments`` is the model's raw JSON text or a parsed value."""
+
+    __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     call_id: str
     name: str
@@ -136,6 +155,10 @@ class ToolExecutionInput:
 @attrs.frozen(kw_only=True)
 class ToolExecutionResult:
     """A call's outcome: ``error`` is ``None`` on success. ``content`` is what the model sees."""
+
+    __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     value: Any = None
     content: tuple[ContentBlock, ...] = ()
@@ -238,7 +261,16 @@ VALIDATOR_CACHE_SIZE = 256
 
 @functools.lru_cache(maxsize=VALIDATOR_CACHE_SIZE)
 def _compiled(key: str) -> Callable[[Any], Any]:
+    import fastjsonschema  # on first use: a run's start needs no validator (PERF-11)
+
     return fastjsonschema.compile(json.loads(key))
+
+
+def _schema_exception() -> type[Exception]:
+    """fastjsonschema's base exception (every validator raises it: imported by then)."""
+    import fastjsonschema
+
+    return fastjsonschema.JsonSchemaException
 
 
 def compile_schema(schema: Mapping[str, JsonValue]) -> Callable[[Any], Any]:
@@ -253,10 +285,37 @@ def compile_schema(schema: Mapping[str, JsonValue]) -> Callable[[Any], Any]:
 
 @attrs.define(eq=False)
 class _Entry:
+    __repr__ = attrs_repr
     definition: ToolDefinition
     validate: Callable[[Any], Any]
     validate_output: Callable[[Any], Any] | None
     schema: ToolSchema
+
+
+def _no_validator(value: Any) -> Any:  # pragma: no cover - replaced at once
+    raise AssertionError("the validator is set right after the entry is made")
+
+
+class _SchemaUncompilable(Exception):
+    """A tool's schema that fastjsonschema cannot compile, met at its first validation."""
+
+
+def _on_first_use(entry: _Entry, field: str, schema: Mapping[str, JsonValue]) -> None:
+    """Set ``entry.<field>`` to a validator that compiles ``schema`` when first called and
+    then puts the compiled one in its place (PERF-11): registering a tool compiles nothing,
+    so a host's start pays for no schema its run never validates against (compiling is
+    most of what registering a tool costs). Still compiled once per distinct schema."""
+    key = dumps(schema)
+
+    def validate(value: Any) -> Any:
+        try:
+            compiled = _compiled(key)
+        except Exception as exc:  # definition errors, SyntaxError, RecursionError
+            raise _SchemaUncompilable(f"{type(exc).__name__}: {str(exc)[:200]}") from exc
+        setattr(entry, field, compiled)
+        return compiled(value)
+
+    setattr(entry, field, validate)
 
 
 #: How deep a tool's ``parameters`` may nest: the schema is logged inside every
@@ -405,12 +464,10 @@ class ToolRegistry:
             )
         schema = definition.schema
         _check_loggable(schema)
-        entry = _Entry(
-            definition,
-            compile_schema(definition.parameters),
-            compile_schema(definition.output.schema) if definition.output.schema else None,
-            schema,
-        )
+        entry = _Entry(definition, _no_validator, None, schema)
+        _on_first_use(entry, "validate", definition.parameters)
+        if definition.output.schema:
+            _on_first_use(entry, "validate_output", definition.output.schema)
         layer[definition.name] = entry
         ctx = self._ctx
 
@@ -560,7 +617,9 @@ class ToolRegistry:
             return failure(_not_json_arguments(call.name, raw, exc), "INVALID_ARGS")
         try:
             entry.validate(parsed if isinstance(raw, str) else thaw_json(arguments))
-        except fastjsonschema.JsonSchemaException as exc:
+        except _SchemaUncompilable:
+            return failure(_uncompilable(call.name, "parameters"), "TOOL_SCHEMA_INVALID")
+        except _schema_exception() as exc:
             return failure(_invalid_arguments(call.name, exc), "INVALID_ARGS")
         if call.signal.aborted:
             return failure("tool call aborted before dispatch", "ABORTED_BEFORE_DISPATCH")
@@ -614,7 +673,11 @@ class ToolRegistry:
         if entry.validate_output is not None:
             try:
                 entry.validate_output(thaw_json(frozen))
-            except fastjsonschema.JsonSchemaException as exc:
+            except _SchemaUncompilable:
+                return failure(
+                    _uncompilable(entry.definition.name, "output"), "TOOL_SCHEMA_INVALID"
+                )
+            except _schema_exception() as exc:
                 return failure(
                     f"tool output is invalid: {schema_error_text(exc, 'the value')}",
                     "INVALID_TOOL_OUTPUT",
@@ -641,6 +704,15 @@ class ToolRegistry:
 #: log holds it by construction, so the agent loop need not check it again (hardening 11.1).
 #: One slot: only the latest such result is known; a listener's replacement is checked.
 plain_result: ToolExecutionResult | None = None
+
+
+def _uncompilable(tool: str, which: str) -> str:
+    """The model's text for a tool whose ``which`` schema the validator cannot compile (found
+    at its first use, PERF-11): the tool cannot be used as registered."""
+    return (
+        f"tool {quote_name(tool)} cannot be used: the validator cannot compile its {which} "
+        "schema. Do not call it again; report the problem."
+    )
 
 
 def _invalid_arguments(tool: str, exc: Exception) -> str:

@@ -32,7 +32,7 @@ import attrs
 from ._agent import DEFAULT_MAX_STEPS, AgentRegistryService
 from ._context import Context
 from ._events import CORE_EVENT_TYPES, EventTypeSpec
-from ._invariants import install_core_invariants
+from ._frozen import attrs_eq, attrs_hash, attrs_repr
 from ._jobs import DEFAULT_CAP, install_jobs
 from ._llm import LlmRuntimeService
 from ._plugins import PluginSpec, hookimpl
@@ -75,6 +75,10 @@ class MemoryPersistenceConfig:
     (``retain_disposed``; unset keeps every log for the life of the process). The oldest
     disposed log is dropped first; a log in use is never dropped."""
 
+    __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
+
     retain_disposed: int | None = attrs.field(default=None, validator=_retain)
 
 
@@ -84,6 +88,10 @@ class JsonlPersistenceConfig:
     wrote is synced (``sync``: ``"always"`` before the checkpoint returns, ``"batch"`` by a
     group commit within about 20 ms, ``"detach"``: checkpoints write nothing, lines reach
     the file at a flush or the session's disposal)."""
+
+    __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     root: str | None = None
     sync: str = attrs.field(default="batch", validator=_sync_mode)
@@ -101,6 +109,10 @@ class ScriptedModelConfig:
     Without ``script`` it echoes the latest user message. ``provider`` must not be empty.
     """
 
+    __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
+
     provider: str = attrs.field(default="scripted", validator=_non_empty)
     script: str | None = None
 
@@ -108,6 +120,10 @@ class ScriptedModelConfig:
 @attrs.frozen(kw_only=True)
 class SystemPromptConfig:
     """``system-prompt``: the deployment persona (empty: no persona section)."""
+
+    __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     persona: str = ""
 
@@ -125,6 +141,10 @@ def _positive_key(instance: object, attribute: attrs.Attribute[int], value: int)
 class JobsConfig:
     """``jobs``: unfinished jobs allowed per owner (at least 1)."""
 
+    __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
+
     cap: int = attrs.field(default=DEFAULT_CAP, validator=_at_least_one)
 
 
@@ -132,6 +152,10 @@ class JobsConfig:
 class AgentsConfig:
     """``agents``: the step limit of a turn (model requests, at least 1) for every agent whose
     own ``AgentOptions.max_steps`` is unset."""
+
+    __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     max_steps: int = attrs.field(default=DEFAULT_MAX_STEPS, validator=_positive_key)
 
@@ -205,6 +229,8 @@ def _jobs(ctx: Context, config: JobsConfig) -> None:
 
 
 def _invariants(ctx: Context, _: None) -> None:
+    from ._invariants import install_core_invariants  # test-only: imported when mounted
+
     install_core_invariants(ctx)
 
 

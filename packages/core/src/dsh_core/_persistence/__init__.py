@@ -26,10 +26,11 @@ log), ``_listing`` (headers and damaged entries of the folder) and ``_jsonl`` (h
 writing files: the store itself).
 """
 
+from typing import TYPE_CHECKING, Any
+
 from ._decode import _COLLECTOR_PAUSED, HEADER_LINE_LIMIT
 from ._files import _read_all, default_sessions_dir
 from ._jsonl import SYNC_MODES, JsonlSessionPersistence, SyncMode, install_jsonl_persistence
-from ._memory import MemorySessionPersistence, install_memory_persistence
 from ._repair import repair_closers
 from ._store import (
     DamagedSession,
@@ -39,6 +40,9 @@ from ._store import (
     StoredScan,
     kept_until,
 )
+
+if TYPE_CHECKING:
+    from ._memory import MemorySessionPersistence, install_memory_persistence
 
 __all__ = [
     "HEADER_LINE_LIMIT",
@@ -59,3 +63,12 @@ __all__ = [
     "kept_until",
     "repair_closers",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # The in-memory backend on first use: a host on the JSONL store never needs it (PERF-19).
+    if name in ("MemorySessionPersistence", "install_memory_persistence"):
+        from . import _memory
+
+        return getattr(_memory, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

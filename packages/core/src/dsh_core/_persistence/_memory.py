@@ -14,6 +14,7 @@ from .._events import (
     SessionEvent,
     SessionHeader,
 )
+from .._frozen import attrs_repr
 from ._common import _not_found
 from ._store import SessionPersistence, StoredScan, _Handle
 
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
 
 @attrs.define(eq=False)
 class _MemoryLog:
+    __repr__ = attrs_repr
     header: SessionHeader
     events: list[SessionEvent]
 

@@ -19,6 +19,7 @@ from .._events import (
     TurnEndData,
     TurnEndReason,
 )
+from .._frozen import attrs_repr
 from .._json import NotJsonError
 from .._log_checker import LogInvariantError, SessionLogChecker
 from .._sessions import now_ms
@@ -29,6 +30,8 @@ from .._sessions import now_ms
 @attrs.define(eq=False)
 class _Scan:
     """What a replay of a log leaves open (for repair)."""
+
+    __repr__ = attrs_repr
 
     checker: SessionLogChecker
     announced: dict[str, tuple[str, int]]  # call id -> (tool name, assistant/message seq)

@@ -21,6 +21,7 @@ from .._events import (
     SessionEvent,
     SessionHeader,
 )
+from .._frozen import attrs_eq, attrs_hash, attrs_repr
 from .._log_checker import LogInvariantError
 from .._sessions import FoldedSeed, LogFold, Session, check_session_id, fold_log
 from ._common import T, _check, _deliver, _log, _settle, _stored_anyway, _succeeded, _Unwritten
@@ -49,6 +50,10 @@ class DamagedSession:
     ``SESSION_IO``); ``message`` says what is wrong and names the file.
     """
 
+    __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
+
     id: str
     code: str
     message: str
@@ -58,6 +63,10 @@ class DamagedSession:
 class SessionListing:
     """What ``listing()`` found: the readable headers (oldest first) and, by id, the entries
     that are damaged. One damaged entry never hides the others."""
+
+    __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     headers: tuple[SessionHeader, ...]
     damaged: tuple[DamagedSession, ...] = ()
@@ -72,6 +81,10 @@ class StoredScan:
     """What :meth:`SessionPersistence.scan` read of one stored log: its header, the events of
     the asked types (oldest first), and the log's ``stamp`` taken before the read (``None``
     if the backend cannot tell)."""
+
+    __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     header: SessionHeader
     events: tuple[SessionEvent, ...]
@@ -94,6 +107,9 @@ class _Handle:
 
 @attrs.frozen(kw_only=True)
 class _Loaded:
+    __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
     header: SessionHeader
     events: list[SessionEvent]  # the stored events, then the repair closers
     closers: list[SessionEvent] = attrs.field(factory=list)
@@ -182,6 +198,7 @@ class _Tracked:
 
 @attrs.define(eq=False)
 class _Prepared:
+    __repr__ = attrs_repr
     session: Session
     handle: _Handle
     stored: int

@@ -12,7 +12,7 @@ import os
 
 import attrs
 
-from dsh_core import PluginError
+from dsh_core import PluginError, attrs_eq, attrs_hash, attrs_repr
 
 __all__ = ["MAX_POOL", "MAX_TIMER_DELAY_MS", "AcpConfig", "check_config", "resolve_config_cwd"]
 
@@ -34,6 +34,10 @@ class AcpConfig:
     stay idle before it is released (ACPC-15). ``pool``: how many agent processes are kept
     started and initialized ahead of need (ACPC-30; 0, the default, keeps none).
     """
+
+    __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     command: str  # no default: a composition without it cannot mount the plugin
     provider_name: str = "acp"

@@ -7,7 +7,7 @@ import os
 
 import attrs
 
-from dsh_core import AbortedError, Agent, TextBlock
+from dsh_core import AbortedError, Agent, TextBlock, attrs_eq, attrs_hash, attrs_repr
 from dsh_subagent import (
     NO_START_CAPABILITIES,
     ContinuableCreateRequest,
@@ -37,6 +37,10 @@ class AcpProvider:
     ``cwd`` is the configured working directory, already resolved and checked at load
     (ACP-4); ``None`` means the parent session's own.
     """
+
+    __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     config: AcpConfig
     cwd: str | None = None

@@ -14,15 +14,18 @@ import os
 from dsh_core import Context, PluginSpec, hookimpl
 
 from ._config import AcpConfig, check_config
-from ._continuable import AcpSessions
-from ._pool import AcpPool
-from ._process import child_environment
-from ._provider import AcpProvider
 
 __all__ = ["dsh_plugins"]
 
 
 def _apply(ctx: Context, config: AcpConfig) -> None:
+    # The provider's machinery is imported when a row mounts it, not when the plugin loads:
+    # a host that discovers plugins without mounting this one never needs it (PERF-17).
+    from ._continuable import AcpSessions
+    from ._pool import AcpPool
+    from ._process import child_environment
+    from ._provider import AcpProvider
+
     cwd = check_config(config)
     env = child_environment(config.env, passed=config.pass_env)
     pool = None

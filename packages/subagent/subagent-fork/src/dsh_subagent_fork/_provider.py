@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import attrs
 
+from dsh_core import attrs_eq, attrs_hash, attrs_repr
 from dsh_subagent import (
     ContinuableCreateRequest,
     ContinuableCreateSpec,
@@ -26,6 +27,10 @@ __all__ = ["ForkProvider"]
 @attrs.frozen(kw_only=True)
 class ForkProvider:
     """Subagent provider ``fork`` (in-process; every start-time capability)."""
+
+    __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     name: str = "fork"
     capabilities: SubagentCapabilities = IN_PROCESS_CAPABILITIES

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import attrs
 
-from dsh_core import Context, PluginSpec, hookimpl
+from dsh_core import Context, PluginSpec, attrs_eq, attrs_hash, attrs_repr, hookimpl
 
 from ._provider import ForkProvider
 
@@ -18,6 +18,10 @@ __all__ = ["ForkConfig", "dsh_plugins"]
 @attrs.frozen(kw_only=True)
 class ForkConfig:
     """Config of ``subagent-fork``."""
+
+    __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     provider_name: str = "fork"
 

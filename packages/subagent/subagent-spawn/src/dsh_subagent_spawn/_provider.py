@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import attrs
 
+from dsh_core import attrs_eq, attrs_hash, attrs_repr
 from dsh_subagent import (
     ContinuableCreateRequest,
     ContinuableCreateSpec,
@@ -19,6 +20,10 @@ __all__ = ["SpawnProvider"]
 @attrs.frozen(kw_only=True)
 class SpawnProvider:
     """Subagent provider ``spawn`` (in-process; every start-time capability)."""
+
+    __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     name: str = "spawn"
     capabilities: SubagentCapabilities = IN_PROCESS_CAPABILITIES

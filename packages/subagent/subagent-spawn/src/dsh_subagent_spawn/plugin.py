@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import attrs
 
-from dsh_core import Context, PluginSpec, hookimpl
+from dsh_core import Context, PluginSpec, attrs_eq, attrs_hash, attrs_repr, hookimpl
 
 from ._provider import SpawnProvider
 
@@ -18,6 +18,10 @@ __all__ = ["SpawnConfig", "dsh_plugins"]
 @attrs.frozen(kw_only=True)
 class SpawnConfig:
     """Config of ``subagent-spawn``."""
+
+    __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     provider_name: str = "spawn"
 

@@ -15,7 +15,7 @@ from typing import Any, Literal, TypeAlias
 
 import attrs
 
-from dsh_core import EventTypeSpec, SessionEvent, ToolRestriction
+from dsh_core import EventTypeSpec, SessionEvent, ToolRestriction, attrs_eq, attrs_hash, attrs_repr
 
 from ._errors import DescriptorError
 
@@ -45,6 +45,10 @@ DESCRIPTOR_EVENT_TYPE = EventTypeSpec(name=DESCRIPTOR_EVENT, ignorable=True)
 class OneShotDescriptor:
     """Identity of a one-shot child."""
 
+    __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
+
     provider: str
     label: str | None = None
 
@@ -62,6 +66,10 @@ class OneShotDescriptor:
 @attrs.frozen(kw_only=True)
 class ContinuableDescriptor:
     """Identity of a continuable child, with what cold resume reapplies."""
+
+    __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     provider: str
     label: str
@@ -213,6 +221,10 @@ def parse_descriptor(payload: object) -> SubagentDescriptorData | None:
 @attrs.frozen(kw_only=True)
 class DescriptorFold:
     """What a log's own suffix says about its identity."""
+
+    __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     status: Literal["none", "ok", "unsupported"]
     descriptor: SubagentDescriptorData | None = None

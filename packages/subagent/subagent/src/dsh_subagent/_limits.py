@@ -26,7 +26,7 @@ from typing import Any
 
 import attrs
 
-from dsh_core import check_positive_int
+from dsh_core import attrs_eq, attrs_hash, attrs_repr, check_positive_int
 
 from ._depth import MAX_SAFE_INTEGER
 from ._errors import SubagentError
@@ -70,6 +70,10 @@ def _check_cap(instance: object, attribute: attrs.Attribute[Any], value: int) ->
 @attrs.frozen(kw_only=True)
 class SubagentConfig:
     """Config of the ``subagent`` plugin row."""
+
+    __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     #: Subagents allowed to run at once in one run tree (ROB-60).
     max_running_children_per_tree: int = attrs.field(

@@ -20,6 +20,9 @@ from dsh_core import (
     NotJsonError,
     SessionEvent,
     SharedDisposal,
+    attrs_eq,
+    attrs_hash,
+    attrs_repr,
     freeze_json,
 )
 
@@ -74,6 +77,10 @@ class SubagentCapabilities:
     Each flag matches one request field; ``depth_limit`` matches ``max_depth``.
     """
 
+    __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
+
     output_schema: bool = False
     depth_limit: bool = False
     tool_filter: bool = False
@@ -103,6 +110,10 @@ class SubagentStartRequest:
     need the matching provider capability, or the start is refused (SVC-5).
     """
 
+    __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
+
     prompt: tuple[ContentBlock, ...]
     parent: Agent = attrs.field(eq=False)
     signal: AbortSignal = attrs.field(eq=False, factory=AbortSignal)
@@ -118,6 +129,10 @@ class SubagentStartRequest:
 class ResolvedSubagentStartRequest(SubagentStartRequest):
     """The provider-facing request: the caller's fields plus the resolved descriptor (SVC-7)."""
 
+    __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
+
     descriptor: SubagentDescriptorData
 
 
@@ -130,6 +145,10 @@ class SubagentResult:
     ``output`` may be partial. ``diagnostic`` is safe provider text (at most 4096 UTF-8 bytes),
     kept apart from ``output``.
     """
+
+    __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     output: tuple[ContentBlock, ...]
     stop_reason: SubagentStopReason
@@ -314,6 +333,10 @@ class ContinuableCreateRequest:
     """What the continuation manager asks a provider while creating a continuable child's
     FIRST activation: only what distinguishes a fresh child from a seeded one."""
 
+    __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
+
     session_id: str
     parent: Agent = attrs.field(eq=False)
     signal: AbortSignal = attrs.field(eq=False, factory=AbortSignal)
@@ -330,6 +353,10 @@ class ContinuableCreateSpec:
     route is kept in the child's durable descriptor, so a cold resume takes it too.
     """
 
+    __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
+
     seed: tuple[SessionEvent, ...] | None = None
     agent_provider: str | None = None
     agent_model: str | None = None
@@ -338,6 +365,10 @@ class ContinuableCreateSpec:
 @attrs.frozen(kw_only=True)
 class ContinuableStartSpec:
     """``start_continuable``: a provider, the durable label, and the child's request."""
+
+    __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     provider: str
     label: str
@@ -355,6 +386,10 @@ class ContinuableStartSpec:
 class ContinuableStart:
     """Identities returned once a continuable child accepted its initial prompt."""
 
+    __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
+
     child_id: str
     message_id: str
 
@@ -366,6 +401,10 @@ class ContinuableStart:
 class CoordinatorMessageSource(MessageSource):
     """A model coordinator's follow-up to one of its children (attribution, not authority)."""
 
+    __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
+
     kind: Literal["coordinator"] = attrs.field(default="coordinator", init=False)
     sender_session_id: str
     form: Literal["relay"] = "relay"
@@ -375,6 +414,10 @@ class CoordinatorMessageSource(MessageSource):
 class SubagentReportMessageSource(MessageSource):
     """A continuable child's explicit report to its direct parent."""
 
+    __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
+
     kind: Literal["subagent-report"] = attrs.field(default="subagent-report", init=False)
     sender_session_id: str
     form: Literal["relay"] = "relay"
@@ -383,6 +426,10 @@ class SubagentReportMessageSource(MessageSource):
 @attrs.frozen(kw_only=True)
 class SubagentSettledMessageSource(MessageSource):
     """The runtime's notice that a background child settled."""
+
+    __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     kind: Literal["subagent-settled"] = attrs.field(default="subagent-settled", init=False)
     sender_session_id: str
@@ -397,6 +444,10 @@ SubagentReportDelivery = Literal["quiet", "wakeup", "next-step"]
 class SubagentFollowupOptions:
     """Options for following up with one continuable child."""
 
+    __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
+
     source: MessageSource
     signal: AbortSignal = attrs.field(eq=False, factory=AbortSignal)
 
@@ -407,6 +458,10 @@ class SubagentReportOptions:
     ``next-step`` (steer, the default), ``quiet`` (inject, no wake) or ``wakeup`` (a new
     parent turn)."""
 
+    __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
+
     delivery: SubagentReportDelivery = "next-step"
     signal: AbortSignal = attrs.field(eq=False, factory=AbortSignal)
 
@@ -415,6 +470,10 @@ class SubagentReportOptions:
 class UserInterruptAuthority:
     """A person interrupting a child of ``parent_session_id``."""
 
+    __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
+
     parent_session_id: str
     kind: Literal["user"] = "user"
 
@@ -422,6 +481,10 @@ class UserInterruptAuthority:
 @attrs.frozen(kw_only=True)
 class AncestorInterruptAuthority:
     """A live ancestor agent interrupting one of its descendants."""
+
+    __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     agent: Agent = attrs.field(eq=False)
     kind: Literal["ancestor"] = "ancestor"
@@ -437,6 +500,10 @@ SubagentInterruptAuthority: TypeAlias = "UserInterruptAuthority | AncestorInterr
 class SubagentRunInfo:
     """``subagent/start``: a run (or a continuable residency epoch) began."""
 
+    __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
+
     run_id: str
     provider: str
     id: str
@@ -447,6 +514,10 @@ class SubagentRunInfo:
 class SubagentRunEndInfo:
     """``subagent/end``: the run began as ``run_id`` ended (``last_assistant_message`` is
     omitted when there was no output)."""
+
+    __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     run_id: str
     provider: str
@@ -461,6 +532,10 @@ class SubagentChildEntry:
     """A listed child with a valid descriptor. ``label`` is always present when continuable;
     ``has_children``: some direct descendant's header says ``origin: subagent`` (LIST-3)."""
 
+    __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
+
     id: str
     mode: Literal["one-shot", "continuable"]
     activity: Literal["running", "inactive"]
@@ -474,6 +549,10 @@ class SubagentDiagnosticEntry:
     """A child that could not be classified; one broken sibling never hides healthy ones.
     ``has_children`` as on a child entry (its own children may still be listed)."""
 
+    __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
+
     id: str
     reason: Literal["corrupt", "unsupported", "unavailable"]
     has_children: bool = False
@@ -486,6 +565,10 @@ SubagentListEntry: TypeAlias = "SubagentChildEntry | SubagentDiagnosticEntry"
 @attrs.frozen(kw_only=True)
 class SubagentDescendantListEntry:
     """A listing entry with its durable direct parent and depth below the root (children: 1)."""
+
+    __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     entry: SubagentListEntry
     parent_id: str

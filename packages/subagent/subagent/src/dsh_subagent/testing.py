@@ -30,6 +30,9 @@ from dsh_core import (
     Agent,
     Message,
     TextBlock,
+    attrs_eq,
+    attrs_hash,
+    attrs_repr,
     blocks_text,
     check_balanced,
     text_blocks,
@@ -80,6 +83,10 @@ class ContractHost:
     provider (CONT-10). ``followup_output`` is what the child's answer to ``followup_prompt``
     contains.
     """
+
+    __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     host: TestHost
     parent: Agent = attrs.field(eq=False)

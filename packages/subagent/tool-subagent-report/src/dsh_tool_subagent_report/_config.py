@@ -11,6 +11,8 @@ from typing import Any, Literal
 
 import attrs
 
+from dsh_core import attrs_eq, attrs_hash, attrs_repr
+
 __all__ = ["REPORT_DELIVERIES", "ReportConfig", "ReportDelivery", "as_delivery"]
 
 #: How an accepted report is scheduled on the parent (see ``SubagentReportOptions``).
@@ -40,5 +42,9 @@ class ReportConfig:
     reference accepts only ``quiet`` and ``next-step``; we keep ``wakeup`` because the seam
     builds all three (decisions table, "Report delivery").
     """
+
+    __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     report_delivery: str = attrs.field(default="next-step", validator=_check_delivery)

@@ -12,7 +12,7 @@ from typing import Any
 
 import attrs
 
-from dsh_core import AgentOptions, ToolRestriction
+from dsh_core import AgentOptions, ToolRestriction, attrs_eq, attrs_hash, attrs_repr
 from dsh_subagent import MAX_SAFE_INTEGER
 
 __all__ = [
@@ -35,6 +35,10 @@ def _positive(instance: object, attribute: attrs.Attribute[Any], value: int | No
 @attrs.frozen(kw_only=True)
 class AgentOptionsConfig:
     """``agent_options``: the child's model route and limit; only the keys given are set."""
+
+    __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     provider: str | None = None
     model: str | None = None
@@ -62,6 +66,10 @@ def _filter_has_a_key(instance: ToolFilterConfig) -> None:
 @attrs.frozen(kw_only=True)
 class ToolFilterConfig:
     """``tool_filter``: tool names the child keeps (``allow``) and/or drops (``deny``)."""
+
+    __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     allow: tuple[str, ...] | None = None
     deny: tuple[str, ...] | None = None
@@ -105,6 +113,10 @@ def _check_name(instance: object, attribute: attrs.Attribute[Any], value: str) -
 @attrs.frozen(kw_only=True)
 class SubagentToolConfig:
     """Config of ``tool-subagent``: one row binds one provider to one tool name."""
+
+    __repr__ = attrs_repr
+    __eq__ = attrs_eq
+    __hash__ = attrs_hash
 
     provider: str = attrs.field(validator=_check_name)  # required: no default
     tool_name: str = attrs.field(default="subagent", validator=_check_name)
