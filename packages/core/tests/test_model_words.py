@@ -184,12 +184,23 @@ def test_missing_and_unknown_fields_are_named(
 
 
 @pytest.mark.parametrize(
-    "name", ["a'b", "['x']", "\x00\x01", "\\x41", "é" * 500, "Traceback <class 'x'>", "a\ud800"]
+    "name",
+    [
+        "a'b",
+        "['x']",
+        "\x00\x01",
+        "\\x41",
+        "é" * 500,
+        "Traceback <class 'x'>",
+        "a\ud800",
+        "del\x7f c1\x85\x9f",
+    ],
 )
 async def test_a_hostile_name_is_shown_json_quoted_and_bounded(name: str) -> None:
     """ROB-92: a name the model chose (an unknown tool, an unknown field) is repeated only
     JSON-quoted (control characters and lone surrogates escaped, never repr's \\x) and cut
-    after 64 characters."""
+    after 64 characters. ROB-96: DEL and the C1 controls, which JSON leaves raw, are escaped
+    too."""
     async with scripted_host() as h:
         h.ctx.tools.register(
             ToolDefinition(name="probe", description="p", parameters=SCHEMA, execute=_never)
@@ -203,7 +214,8 @@ async def test_a_hostile_name_is_shown_json_quoted_and_bounded(name: str) -> Non
             )
         )
     shown = json.dumps(name if len(name) <= 64 else name[:64] + "…", ensure_ascii=False)
-    shown = shown.replace("\ud800", "\\ud800")  # a lone surrogate is escaped: valid UTF-8
+    for raw in ("\ud800", "\x7f", "\x85", "\x9f"):  # escaped: valid UTF-8, nothing invisible
+        shown = shown.replace(raw, f"\\u{ord(raw):04x}")
     text = blocks_text(unknown_tool.content)
     assert text == f"Error: unknown tool {shown}; call only the tools you have been given"
     assert repr_markers(text) == []

@@ -37,8 +37,8 @@ _PLAIN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@/+-]{0,63}")
 
 
 def quote_name(name: object, limit: int = NAME_LIMIT) -> str:
-    """``name`` as a JSON string (double quotes; control characters and lone surrogates
-    escaped, ``\\n``, ``\\u0001``, ``\\ud800``), cut to ``limit`` characters with ``…`` when
+    """``name`` as a JSON string (double quotes; control characters, DEL and the C1 controls
+    and lone surrogates escaped, ``\\n``, ``\\u0001``, ``\\u007f``, ``\\ud800``), cut to ``limit`` characters with ``…`` when
     longer. Not a string: its JSON text (bounded alike), or its type in words."""
     if isinstance(name, str):
         text = json.dumps(name if len(name) <= limit else name[:limit] + "…", ensure_ascii=False)
@@ -48,12 +48,14 @@ def quote_name(name: object, limit: int = NAME_LIMIT) -> str:
         except (TypeError, ValueError):
             return f"a value of type {type(name).__name__}"
         text = text if len(text) <= limit else text[:limit] + "…"
-    return _SURROGATE.sub(_escape, text) if _SURROGATE.search(text) else text
+    return _RAW_UNSAFE.sub(_escape, text) if _RAW_UNSAFE.search(text) else text
 
 
-#: A surrogate code point in a ``str`` is a lone one (a pair is one code point): escaped, so the
-#: text stays valid UTF-8 for every model endpoint.
-_SURROGATE = re.compile("[\ud800-\udfff]")
+#: What ``json.dumps(ensure_ascii=False)`` leaves raw but a reader must not get raw (ROB-96):
+#: DEL and the C1 controls (invisible, some terminals act on them), and surrogates: one in a
+#: ``str`` is a lone one (a pair is one code point), escaped so the text stays valid UTF-8 for
+#: every model endpoint.
+_RAW_UNSAFE = re.compile("[\x7f-\x9f\ud800-\udfff]")
 
 
 def _escape(match: re.Match[str]) -> str:

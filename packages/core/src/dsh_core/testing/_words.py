@@ -26,7 +26,7 @@ REPR_MARKERS = (
     "fastjsonschema",
 )
 _QUOTED = re.compile(r'"(?:[^"\\]|\\.)*"')
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
 
 def repr_markers(text: str) -> list[str]:
