@@ -38,8 +38,9 @@ _PLAIN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@/+-]{0,63}")
 
 def quote_name(name: object, limit: int = NAME_LIMIT) -> str:
     """``name`` as a JSON string (double quotes; control characters, DEL and the C1 controls
-    and lone surrogates escaped, ``\\n``, ``\\u0001``, ``\\u007f``, ``\\ud800``), cut to ``limit`` characters with ``…`` when
-    longer. Not a string: its JSON text (bounded alike), or its type in words."""
+    and lone surrogates escaped, ``\\n``, ``\\u0001``, ``\\u007f``, ``\\ud800``), cut to
+    ``limit`` characters with ``…`` when longer. Not a string: its JSON text (bounded alike),
+    or its type in words."""
     if isinstance(name, str):
         text = json.dumps(name if len(name) <= limit else name[:limit] + "…", ensure_ascii=False)
     else:
