@@ -227,7 +227,7 @@ def test_the_shared_repr_is_the_one_attrs_would_generate() -> None:
     own) reprs exactly as attrs' generated ``__repr__`` does: every field shown, custom field
     reprs, unset fields, a value met again while being shown."""
     classes = _shared_repr_classes()
-    assert len(classes) > 100
+    assert len(classes) > 60  # dsh-core's own alone: about 90; more with the plugins installed
     samples: list[Any] = [1, "two", None, (3, "x"), {"k": [1.5]}, b"\x00"]
     for cls in classes:
         expected = _attrs_generated_repr(cls)
@@ -288,7 +288,7 @@ def test_an_empty_config_is_built_as_the_converter_builds_it() -> None:
         and attrs.has(s.config_type)
         and all(f.default is not attrs.NOTHING for f in attrs.fields(s.config_type) if f.init)
     ]
-    assert len(defaulted) >= 8
+    assert len(defaulted) >= 4  # dsh-core's own alone: 6; more with the plugins installed
     for spec in defaulted:
         built = structure_config(spec, {})
         assert type(built) is spec.config_type
@@ -427,7 +427,7 @@ def test_the_shared_eq_and_hash_behave_as_attrs_own() -> None:
     attrs' generated ``__eq__`` (equal, unequal in any compared field, another class), and
     equal values hash equal; the first call puts the compiled methods in place."""
     classes = _shared_eq_classes()
-    assert len(classes) > 100
+    assert len(classes) > 60  # dsh-core's own alone: about 90; more with the plugins installed
     for cls in classes:
         assert not issubclass(cls, BaseException)
         expected = _attrs_generated_eq(cls)
