@@ -85,7 +85,7 @@ def _in_process(args: list[str], runs: int) -> tuple[float, float]:
 #: The ``sessions`` command alone, without the rest of the command line's imports (dsh-core).
 _ALONE = """
 import argparse, sys
-from dsh_subagents import _sessions
+from dsh_subagents import _sessions_args as _sessions
 parser = argparse.ArgumentParser()
 _sessions.add_parser(parser.add_subparsers())
 args = parser.parse_args(sys.argv[1:])
