@@ -9,6 +9,8 @@ which of the watched modules it imported and from which thread.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import io
 import json
 import os
 import subprocess
@@ -25,7 +27,7 @@ from dsh_core import PluginError, PluginSpec, TokenUsage, make_plugin_manager, s
 from dsh_core._converter import config_converter
 from dsh_core.testing import ScriptedReply, scripted_host
 from dsh_llm_openai.testing import ChatCompletionsServer, text_reply
-from dsh_subagents import _run, _sessions
+from dsh_subagents import _run, _sessions, cli
 
 pytestmark = pytest.mark.slow
 
@@ -306,3 +308,58 @@ def test_the_probe_for_config_free_plugins_decides_as_the_converter() -> None:
     spec = PluginSpec(name="fresh", apply=_ignore, config_type=Fresh)
     assert _run._mounts_without_config(spec) is False
     assert dispatch.cache_info().currsize == before
+
+
+# -- a run's parser -------------------------------------------------------------------------------
+
+_RUN_ARGS = [
+    ["run"],
+    ["run", "-h"],
+    ["run", "--help"],
+    ["run", "hi"],
+    ["run", "--model", "scripted", "hi"],
+    ["run", "--model", "openai:m", "--store", "d", "a", "b"],
+    ["run", "--no-store", "--resume", "x", "hi"],
+    ["run", "-c", "--resume", "x", "hi"],
+    ["run", "--bogus", "hi"],
+    ["run", "--version"],
+    ["run", "--model"],
+    ["run", "--", "--model"],
+    ["run", "plugins"],
+]
+
+
+def _parse(parser: Any, args: list[str]) -> tuple[Any, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            parsed = vars(parser.parse_args(args))
+        except SystemExit as exc:
+            return ("exit", exc.code), out.getvalue(), err.getvalue()
+    parsed["run_parser"] = parsed["run_parser"].format_help()
+    return parsed, out.getvalue(), err.getvalue()
+
+
+@pytest.mark.parametrize("args", _RUN_ARGS)
+def test_a_run_is_parsed_as_by_the_whole_parser(args: list[str]) -> None:
+    """CLI-102: arguments that begin with `run` give, through the parser that holds only the
+    `run` subcommand, what the whole command's parser gives: the same values, the same help
+    and the same usage errors (text and status)."""
+    assert _parse(cli._parser("run"), args) == _parse(cli._parser(), args)
+
+
+def test_only_a_run_gets_the_smaller_parser(monkeypatch: pytest.MonkeyPatch) -> None:
+    """CLI-102: `main` builds the `run`-only parser exactly for arguments that begin with
+    `run`; any other command (or none) gets the whole parser."""
+    asked: list[str | None] = []
+    real = cli._parser
+
+    def spy(command: str | None = None) -> Any:
+        asked.append(command)
+        return real(command)
+
+    monkeypatch.setattr(cli, "_parser", spy)
+    for args in (["run", "--bogus"], ["plugins", "--bogus"], ["--bogus", "run"], []):
+        with contextlib.redirect_stderr(io.StringIO()), pytest.raises(SystemExit):
+            cli.main(args, io.StringIO())
+    assert asked == ["run", None, None, None]
