@@ -1,4 +1,4 @@
-"""What a host's start leaves for later (PERF-10..PERF-20): work and imports a run may never
+"""What a host's start leaves for later (PERF-10..PERF-21): work and imports a run may never
 need are done on first use. The start-up figures are measured in benchmarks/cli_start.py,
 never asserted here; these tests prove the laziness they rely on, and that it changes no
 behaviour.
@@ -39,8 +39,9 @@ from dsh_core import (
     make_plugin_manager,
     structure_config,
 )
-from dsh_core._converter import config_converter
+from dsh_core._converter import config_converter, converter
 from dsh_core._entry_points import entry_points
+from dsh_core._events import SessionHeader, encode_header
 from dsh_core._frozen import speed_up_inits
 from dsh_core._tools import _compiled
 from dsh_core.testing import ScriptedReply, ScriptedToolCall, scripted_host
@@ -630,3 +631,68 @@ def test_a_flat_config_table_generates_no_structure_function() -> None:
     built = structure_config(spec, {"name": "x", "size": 4, "label": None, "on": True})
     assert built == Fresh(name="x", size=4, label=None, on=True)
     assert dispatch.cache_info().currsize == before
+
+
+# -- a session header is encoded without the converter (PERF-21) ----------------------------------
+
+
+def _converter_header(header: SessionHeader) -> dict[str, Any]:
+    out: dict[str, Any] = converter.unstructure(header)
+    out["version"] = header.version
+    return out
+
+
+class _Text(str):
+    pass
+
+
+_INTS = st.one_of(st.integers(-5, 2**60), st.booleans())
+_MAYBE_INT = st.one_of(st.none(), _INTS)
+_MAYBE_TEXT = st.one_of(st.none(), st.text(max_size=5), st.just(_Text("t")), st.just("subagent"))
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.one_of(st.just(1), _INTS),
+    st.one_of(st.text(max_size=8), st.just(_Text("s"))),
+    _INTS,
+    _MAYBE_TEXT,
+    _MAYBE_TEXT,
+    _MAYBE_INT,
+    _MAYBE_TEXT,
+    _MAYBE_INT,
+)
+def test_a_header_is_encoded_as_the_converter_encodes_it(
+    version: Any,
+    sid: Any,
+    created: Any,
+    cwd: Any,
+    parent: Any,
+    seed: Any,
+    origin: Any,
+    depth: Any,
+) -> None:
+    """PERF-21: any session header (defaults or not, values of other types than their
+    fields' too) encodes to the converter's keys, values and key order, ``version`` set."""
+    header = SessionHeader(
+        version=version,
+        id=sid,
+        created_at=created,
+        cwd=cwd,
+        parent_session=parent,
+        seed_length=seed,
+        origin=origin,
+        delegation_depth=depth,
+    )
+    fast = encode_header(header)
+    expected = _converter_header(header)
+    assert list(fast.items()) == list(expected.items())
+    assert [type(v) for v in fast.values()] == [type(v) for v in expected.values()]
+
+
+def test_a_header_generates_no_unstructure_function() -> None:
+    """PERF-21: encoding a header generates no function of the durable converter's."""
+    dispatch = converter._unstructure_func.dispatch
+    before = dispatch.cache_info()
+    encode_header(SessionHeader(id="s", created_at=1, cwd="/", origin="subagent"))
+    assert dispatch.cache_info().misses == before.misses
