@@ -9,6 +9,8 @@ which of the watched modules it imported and from which thread.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import io
 import json
 import os
 import subprocess
@@ -16,14 +18,16 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dsh_core import TokenUsage
+from dsh_core import PluginError, PluginSpec, TokenUsage, make_plugin_manager, structure_config
+from dsh_core._converter import config_converter
 from dsh_core.testing import ScriptedReply, scripted_host
 from dsh_llm_openai.testing import ChatCompletionsServer, text_reply
-from dsh_subagents import _sessions
+from dsh_subagents import _run, _sessions, cli
 
 pytestmark = pytest.mark.slow
 
@@ -249,3 +253,113 @@ def test_the_prompt_fast_path_reads_any_text_as_parsing_does(text: str, ascii_on
     head = b'\n{"id":"s","created_at":1,"version":1}\n' + line.encode("utf-8", "surrogatepass")
     head += b"\n"
     assert _sessions._prompt_of(head) == text
+
+
+# -- the default composition's probe of each plugin ----------------------------------------------
+
+
+def _ignore(ctx: Any, config: Any) -> None:
+    pass
+
+
+def _accepts_empty(spec: PluginSpec) -> bool:
+    try:
+        structure_config(spec, {})
+    except PluginError:
+        return False
+    return True
+
+
+def test_the_probe_for_config_free_plugins_decides_as_the_converter() -> None:
+    """CLI-101: whether the default composition mounts a plugin without config is what
+    structuring its empty table decides, for every installed plugin and for config classes
+    with and without required fields; a class with a required field is refused without a
+    structure function being generated for it."""
+    specs = dict(make_plugin_manager(autoload=True).collect_plugin_specs())
+
+    @attrs.frozen(kw_only=True)
+    class Needs:
+        name: str
+        size: int = 3
+
+    @attrs.frozen(kw_only=True)
+    class Defaulted:
+        size: int = 3
+
+    @attrs.frozen(kw_only=True)
+    class Hidden:
+        size: int = 3
+        later: int = attrs.field(init=False, default=0)
+
+    for cls in (Needs, Defaulted, Hidden):
+        specs[cls.__name__] = PluginSpec(name=cls.__name__, apply=_ignore, config_type=cls)
+    assert len(specs) > 6
+    for name, spec in specs.items():
+        assert _run._mounts_without_config(spec) is _accepts_empty(spec), name
+    mounted = [n for n in ("Needs", "Defaulted", "Hidden") if _run._mounts_without_config(specs[n])]
+    assert mounted == ["Defaulted", "Hidden"]
+
+    @attrs.frozen(kw_only=True)
+    class Fresh:
+        name: str
+
+    dispatch = config_converter._structure_func.dispatch
+    before = dispatch.cache_info().currsize
+    spec = PluginSpec(name="fresh", apply=_ignore, config_type=Fresh)
+    assert _run._mounts_without_config(spec) is False
+    assert dispatch.cache_info().currsize == before
+
+
+# -- a run's parser -------------------------------------------------------------------------------
+
+_RUN_ARGS = [
+    ["run"],
+    ["run", "-h"],
+    ["run", "--help"],
+    ["run", "hi"],
+    ["run", "--model", "scripted", "hi"],
+    ["run", "--model", "openai:m", "--store", "d", "a", "b"],
+    ["run", "--no-store", "--resume", "x", "hi"],
+    ["run", "-c", "--resume", "x", "hi"],
+    ["run", "--bogus", "hi"],
+    ["run", "--version"],
+    ["run", "--model"],
+    ["run", "--", "--model"],
+    ["run", "plugins"],
+]
+
+
+def _parse(parser: Any, args: list[str]) -> tuple[Any, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            parsed = vars(parser.parse_args(args))
+        except SystemExit as exc:
+            return ("exit", exc.code), out.getvalue(), err.getvalue()
+    parsed["run_parser"] = parsed["run_parser"].format_help()
+    return parsed, out.getvalue(), err.getvalue()
+
+
+@pytest.mark.parametrize("args", _RUN_ARGS)
+def test_a_run_is_parsed_as_by_the_whole_parser(args: list[str]) -> None:
+    """CLI-102: arguments that begin with `run` give, through the parser that holds only the
+    `run` subcommand, what the whole command's parser gives: the same values, the same help
+    and the same usage errors (text and status)."""
+    assert _parse(cli._parser("run"), args) == _parse(cli._parser(), args)
+
+
+def test_only_a_run_gets_the_smaller_parser(monkeypatch: pytest.MonkeyPatch) -> None:
+    """CLI-102: `main` builds the `run`-only parser exactly for arguments that begin with
+    `run`; any other command (or none) gets the whole parser."""
+    asked: list[str | None] = []
+    real = cli._parser
+
+    def spy(command: str | None = None) -> Any:
+        asked.append(command)
+        return real(command)
+
+    monkeypatch.setattr(cli, "_parser", spy)
+    for args in (["run", "--bogus"], ["plugins", "--bogus"], ["--bogus", "run"], []):
+        with contextlib.redirect_stderr(io.StringIO()), pytest.raises(SystemExit):
+            cli.main(args, io.StringIO())
+    assert asked == ["run", None, None, None]

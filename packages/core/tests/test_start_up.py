@@ -1,4 +1,4 @@
-"""What a host's start leaves for later (PERF-10..PERF-19): work and imports a run may never
+"""What a host's start leaves for later (PERF-10..PERF-21): work and imports a run may never
 need are done on first use. The start-up figures are measured in benchmarks/cli_start.py,
 never asserted here; these tests prove the laziness they rely on, and that it changes no
 behaviour.
@@ -20,6 +20,8 @@ from typing import Any
 import attr._make
 import attrs
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dsh_core import (
     PluginError,
@@ -27,7 +29,9 @@ from dsh_core import (
     ToolDefinition,
     ToolResultBlock,
     ToolRunContext,
+    _events,
     _frozen,
+    _host,
     attrs_eq,
     attrs_hash,
     attrs_repr,
@@ -36,8 +40,9 @@ from dsh_core import (
     make_plugin_manager,
     structure_config,
 )
-from dsh_core._converter import config_converter
+from dsh_core._converter import config_converter, converter
 from dsh_core._entry_points import entry_points
+from dsh_core._events import SessionHeader, encode_header
 from dsh_core._frozen import speed_up_inits
 from dsh_core._tools import _compiled
 from dsh_core.testing import ScriptedReply, ScriptedToolCall, scripted_host
@@ -497,3 +502,207 @@ print(json.dumps(sorted(m for m in sys.modules if m in (
     assert {"ConsumedWork", "InvariantError", "install_memory_persistence"} <= set(dsh_core.__all__)
     with pytest.raises(AttributeError):
         dsh_core.no_such_name  # noqa: B018
+
+
+# -- a flat config table is built without the converter (PERF-20) ---------------------------------
+
+
+def _positive(instance: Any, attribute: Any, value: int) -> None:
+    if value <= 0:
+        raise ValueError(f"{attribute.name} must be positive")
+
+
+@attrs.frozen(kw_only=True)
+class _FlatConfig:
+    name: str
+    size: int = attrs.field(default=3, validator=_positive)
+    on: bool = True
+    label: str | None = None
+    ratio: float = 1.0
+    tags: tuple[str, ...] = ()
+    _hidden: str = "h"
+    later: int = attrs.field(init=False, default=0)
+
+
+@attrs.frozen(kw_only=True)
+class _Converted:
+    word: str = attrs.field(default="a", converter=str.upper)
+    nested: _FlatConfig | None = None
+
+
+#: The same fields with real (not postponed) annotations.
+_Eager = attrs.make_class(
+    "_Eager",
+    {
+        "name": attrs.field(type=str),
+        "size": attrs.field(type=int, default=3),
+        "on": attrs.field(type=bool, default=True),
+        "label": attrs.field(type=str | None, default=None),
+        "items": attrs.field(type=list[int], factory=list),
+    },
+    kw_only=True,
+    frozen=True,
+)
+
+_KEYS = ["name", "size", "on", "label", "ratio", "tags", "hidden", "_hidden", "later", "word"]
+_KEYS += ["nested", "items", "extra", "provider", "tool_name", "root", "sync", "max_depth"]
+_VALUES = st.one_of(
+    st.sampled_from(["", "x", "spawn", "continuable", "batch", 0, 1, -2, 3, True, False, None]),
+    st.sampled_from([1.5, 2.0, [], [1], ["a"], {}, {"name": "n"}, (1,), "one-shot", "ab"]),
+)
+
+
+def _outcome(spec: PluginSpec, raw: dict[str, Any]) -> tuple[str, Any]:
+    try:
+        value = structure_config(spec, raw)
+    except PluginError as exc:
+        return "error", (exc.code, str(exc))
+    return "value", (type(value), attrs.asdict(value) if attrs.has(type(value)) else value)
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.data())
+def test_a_flat_config_table_is_structured_as_the_converter_structures_it(
+    data: st.DataObject,
+) -> None:
+    """PERF-20: any config table, for config classes with scalar, optional, float, array,
+    nested, private, uninitialised, validated and converted fields, and for every installed
+    plugin's config class, gives the value (type and fields) or the PLUGIN_CONFIG error text
+    the converter alone gives."""
+    specs = make_plugin_manager(autoload=True).collect_plugin_specs()
+    classes = [_FlatConfig, _Converted, _Eager]
+    classes += [s.config_type for s in specs.values() if s.config_type is not None]
+    cls = data.draw(st.sampled_from(classes))
+    own = sorted({k for f in attrs.fields(cls) for k in (f.name, f.alias)})
+    keys = st.one_of(st.sampled_from(own), st.sampled_from(_KEYS))
+    raw = data.draw(st.dictionaries(keys, _VALUES, max_size=5))
+    spec = PluginSpec(name="p", apply=lambda ctx, config: None, config_type=cls)
+    fast = _outcome(spec, raw)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(_host, "_flat_config", lambda cls, raw: None)
+        assert _outcome(spec, raw) == fast
+
+
+_TRICKY = [
+    {"name": "x", "size": True},
+    {"name": "x", "size": 2.0},
+    {"name": "x", "on": 1},
+    {"name": 1},
+    {"name": None},
+    {"name": "x", "label": 3},
+    {"name": "x", "label": "l"},
+    {"name": "x", "size": -1},
+    {"name": "x", "extra": 1},
+    {"name": "x", "hidden": "y"},
+    {"name": "x", "_hidden": "y"},
+    {"name": "x", "later": 1},
+    {"size": 2},
+]
+
+
+@pytest.mark.parametrize("raw", _TRICKY)
+@pytest.mark.parametrize("cls", [_FlatConfig, _Eager])
+def test_a_near_flat_config_table_is_refused_as_the_converter_refuses_it(
+    cls: type, raw: dict[str, Any]
+) -> None:
+    """PERF-20: the tables a fast path could get wrong (a boolean for an integer, a number
+    for a boolean or a string, a validator's refusal, an unknown, aliased or uninitialised
+    key, a required key missing) give what the converter alone gives."""
+    spec = PluginSpec(name="p", apply=lambda ctx, config: None, config_type=cls)
+    fast = _outcome(spec, raw)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(_host, "_flat_config", lambda cls, raw: None)
+        assert _outcome(spec, raw) == fast
+
+
+def test_a_flat_config_table_generates_no_structure_function() -> None:
+    """PERF-20: a table of scalar keys the class accepts is built as ``cls(**table)``: no
+    structure function is generated for the class (a start's few small tables)."""
+
+    @attrs.frozen(kw_only=True)
+    class Fresh:
+        name: str
+        size: int = 3
+        label: str | None = None
+        on: bool = False
+
+    dispatch = config_converter._structure_func.dispatch
+    before = dispatch.cache_info().currsize
+    spec = PluginSpec(name="f", apply=lambda ctx, config: None, config_type=Fresh)
+    built = structure_config(spec, {"name": "x", "size": 4, "label": None, "on": True})
+    assert built == Fresh(name="x", size=4, label=None, on=True)
+    assert dispatch.cache_info().currsize == before
+
+
+# -- a session header is encoded without the converter (PERF-21) ----------------------------------
+
+
+def _converter_header(header: SessionHeader) -> dict[str, Any]:
+    out: dict[str, Any] = converter.unstructure(header)
+    out["version"] = header.version
+    return out
+
+
+class _Text(str):
+    pass
+
+
+_INTS = st.one_of(st.integers(-5, 2**60), st.booleans())
+_MAYBE_INT = st.one_of(st.none(), _INTS)
+_MAYBE_TEXT = st.one_of(st.none(), st.text(max_size=5), st.just(_Text("t")), st.just("subagent"))
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.one_of(st.just(1), _INTS),
+    st.one_of(st.text(max_size=8), st.just(_Text("s"))),
+    _INTS,
+    _MAYBE_TEXT,
+    _MAYBE_TEXT,
+    _MAYBE_INT,
+    _MAYBE_TEXT,
+    _MAYBE_INT,
+)
+def test_a_header_is_encoded_as_the_converter_encodes_it(
+    version: Any,
+    sid: Any,
+    created: Any,
+    cwd: Any,
+    parent: Any,
+    seed: Any,
+    origin: Any,
+    depth: Any,
+) -> None:
+    """PERF-21: any session header (defaults or not, values of other types than their
+    fields' too) encodes to the converter's keys, values and key order, ``version`` set."""
+    header = SessionHeader(
+        version=version,
+        id=sid,
+        created_at=created,
+        cwd=cwd,
+        parent_session=parent,
+        seed_length=seed,
+        origin=origin,
+        delegation_depth=depth,
+    )
+    fast = encode_header(header)
+    expected = _converter_header(header)
+    assert list(fast.items()) == list(expected.items())
+    assert [type(v) for v in fast.values()] == [type(v) for v in expected.values()]
+
+
+def test_a_header_does_not_go_through_the_converter(monkeypatch: pytest.MonkeyPatch) -> None:
+    """PERF-21: encoding a header of its fields' own types never asks the durable converter
+    (so no function of its is generated for it)."""
+    asked: list[object] = []
+    monkeypatch.setattr(_events, "converter", type("Spy", (), {"unstructure": asked.append})())
+    header = SessionHeader(id="s", created_at=1, cwd="/", origin="subagent", seed_length=2)
+    assert encode_header(header) == {
+        "id": "s",
+        "created_at": 1,
+        "cwd": "/",
+        "seed_length": 2,
+        "origin": "subagent",
+        "version": 1,
+    }
+    assert asked == []

@@ -159,9 +159,7 @@ def _default_rows(specs: Mapping[str, PluginSpec]) -> list[PluginRow]:
         spec = specs[name]
         if name in chosen or set(spec.provides) & provided:
             continue
-        try:
-            structure_config(spec, {})
-        except PluginError:
+        if not _mounts_without_config(spec):
             continue  # it needs config: only a composition file can mount it
         candidates.append(spec)
     added = True
@@ -179,6 +177,25 @@ def _default_rows(specs: Mapping[str, PluginSpec]) -> list[PluginRow]:
     else:  # no tool makes continuable children: the tools that act on them would mislead
         rows = [r for r in rows if r.plugin not in _CONTROL_TOOLS]
     return rows
+
+
+def _mounts_without_config(spec: PluginSpec) -> bool:
+    """Whether ``structure_config(spec, {})`` accepts the empty table. A config class with a
+    required ``__init__`` field never does (the converter reports the missing key), so that
+    is answered without generating the class's structure function, which the probe then
+    throws away (CLI-101); any other class is asked of the converter itself."""
+    config = spec.config_type
+    if (
+        config is not None
+        and attrs.has(config)
+        and any(f.init and f.default is attrs.NOTHING for f in attrs.fields(config))
+    ):
+        return False
+    try:
+        structure_config(spec, {})
+    except PluginError:
+        return False
+    return True
 
 
 def _route_of_rows(

@@ -81,6 +81,9 @@ def structure_config(spec: PluginSpec, raw: object, *, row: int | None = None) -
             return spec.config_type()
         except Exception:  # pragma: no cover - a validator refused a default: let it report
             pass
+    flat = _flat_config(spec.config_type, raw)
+    if flat is not None:
+        return flat
     try:
         return config_converter.structure(dict(raw), spec.config_type)
     except cattrs.ClassValidationError as exc:
@@ -88,6 +91,64 @@ def structure_config(spec: PluginSpec, raw: object, *, row: int | None = None) -
         raise PluginError(f"{where} config: {problems}", code="PLUGIN_CONFIG") from exc
     except (TypeError, ValueError, KeyError) as exc:
         raise PluginError(f"{where} config: {exc}", code="PLUGIN_CONFIG") from exc
+
+
+#: The strict test of each scalar field type the config converter checks without converting
+#: (its hooks for ``str``, ``int``, ``bool`` and ``str | None`` return the value as it is), by
+#: the type and by its name as a postponed annotation reads it.
+_SCALAR_TESTS: dict[object, Callable[[Any], bool]] = {
+    str: lambda v: type(v) is str,
+    int: lambda v: type(v) is int,
+    bool: lambda v: v is True or v is False,
+    str | None: lambda v: v is None or type(v) is str,
+}
+_SCALAR_TESTS.update({"str": _SCALAR_TESTS[str], "int": _SCALAR_TESTS[int]})
+_SCALAR_TESTS.update({"bool": _SCALAR_TESTS[bool], "str | None": _SCALAR_TESTS[str | None]})
+#: Each config class's ``__init__`` fields by name with their tests (``None``: not flat).
+_flat: dict[type, dict[str, Callable[[Any], bool]] | None] = {}
+
+
+def _flat_config(cls: type, raw: Mapping[str, Any]) -> Any:
+    """``cls(**raw)`` when that is exactly what the config converter would build: every key
+    names an ``__init__`` field (no alias) of a scalar type above and every value passes that
+    type's strict test, so the converter would pass each value through unchanged and call
+    ``cls`` with them. Otherwise, or when ``cls`` refuses them (a validator), ``None``: the
+    converter then structures the table and reports the problem in its own words. A start
+    structures a few small tables; generating a structure function for each class was most
+    of what that cost (PERF-20)."""
+    tests = _flat.get(cls, _SENTINEL)
+    if tests is _SENTINEL:
+        tests = _flat[cls] = _flat_fields(cls)
+    if tests is None:
+        return None
+    for key, value in raw.items():
+        test = tests.get(key)
+        if test is None or not test(value):
+            return None
+    try:
+        return cls(**raw)
+    except Exception:
+        return None
+
+
+_SENTINEL: Any = object()
+
+
+def _flat_fields(cls: type) -> dict[str, Callable[[Any], bool]] | None:
+    if not attrs.has(cls):
+        return None
+    module = getattr(inspect.getmodule(cls), "__dict__", {})
+    if any(name in module for name in ("str", "int", "bool")):
+        return None  # a postponed annotation could name something else
+    tests: dict[str, Callable[[Any], bool]] = {}
+    for f in attrs.fields(cls):
+        try:
+            test = _SCALAR_TESTS.get(f.type)
+        except TypeError:  # an unhashable annotation: not one of them
+            test = None
+        if f.init and f.alias == f.name and test is not None:
+            tests[f.name] = test
+    return tests
 
 
 #: Config classes every ``__init__`` field of which has a default, and those not so.
