@@ -329,19 +329,27 @@ def _retry_after_ms(headers: Any) -> int | None:
     return None
 
 
+_TIMED_OUT = LlmFailure(message="the request timed out", code="TIMEOUT")
+
+
+def _status_failure(status: int, message: str, headers: Any, redact: _Redactor) -> LlmFailure:
+    """A non-2xx answer's failure, on either transport: its code by status, the endpoint's
+    message, the wait it asked for."""
+    code = _STATUS_CODES.get(status) or ("SERVER_ERROR" if status >= 500 else "HTTP_ERROR")
+    return LlmFailure(
+        message=redact(f"HTTP {status}: {message}"),
+        code=code,
+        status=status,
+        provider_retry_after_ms=_retry_after_ms(headers),
+    )
+
+
 def _builtin_failure(exc: _http.HttpFailure, redact: _Redactor) -> LlmFailure:
     """The builtin transport's failures, worded as the SDK path words them (HTTP-3)."""
     if isinstance(exc, _http.StatusFailure):
-        status = exc.status
-        code = _STATUS_CODES.get(status) or ("SERVER_ERROR" if status >= 500 else "HTTP_ERROR")
-        return LlmFailure(
-            message=redact(f"HTTP {status}: {exc.message}"),
-            code=code,
-            status=status,
-            provider_retry_after_ms=_retry_after_ms(exc.headers),
-        )
+        return _status_failure(exc.status, exc.message, exc.headers, redact)
     if isinstance(exc, _http.TimeoutFailure):
-        return LlmFailure(message="the request timed out", code="TIMEOUT")
+        return _TIMED_OUT
     if isinstance(exc, _http.StreamErrorEvent):
         return LlmFailure(message=redact(exc.message), code="PROVIDER_ERROR")
     if isinstance(exc, _http.ProxyUnsupported):
@@ -360,16 +368,9 @@ def failure_of(exc: BaseException, redact: _Redactor) -> LlmFailure:
     if openai is None:
         return LlmFailure(message=redact(f"{type(exc).__name__}: {exc}"), code="UNKNOWN")
     if isinstance(exc, openai.APIStatusError):
-        status = exc.status_code
-        code = _STATUS_CODES.get(status) or ("SERVER_ERROR" if status >= 500 else "HTTP_ERROR")
-        return LlmFailure(
-            message=redact(f"HTTP {status}: {exc.message}"),
-            code=code,
-            status=status,
-            provider_retry_after_ms=_retry_after_ms(exc.response.headers),
-        )
+        return _status_failure(exc.status_code, exc.message, exc.response.headers, redact)
     if isinstance(exc, openai.APITimeoutError):
-        return LlmFailure(message="the request timed out", code="TIMEOUT")
+        return _TIMED_OUT
     if isinstance(exc, openai.APIConnectionError):
         cause = exc.__cause__
         detail = f": {type(cause).__name__}: {cause}" if cause is not None else ""
