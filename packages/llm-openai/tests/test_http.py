@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import email.utils
 import itertools
 import json
@@ -18,7 +19,7 @@ import ssl
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +69,16 @@ def make(base_url: str, **config: Any) -> OpenAIAdapter:
     config.setdefault("api_key", KEY)
     config.setdefault("max_retries", 0)
     return OpenAIAdapter(OpenAIConfig(base_url=base_url, **config))
+
+
+@contextlib.asynccontextmanager
+async def opened(base_url: str, **config: Any) -> AsyncIterator[OpenAIAdapter]:
+    """:func:`make`'s adapter, closed (its pool with it) when the block ends."""
+    adapter = make(base_url, **config)
+    try:
+        yield adapter
+    finally:
+        await adapter.aclose()
 
 
 def transport_of(adapter: OpenAIAdapter, waits: list[float] | None = None) -> _http.Transport:
@@ -215,13 +226,9 @@ async def test_a_content_length_body_is_read_to_its_length() -> None:
         reply = sse_head(f"Content-Length: {len(STREAM)}") + STREAM
         await serve_forever(raw, r, w, reply)
 
-    async with Raw(handler) as raw:
-        a = make(raw.base_url)
-        try:
-            assert text(await run(a)) == "Hello"
-            assert text(await run(a)) == "Hello"
-        finally:
-            await a.aclose()
+    async with Raw(handler) as raw, opened(raw.base_url) as a:
+        assert text(await run(a)) == "Hello"
+        assert text(await run(a)) == "Hello"
     assert raw.connections == 1
 
 
@@ -234,14 +241,10 @@ async def test_a_chunked_body_split_anywhere_is_reassembled() -> None:
     async def handler(raw: Raw, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
         await serve_forever(raw, r, w, sse_head("Transfer-Encoding: chunked") + body)
 
-    async with Raw(handler) as raw:
-        a = make(raw.base_url)
-        try:
-            chunks = await run(a)
-            assert (text(chunks), reason(chunks)) == ("Hello", "stop")
-            assert text(await run(a)) == "Hello"
-        finally:
-            await a.aclose()
+    async with Raw(handler) as raw, opened(raw.base_url) as a:
+        chunks = await run(a)
+        assert (text(chunks), reason(chunks)) == ("Hello", "stop")
+        assert text(await run(a)) == "Hello"
     assert raw.connections == 1
 
 
@@ -256,14 +259,10 @@ async def test_a_body_without_length_ends_at_the_close_and_is_not_reused() -> No
         )
         await w.drain()
 
-    async with Raw(handler) as raw:
-        a = make(raw.base_url)
-        try:
-            assert reason(await run(a)) == "stop"
-            assert reason(await run(a)) == "stop"
-            assert a._client._idle == []
-        finally:
-            await a.aclose()
+    async with Raw(handler) as raw, opened(raw.base_url) as a:
+        assert reason(await run(a)) == "stop"
+        assert reason(await run(a)) == "stop"
+        assert a._client._idle == []
     assert raw.connections == 2
 
 
@@ -293,12 +292,8 @@ async def test_a_same_origin_307_or_308_is_followed(
                 w.write(sse_head(f"Content-Length: {len(STREAM)}") + STREAM)
             await w.drain()
 
-    async with Raw(handler) as raw:
-        a = make(raw.base_url)
-        try:
-            chunks = await run(a)
-        finally:
-            await a.aclose()
+    async with Raw(handler) as raw, opened(raw.base_url) as a:
+        chunks = await run(a)
     if followed:
         assert text(chunks) == "Hello"
         first, second = raw.requests
@@ -319,12 +314,8 @@ async def test_a_redirect_loop_ends() -> None:
             raw, r, w, head(307, "Location: /v1/chat/completions", "Content-Length: 0")
         )
 
-    async with Raw(handler) as raw:
-        a = make(raw.base_url)
-        try:
-            found = failure(await run(a))
-        finally:
-            await a.aclose()
+    async with Raw(handler) as raw, opened(raw.base_url) as a:
+        found = failure(await run(a))
     assert (found.code, found.status, len(raw.requests)) == ("HTTP_ERROR", 307, 21)
 
 
@@ -335,12 +326,8 @@ async def test_interim_responses_are_skipped() -> None:
         reply = head(103, "Link: </x>") + sse_head("Transfer-Encoding: chunked") + chunked(STREAM)
         await serve_forever(raw, r, w, reply)
 
-    async with Raw(handler) as raw:
-        a = make(raw.base_url)
-        try:
-            assert text(await run(a)) == "Hello"
-        finally:
-            await a.aclose()
+    async with Raw(handler) as raw, opened(raw.base_url) as a:
+        assert text(await run(a)) == "Hello"
 
 
 # -- SSE -------------------------------------------------------------------------------------------
@@ -371,12 +358,8 @@ async def test_done_ends_the_stream_and_later_events_are_ignored() -> None:
     async def handler(raw: Raw, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
         await serve_forever(raw, r, w, sse_head("Transfer-Encoding: chunked") + chunked(body))
 
-    async with Raw(handler) as raw:
-        a = make(raw.base_url)
-        try:
-            assert reason(await run(a)) == "stop"
-        finally:
-            await a.aclose()
+    async with Raw(handler) as raw, opened(raw.base_url) as a:
+        assert reason(await run(a)) == "stop"
 
 
 _events = st.lists(
@@ -423,13 +406,10 @@ def test_any_split_of_an_sse_stream_gives_the_same_events(
 async def test_two_requests_share_one_connection(server: ChatCompletionsServer) -> None:
     """HTTP-9: a stream read to its end leaves its connection pooled: a second request of
     the same adapter goes on it (one connection for two requests)."""
-    a = make(server.base_url)
-    transport = transport_of(a)
-    try:
+    async with opened(server.base_url) as a:
+        transport = transport_of(a)
         assert reason(await run(a)) == "stop"
         assert reason(await run(a)) == "stop"
-    finally:
-        await a.aclose()
     assert transport.connections_made == 1
     assert len(server.requests) == 2
 
@@ -454,14 +434,10 @@ async def test_a_stream_ended_by_done_before_its_last_chunk(sends_the_end: bool)
             await go.wait()
             w.write(b"0\r\n\r\n")
 
-    async with Raw(handler) as raw:
-        a = make(raw.base_url)
-        try:
-            assert reason(await run(a)) == "stop"  # before the body's end was sent
-            go.set()
-            assert reason(await run(a)) == "stop"
-        finally:
-            await a.aclose()
+    async with Raw(handler) as raw, opened(raw.base_url) as a:
+        assert reason(await run(a)) == "stop"  # before the body's end was sent
+        go.set()
+        assert reason(await run(a)) == "stop"
     assert raw.connections == (1 if sends_the_end else 2)
 
 
@@ -475,14 +451,10 @@ async def test_connection_close_is_not_reused() -> None:
         await w.drain()
         await r.read()  # the client closes it
 
-    async with Raw(handler) as raw:
-        a = make(raw.base_url)
-        try:
-            assert reason(await run(a)) == "stop"
-            assert a._client._idle == []
-            assert reason(await run(a)) == "stop"
-        finally:
-            await a.aclose()
+    async with Raw(handler) as raw, opened(raw.base_url) as a:
+        assert reason(await run(a)) == "stop"
+        assert a._client._idle == []
+        assert reason(await run(a)) == "stop"
     assert raw.connections == 2
 
 
@@ -497,13 +469,9 @@ async def test_a_stale_pooled_connection_is_retried_once_on_a_fresh_one() -> Non
         await w.drain()
         await raw.request(r)  # the second request on this connection: dropped unanswered
 
-    async with Raw(handler) as raw:
-        a = make(raw.base_url)
-        try:
-            assert reason(await run(a)) == "stop"
-            assert reason(await run(a)) == "stop"
-        finally:
-            await a.aclose()
+    async with Raw(handler) as raw, opened(raw.base_url) as a:
+        assert reason(await run(a)) == "stop"
+        assert reason(await run(a)) == "stop"
     assert (raw.connections, len(raw.requests)) == (2, 3)
 
 
@@ -518,13 +486,9 @@ async def test_a_pooled_connection_that_broke_mid_response_is_not_retried() -> N
         w.write(b"HTTP/1.1 200")
         await w.drain()
 
-    async with Raw(handler) as raw:
-        a = make(raw.base_url)
-        try:
-            assert reason(await run(a)) == "stop"
-            assert failure(await run(a)).code == "CONNECTION"
-        finally:
-            await a.aclose()
+    async with Raw(handler) as raw, opened(raw.base_url) as a:
+        assert reason(await run(a)) == "stop"
+        assert failure(await run(a)).code == "CONNECTION"
     assert len(raw.requests) == 2
 
 
@@ -580,13 +544,10 @@ async def test_which_statuses_are_retried(
     """HTTP-12: 408, 409, 429 and 5xx are retried (`max_retries` more attempts); other
     statuses fail at once."""
     server.add(Reply(status=status, error={"message": "no"}))
-    a = make(server.base_url, max_retries=1)
-    waits: list[float] = []
-    transport_of(a, waits)
-    try:
+    async with opened(server.base_url, max_retries=1) as a:
+        waits: list[float] = []
+        transport_of(a, waits)
         chunks = await run(a)
-    finally:
-        await a.aclose()
     assert len(server.requests) == (2 if retried else 1)
     assert (reason(chunks) == "stop") == retried
 
@@ -599,12 +560,9 @@ async def test_x_should_retry_decides(
 ) -> None:
     """HTTP-13: `x-should-retry: true` retries any status, `false` none."""
     server.add(Reply(status=status, headers={"x-should-retry": flag}))
-    a = make(server.base_url, max_retries=1)
-    transport_of(a, [])
-    try:
+    async with opened(server.base_url, max_retries=1) as a:
+        transport_of(a, [])
         await run(a)
-    finally:
-        await a.aclose()
     assert len(server.requests) == (2 if retried else 1)
 
 
@@ -632,13 +590,10 @@ async def test_retry_after_sets_the_wait(
     """HTTP-14: the wait is `retry-after-ms`, else `retry-after` in seconds, when more than
     0 and at most 120 s; otherwise the backoff (0.5 s for the first retry)."""
     server.add(Reply(status=429, headers=headers))
-    a = make(server.base_url, max_retries=1)
-    waits: list[float] = []
-    transport_of(a, waits)
-    try:
+    async with opened(server.base_url, max_retries=1) as a:
+        waits: list[float] = []
+        transport_of(a, waits)
         assert reason(await run(a)) == "stop"
-    finally:
-        await a.aclose()
     assert waits == [pytest.approx(wait)]
 
 
@@ -646,16 +601,13 @@ async def test_retry_after_as_an_http_date(server: ChatCompletionsServer) -> Non
     """HTTP-14: `retry-after` as an HTTP date waits until then; a date more than 120 s away
     is not retried at all (as the SDK)."""
     server.add(Reply(status=503, headers={"retry-after": _in(30)}))
-    a = make(server.base_url, max_retries=1)
-    waits: list[float] = []
-    transport_of(a, waits)
-    try:
+    async with opened(server.base_url, max_retries=1) as a:
+        waits: list[float] = []
+        transport_of(a, waits)
         assert reason(await run(a)) == "stop"
         assert 27 < waits[0] <= 31
         server.add(Reply(status=503, headers={"retry-after": _in(3600)}))
         assert failure(await run(a)).code == "SERVER_ERROR"
-    finally:
-        await a.aclose()
     assert len(server.requests) == 3 and len(waits) == 1
 
 
@@ -667,13 +619,10 @@ async def test_the_backoff_doubles_from_half_a_second_to_eight(
     most 8 s, less up to 25 % jitter."""
     fail = Reply(status=500)
     server.add(*[fail] * 7)
-    a = make(server.base_url, max_retries=6)
-    waits: list[float] = []
-    transport_of(a, waits).random = lambda: jitter
-    try:
+    async with opened(server.base_url, max_retries=6) as a:
+        waits: list[float] = []
+        transport_of(a, waits).random = lambda: jitter
         assert failure(await run(a)).code == "SERVER_ERROR"
-    finally:
-        await a.aclose()
     assert waits == [pytest.approx(w * scale) for w in (0.5, 1, 2, 4, 8, 8)]
     assert len(server.requests) == 7
 
@@ -685,13 +634,10 @@ async def test_connection_errors_and_timeouts_are_retried() -> None:
     port = holder.sockets[0].getsockname()[1]
     holder.close()
     await holder.wait_closed()
-    a = make(f"http://127.0.0.1:{port}/v1", max_retries=2)
-    waits: list[float] = []
-    transport_of(a, waits)
-    try:
+    async with opened(f"http://127.0.0.1:{port}/v1", max_retries=2) as a:
+        waits: list[float] = []
+        transport_of(a, waits)
         found = failure(await run(a))
-    finally:
-        await a.aclose()
     assert found.code == "CONNECTION" and found.message.startswith("Connection error.: ")
     assert waits == [0.5, 1.0]
 
@@ -699,16 +645,10 @@ async def test_connection_errors_and_timeouts_are_retried() -> None:
         await raw.request(r)
         await r.read()
 
-    async with Raw(silent) as raw:
-        a = make(raw.base_url, max_retries=1, timeout=0.2)
+    async with Raw(silent) as raw, opened(raw.base_url, max_retries=1, timeout=0.2) as a:
         waits = []
         transport_of(a, waits)
-        try:
-            assert failure(await run(a)) == LlmFailure(
-                message="the request timed out", code="TIMEOUT"
-            )
-        finally:
-            await a.aclose()
+        assert failure(await run(a)) == LlmFailure(message="the request timed out", code="TIMEOUT")
     assert len(raw.requests) == 2 and waits == [0.5]
 
 
@@ -716,12 +656,9 @@ async def test_a_stream_cut_midway_is_never_retried(server: ChatCompletionsServe
     """HTTP-17: once a 200 stream has started, a broken connection ends it (CONNECTION)
     with what came; it is never sent again."""
     server.add(Reply(chunks=(chunk(content="Hello "), chunk(content="world")), cut=True))
-    a = make(server.base_url, max_retries=3)
-    transport_of(a, [])
-    try:
+    async with opened(server.base_url, max_retries=3) as a:
+        transport_of(a, [])
         chunks = await run(a)
-    finally:
-        await a.aclose()
     assert failure(chunks).code == "CONNECTION"
     assert text(chunks).startswith("Hello")
     assert len(server.requests) == 1
@@ -780,13 +717,9 @@ async def test_oversized_or_malformed_heads_fail_as_connection_errors(reply: byt
         await w.drain()
         await r.read()
 
-    async with Raw(handler) as raw:
-        a = make(raw.base_url)
-        try:
-            assert failure(await run(a)).code == "CONNECTION"
-            assert a._client._idle == []
-        finally:
-            await a.aclose()
+    async with Raw(handler) as raw, opened(raw.base_url) as a:
+        assert failure(await run(a)).code == "CONNECTION"
+        assert a._client._idle == []
 
 
 async def test_a_compressed_stream_is_refused_clearly() -> None:
@@ -796,12 +729,8 @@ async def test_a_compressed_stream_is_refused_clearly() -> None:
     async def handler(raw: Raw, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
         await serve_forever(raw, r, w, sse_head("Content-Encoding: gzip", "Content-Length: 0"))
 
-    async with Raw(handler) as raw:
-        a = make(raw.base_url, max_retries=2)
-        try:
-            found = failure(await run(a))
-        finally:
-            await a.aclose()
+    async with Raw(handler) as raw, opened(raw.base_url, max_retries=2) as a:
+        found = failure(await run(a))
     assert found.code == "CONNECTION" and "Content-Encoding: gzip" in found.message
     assert len(raw.requests) == 1
     assert raw.requests[0][1]["accept-encoding"] == "identity"
@@ -824,11 +753,8 @@ async def test_an_error_body_is_read_up_to_a_mebibyte() -> None:
             sent += len(block)
 
     async with Raw(handler) as raw:
-        a = make(raw.base_url)
-        try:
+        async with opened(raw.base_url) as a:
             found = failure(await run(a))
-        finally:
-            await a.aclose()
         async with asyncio.timeout(10):
             await raw.closed.wait()
     assert (found.code, found.message) == ("SERVER_ERROR", "HTTP 500: Error code: 500")
@@ -844,12 +770,8 @@ async def test_an_event_over_the_bound_fails(monkeypatch: pytest.MonkeyPatch) ->
     async def handler(raw: Raw, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
         await serve_forever(raw, r, w, sse_head("Transfer-Encoding: chunked") + chunked(body))
 
-    async with Raw(handler) as raw:
-        a = make(raw.base_url)
-        try:
-            assert failure(await run(a)).code == "CONNECTION"
-        finally:
-            await a.aclose()
+    async with Raw(handler) as raw, opened(raw.base_url) as a:
+        assert failure(await run(a)).code == "CONNECTION"
     with pytest.raises(_http.ConnectFailure):
         _http.SSEDecoder().feed(b"data: " + b"z" * 2000)
 
@@ -926,11 +848,8 @@ async def test_both_transports_give_the_same_chunks_and_failures(
     results = []
     for transport in ("builtin", "openai-sdk"):
         server.add(reply)
-        a = make(server.base_url, transport=transport)
-        try:
+        async with opened(server.base_url, transport=transport) as a:
             results.append(await run(a))
-        finally:
-            await a.aclose()
     builtin, sdk = results
     if reply.cut:
         assert failure(builtin).code == failure(sdk).code == "CONNECTION"
@@ -950,11 +869,10 @@ async def test_the_request_carries_the_sdks_headers(
 
     monkeypatch.setenv("OPENAI_ORG_ID", "org-1")
     monkeypatch.setenv("OPENAI_PROJECT_ID", "proj-1")
-    a = make(server.base_url, headers={"x-extra": "1", "accept": "text/event-stream"})
-    try:
+    async with opened(
+        server.base_url, headers={"x-extra": "1", "accept": "text/event-stream"}
+    ) as a:
         await run(a)
-    finally:
-        await a.aclose()
     (seen,) = server.requests
     h = seen.headers
     assert h["authorization"] == f"Bearer {KEY}"
@@ -1126,11 +1044,8 @@ async def test_an_http_endpoint_goes_through_the_proxy_in_absolute_form(
     with the absolute URL, the proxy's userinfo as Proxy-Authorization Basic."""
     async with Proxy() as proxy:
         monkeypatch.setenv("HTTP_PROXY", f"http://us%40er:p%3Ass@127.0.0.1:{proxy.port}")
-        a = make(server.base_url)
-        try:
+        async with opened(server.base_url) as a:
             assert reason(await run(a)) == "stop"
-        finally:
-            await a.aclose()
     token = base64.b64encode(b"us@er:p:ss").decode()
     assert proxy.seen == [(f"POST {server.base_url}/chat/completions HTTP/1.1", f"Basic {token}")]
 
@@ -1143,11 +1058,8 @@ async def test_no_proxy_exempts_the_host(
     async with Proxy() as proxy:
         monkeypatch.setenv("http_proxy", f"http://127.0.0.1:{proxy.port}")
         monkeypatch.setenv("NO_PROXY", "example.com, 127.0.0.1")
-        a = make(server.base_url)
-        try:
+        async with opened(server.base_url) as a:
             assert reason(await run(a)) == "stop"
-        finally:
-            await a.aclose()
     assert proxy.seen == []
 
 
@@ -1180,11 +1092,8 @@ async def test_a_socks_proxy_is_refused_clearly(
     PROXY_UNSUPPORTED naming the scheme, never connecting directly; the proxy's password is
     not shown."""
     monkeypatch.setenv("ALL_PROXY", "socks5://user:hunter2@127.0.0.1:1080")
-    a = make(server.base_url, max_retries=2)
-    try:
+    async with opened(server.base_url, max_retries=2) as a:
         found = failure(await run(a))
-    finally:
-        await a.aclose()
     assert found.code == "PROXY_UNSUPPORTED"
     assert "socks5://" in found.message and "hunter2" not in found.message
     assert server.requests == []
@@ -1197,11 +1106,8 @@ async def test_a_proxy_that_does_not_answer_connect_times_out(
     async with Proxy() as proxy:
         proxy.silent = True
         monkeypatch.setenv("HTTPS_PROXY", f"127.0.0.1:{proxy.port}")
-        a = make("https://api.invalid/v1", connect_timeout=0.5)
-        try:
+        async with opened("https://api.invalid/v1", connect_timeout=0.5) as a:
             assert failure(await run(a)).code == "TIMEOUT"
-        finally:
-            await a.aclose()
     assert proxy.seen == [("CONNECT api.invalid:443 HTTP/1.1", None)]
 
 
@@ -1254,12 +1160,8 @@ async def test_tls_trusts_ssl_cert_file_and_checks_the_hostname(
     its own certificate passes; an untrusted one, or a trusted one for another host name,
     fails (CONNECTION)."""
     monkeypatch.setenv("SSL_CERT_FILE", str(certs[trusted][0]))
-    async with Raw(_stream_handler, tls=_tls(certs[served])) as raw:
-        a = make(raw.base_url)
-        try:
-            chunks = await run(a)
-        finally:
-            await a.aclose()
+    async with Raw(_stream_handler, tls=_tls(certs[served])) as raw, opened(raw.base_url) as a:
+        chunks = await run(a)
     if ok:
         assert text(chunks) == "Hello"
     else:
@@ -1276,12 +1178,9 @@ async def test_an_https_endpoint_goes_through_a_connect_tunnel(
     monkeypatch.setenv("SSL_CERT_FILE", str(certs["good"][0]))
     async with Raw(_stream_handler, tls=_tls(certs["good"])) as raw, Proxy() as proxy:
         monkeypatch.setenv("https_proxy", f"http://me:pw@127.0.0.1:{proxy.port}")
-        a = make(raw.base_url)
-        try:
+        async with opened(raw.base_url) as a:
             assert text(await run(a)) == "Hello"
             assert text(await run(a)) == "Hello"
-        finally:
-            await a.aclose()
     token = base64.b64encode(b"me:pw").decode()
     assert proxy.seen == [(f"CONNECT 127.0.0.1:{raw.port} HTTP/1.1", f"Basic {token}")]
     assert raw.requests[0][0] == "POST /v1/chat/completions HTTP/1.1"
