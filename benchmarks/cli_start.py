@@ -130,20 +130,27 @@ runpy.run_module("dsh_subagents.cli", run_name="__main__", alter_sys=True)
 """
 
 
-def _run_scripted(env: dict[str, str]) -> float:
-    """One run on the scripted model: the wall-clock time to its first ``stream`` call
-    (and the CPU time until then, recorded)."""
-    cpu = _children_cpu()
-    start = time.time()
+def _run_with(script: str, model: str, env: dict[str, str]) -> str:
+    """``run --model MODEL hi`` under ``script`` (a ``python -c`` wrapper that reports on
+    stderr); its stderr. A failed run ends the benchmark."""
     done = subprocess.run(
-        [sys.executable, "-c", _SCRIPTED, "run", "--model", "scripted", "hi"],
+        [sys.executable, "-c", script, "run", "--model", model, "hi"],
         capture_output=True,
         env=env,
         timeout=120,
     )
     if done.returncode != 0:
         raise SystemExit(f"the run failed ({done.returncode}): {done.stderr.decode()}")
-    at, used = done.stderr.decode().rpartition("@request ")[2].split()[:2]
+    return done.stderr.decode()
+
+
+def _run_scripted(env: dict[str, str]) -> float:
+    """One run on the scripted model: the wall-clock time to its first ``stream`` call
+    (and the CPU time until then, recorded)."""
+    cpu = _children_cpu()
+    start = time.time()
+    err = _run_with(_SCRIPTED, "scripted", env)
+    at, used = err.rpartition("@request ")[2].split()[:2]
     CPU.append(_children_cpu() - cpu)
     CPU_TO_REQUEST.append(float(used))
     return float(at) - start
@@ -171,15 +178,7 @@ def _check_compiled(server: ChatCompletionsServer, env: dict[str, str]) -> None:
     """One run that names the modules it imported without byte-code (each a compile in
     every timed run): a warning, since the figures then measure the compiler."""
     server.received.clear()
-    done = subprocess.run(
-        [sys.executable, "-c", _CHECK, "run", "--model", "openai:bench", "hi"],
-        capture_output=True,
-        env=env,
-        timeout=120,
-    )
-    if done.returncode != 0:
-        raise SystemExit(f"the run failed ({done.returncode}): {done.stderr.decode()}")
-    tail = done.stderr.decode().rpartition("@uncompiled ")[2].split()
+    tail = _run_with(_CHECK, "openai:bench", env).rpartition("@uncompiled ")[2].split()
     if tail:
         print(f"warning: {len(tail)} modules were imported without byte-code: {' '.join(tail)}")
 
