@@ -437,3 +437,80 @@ def test_jsonl_store_keeps_warm_logs_by_default(tmp_path: Path) -> None:
     """DUR-54: the bounds a store starts with (documented in docs/sessions.md)."""
     store = JsonlSessionPersistence(tmp_path)
     assert (store.warm_sessions, store.warm_events, store.warm_bytes) == (32, 50_000, 16 << 20)
+
+
+async def test_a_warm_resume_takes_the_closed_sessions_list_over(env: Env) -> None:
+    """PERF-22: closing a session keeps its own list warm and the next activation of the log
+    takes that list over as its log (no copy and no snapshot of the whole log is made, then or
+    at the prepare); the closed session still reads exactly its own events, never what the
+    resumed one appends, and what it appends itself stays its own."""
+    snapshots: list[int] = []
+    events_property = Session.events
+
+    def counting(self: Session) -> tuple[SessionEvent, ...]:
+        snapshots.append(len(self._events))
+        return events_property.fget(self)  # type: ignore[no-any-return,attr-defined]
+
+    session = env.ctx.sessions.prepare("s")
+    detach = env.owner.sessions.enter(session)
+    env.owner.sessions.announce(session)
+    for turn in (1, 2, 3):
+        append_turn(session, turn)
+    before = session.events
+    own = session._events
+    Session.events = property(counting)  # type: ignore[method-assign,assignment]
+    try:
+        detach()
+        await env.persistence.released("s")
+        warm = env.persistence._warm["s"]
+        assert warm.events is own and warm.length == len(before)
+        prepared = await env.persistence.prepare("s")
+    finally:
+        Session.events = events_property  # type: ignore[method-assign]
+    assert snapshots == []
+    resumed = prepared.session
+    assert resumed._events is own
+    detach = env.owner.sessions.enter(resumed)
+    env.owner.sessions.announce(resumed)
+    append_turn(resumed, 4)
+    assert len(own) > len(before)
+    assert session.events == before and session.seq == len(before)
+    assert list(reversed(session._events)) == list(reversed(before))
+    assert session.events_since(len(before) - 2) == list(before[-2:])
+    with pytest.raises(IndexError):
+        session.event(len(before))
+    late = session.append("x/late", {"n": 1}, ignorable=True)  # in memory only (host-core 5)
+    assert session.events == (*before, late) and late.seq == len(before)
+    assert late not in own
+    assert resumed.events[: len(before)] == before
+    detach()
+    await env.persistence.released("s")
+    _, cold = await env.cold("s")
+    assert resumed.events == cold
+    await env.close()
+
+
+def test_a_replay_resumed_part_way_reads_only_the_events_after_it() -> None:
+    """PERF-22: the replay of a warm log goes on from where it stopped without stepping over
+    the events before (it used to walk them all again, so each resume of a long log cost the
+    whole log): a log whose iteration fails replays from a start inside it."""
+
+    class NoWalk(list[SessionEvent]):
+        def __iter__(self) -> Any:
+            raise AssertionError("the whole log was walked")
+
+    header = SessionHeader(id="s", created_at=1)
+    session = Session(header, types=EventTypeRegistry())
+    for turn in (1, 2, 3):
+        append_turn(session, turn)
+    events = list(session.events)
+    cut = 5
+    prefix = _scan(events[:cut], str)
+    whole = _scan(events, str)
+    resumed = _scan(NoWalk(events), str, resume=prefix, start=cut)
+    assert resumed.checker.open_turn == whole.checker.open_turn
+    assert (resumed.announced, resumed.calls, resumed.answered) == (
+        whole.announced,
+        whole.calls,
+        whole.answered,
+    )

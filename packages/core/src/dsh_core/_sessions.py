@@ -179,6 +179,7 @@ class Session:
         types: EventTypeRegistry,
         seed: Sequence[SessionEvent] | None = None,
         stored: bool = False,
+        fold: LogFold | None = None,
     ) -> None:
         self.header = header
         self._types = types
@@ -186,7 +187,7 @@ class Session:
         self._specs = types._specs
         # That table when it holds the core types as core declares them (see _append_vouched).
         self._vouching = types._specs if types._core else None
-        self._events: list[SessionEvent] = []
+        self._events: list[SessionEvent] | _ClosedLog = []
         self._messages: list[Message] = []
         self._messages_view = MessageHistory(_NO_MESSAGES, 0)
         self._messages_tuple: tuple[Message, ...] = ()
@@ -206,16 +207,21 @@ class Session:
         #: What a backend derived of the seed already (see :class:`FoldedSeed`), else None.
         self._seed_fold: LogFold | None = None
         if seed is not None:
-            self._load_seed(seed, from_store=stored)
+            self._load_seed(seed, from_store=stored, fold=fold)
 
-    def _load_seed(self, given: Sequence[SessionEvent], *, from_store: bool) -> None:
-        seed = list(given)
+    def _load_seed(
+        self, given: Sequence[SessionEvent], *, from_store: bool, fold: LogFold | None = None
+    ) -> None:
+        # A stored log's list was made for this session alone: it becomes the session's log
+        # as it is (PERF-22: a warm resume takes over the closed session's list, no copy).
+        seed = given if from_store and isinstance(given, list) else list(given)
         if from_store:
             # A stored log as a backend read it: the reader decoded every event strictly
             # (types, payloads, surface metadata), replayed it through the log invariant and
             # closed any open turn, so it is contiguous and balanced; checking it all again
             # would double the cost of a resume for nothing.
-            fold = given.fold if isinstance(given, FoldedSeed) else None
+            if fold is None and isinstance(given, FoldedSeed):
+                fold = given.fold
             if fold is not None and fold.length == len(seed):
                 self._take_fold(seed, fold)
             else:
@@ -276,7 +282,7 @@ class Session:
         self._end_seed(seed)
 
     def _end_seed(self, seed: list[SessionEvent]) -> None:
-        self._events.extend(seed)
+        self._events = seed  # the session's own list by now (a copy, or the store's)
         self.first_live_seq = len(seed)
         if not seed or seed[-1].type != "session/end-seed":
             self.append("session/end-seed", EndSeedData())
@@ -308,6 +314,20 @@ class Session:
     def events_since(self, seq: int) -> Sequence[SessionEvent]:
         """The events from ``seq`` on (a copy)."""
         return self._events[seq:]
+
+    def _hand_over(self, length: int) -> list[SessionEvent] | None:
+        """The list holding this closed session's first ``length`` events, for a store to
+        keep warm and a later activation of the log to take over as its own (PERF-22): from
+        now on this session reads those events through a :class:`_ClosedLog`. A copy when the
+        session holds more events than that (appended after its log was stored: they stay
+        its own); ``None`` if it was handed over already."""
+        events = self._events
+        if isinstance(events, _ClosedLog):
+            return None
+        if len(events) != length:
+            return events[:length]
+        self._events = _ClosedLog(events, length)
+        return events
 
     def derive_messages(self) -> Sequence[Message]:
         """The model-visible history: user messages, non-empty assistant messages, results.
@@ -625,12 +645,15 @@ class SessionStore:
         seed: Sequence[SessionEvent] | None = None,
         meta: SessionMeta | None = None,
         restored: SessionHeader | None = None,
+        fold: LogFold | None = None,
     ) -> Session:
         """Build an unpublished session (nothing is announced or stored yet).
 
         ``restored`` rebuilds a persisted session under its stored header (``seed`` is then the
-        stored log as a backend read, replay-checked and repaired it: it is not checked again).
-        A live duplicate id, an empty id (``SESSION_INVALID_ID``) or a relative ``cwd`` fails;
+        stored log as a backend read, replay-checked and repaired it: it is not checked again;
+        a list is taken over as the session's log, not copied, so the backend must not use it
+        afterwards; ``fold``, if given, is what the backend derived of it already). A live
+        duplicate id, an empty id (``SESSION_INVALID_ID``) or a relative ``cwd`` fails;
         ``id=None`` mints a new id.
         """
         if restored is not None:
@@ -660,7 +683,9 @@ class SessionStore:
             )
         if header.id in self._svc._live:
             raise SessionError(f"session {header.id!r} is already live", code="DUPLICATE_SESSION")
-        return Session(header, types=self._svc.types, seed=seed, stored=restored is not None)
+        return Session(
+            header, types=self._svc.types, seed=seed, stored=restored is not None, fold=fold
+        )
 
     def enter(self, session: Session) -> Callable[[], None]:
         """Publish ``session`` into the store, owned by this context; returns ``detach``.
@@ -920,12 +945,59 @@ def fold_log(
     )
 
 
+class _ClosedLog(Sequence[SessionEvent]):
+    """The log of a closed session whose list may go on to a later activation of the same
+    log (see :meth:`Session._hand_over`): the first ``length`` events of that list. An append
+    (what a ``session/disposed`` listener may still do, in memory only) first copies them
+    into a list of this session's own, so the shared list never sees it."""
+
+    __slots__ = ("_events", "_length", "_shared")
+
+    def __init__(self, events: list[SessionEvent], length: int) -> None:
+        self._events = events
+        self._length = length
+        self._shared = True
+
+    def __len__(self) -> int:
+        return self._length
+
+    @overload
+    def __getitem__(self, index: int) -> SessionEvent: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[SessionEvent]: ...
+
+    def __getitem__(self, index: int | slice) -> SessionEvent | list[SessionEvent]:
+        if isinstance(index, slice):
+            return self._events[: self._length][index]
+        if not -self._length <= index < self._length:
+            raise IndexError("session event index out of range")
+        return self._events[index % self._length]
+
+    def __iter__(self) -> Iterator[SessionEvent]:
+        return islice(self._events, self._length)
+
+    def __reversed__(self) -> Iterator[SessionEvent]:
+        events = self._events
+        for seq in range(self._length - 1, -1, -1):
+            yield events[seq]
+
+    def append(self, event: SessionEvent) -> None:
+        if self._shared:
+            self._events = self._events[: self._length]
+            self._shared = False
+        self._events.append(event)
+        self._length += 1
+
+
 class FoldedSeed(list[SessionEvent]):
-    """A stored seed with its :class:`LogFold` (of exactly these events), for a backend's
-    ``sessions.prepare(seed=..., restored=...)``: the session takes the fold over."""
+    """A stored seed with its :class:`LogFold` (of exactly these events, ``None``: not
+    known), for a backend's ``sessions.prepare(seed=..., restored=...)``: the session takes
+    the fold over, and the list itself as its log (no copy, PERF-22), so the backend must
+    not touch the list afterwards."""
 
     __slots__ = ("fold",)
 
-    def __init__(self, events: Iterable[SessionEvent], fold: LogFold) -> None:
+    def __init__(self, events: Iterable[SessionEvent], fold: LogFold | None = None) -> None:
         super().__init__(events)
         self.fold = fold

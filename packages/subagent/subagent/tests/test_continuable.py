@@ -1290,7 +1290,7 @@ async def test_a_follow_up_after_200_turns_reads_and_decodes_nothing(
             await b.settled(child)
         assert (reads, decoded) == ([], [])
         assert len(b.ends()) == 201
-        kept = persistence._warm[child].events
+        kept = tuple(persistence._warm[child].events)
         monkeypatch.undo()
         persistence._warm.clear()
         _, stored = await persistence.inspect(child)

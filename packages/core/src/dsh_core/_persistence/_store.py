@@ -23,7 +23,7 @@ from .._events import (
 )
 from .._frozen import attrs_eq, attrs_hash, attrs_repr
 from .._log_checker import LogInvariantError
-from .._sessions import FoldedSeed, LogFold, Session, check_session_id, fold_log
+from .._sessions import LogFold, Session, check_session_id, fold_log
 from ._common import T, _check, _deliver, _log, _settle, _stored_anyway, _succeeded, _Unwritten
 from ._repair import _closers, _Scan, _scan, _validate_appended
 
@@ -122,18 +122,22 @@ class _Loaded:
 class _Warm:
     """A log this host wrote and closed itself, kept decoded (see :attr:`warm_events`).
 
-    ``events`` is the log as this host wrote it (its events are immutable, and the store
-    reads back what it writes, equal), ``stamp`` the backend's stamp of the log right after
-    that last write, ``scan`` the log invariant's replay of ``events[:scanned]`` (``None``:
-    none yet). It stands for the stored log only while the log's stamp is still ``stamp``.
+    ``events[:length]`` is the log as this host wrote it (its events are immutable, and the
+    store reads back what it writes, equal): ``events`` is the closed session's own list (it
+    reads its first ``length`` events through a ``_ClosedLog`` now), which a resume takes over
+    as the new session's log when it takes the warm log; an inspect copies them.
+    ``stamp`` is the backend's stamp of the log right after that last write, ``scan`` the log
+    invariant's replay of ``events[:scanned]`` (``None``: none yet). It stands for the stored
+    log only while the log's stamp is still ``stamp``.
     """
 
-    __slots__ = ("events", "fold", "header", "scan", "scanned", "size", "stamp")
+    __slots__ = ("events", "fold", "header", "length", "scan", "scanned", "size", "stamp")
 
     def __init__(
         self,
         header: SessionHeader,
-        events: tuple[SessionEvent, ...],
+        events: builtins.list[SessionEvent],
+        length: int,
         stamp: Hashable,
         scan: _Scan | None,
         scanned: int,
@@ -143,6 +147,7 @@ class _Warm:
         self.header = header
         self.fold = fold  # what the session derives of events[:fold.length], if known
         self.events = events
+        self.length = length
         self.stamp = stamp
         self.size = size  # the stored log's bytes, if the backend counts them (else 0)
         self.scan = scan
@@ -819,13 +824,15 @@ class SessionPersistence:
         size = self._stored_size(stamp)
         if size > self.warm_bytes:
             return
-        events = rec.session.events
-        if len(events) != end:
-            events = events[:end]
-        warm = _Warm(rec.session.header, events, stamp, rec.scan, rec.scanned, size, rec.fold)
+        # The disposed session's own list, not a snapshot of it (PERF-22): the session reads
+        # its first ``end`` events from then on, the next activation takes the list over.
+        events = rec.session._hand_over(end)
+        if events is None:
+            return
+        warm = _Warm(rec.session.header, events, end, stamp, rec.scan, rec.scanned, size, rec.fold)
         rec.scan = rec.fold = None  # handed over: the replay is the warm log's now
         self._warm[sid] = warm
-        self._warm_total += len(events)
+        self._warm_total += end
         self._warm_size += size
         while (
             len(self._warm) > self.warm_sessions
@@ -837,7 +844,7 @@ class SessionPersistence:
     def _forget_warm(self, id: str) -> _Warm | None:
         warm = self._warm.pop(id, None)
         if warm is not None:
-            self._warm_total -= len(warm.events)
+            self._warm_total -= warm.length
             self._warm_size -= warm.size
         return warm
 
@@ -845,14 +852,20 @@ class SessionPersistence:
         """``_read_repaired`` from a warm log: the same events, verdict and closers, with only
         the events its replay has not seen replayed (those of the last activation). With
         ``commit`` (a resume) also the log's fold, likewise (the first time: all of it)."""
-        events = builtins.list(warm.events)
+        events = warm.events
+        if commit:
+            # A resume takes the list over from the warm log (which it leaves, see prepare):
+            # no copy of the log at all (PERF-22). Past ``length``: nothing stored, dropped.
+            del events[warm.length :]
+        else:
+            events = events[: warm.length]
         scan = _scan(events, self._locator(id), resume=warm.scan, start=warm.scanned)
         warm.scan, warm.scanned = scan, len(events)
         loaded = self._repaired(id, warm.header, events, scan, commit)
         if not commit:
             return loaded
-        fold = fold_log(loaded.events, warm.header.seed_length, warm.fold)
-        return attrs.evolve(loaded, events=FoldedSeed(loaded.events, fold), fold=fold)
+        fold = fold_log(events, warm.header.seed_length, warm.fold)
+        return attrs.evolve(loaded, fold=fold)
 
     # -- reading ---------------------------------------------------------------------------------
 
@@ -1016,11 +1029,16 @@ class SessionPersistence:
             if not written and (loaded.closers or handle.truncate):
                 await self._run(self._write, handle, loaded.closers)
                 _check(signal)
-            session = ctx.sessions.prepare(id, seed=loaded.events, restored=loaded.header)
+            # Counted before the session takes the list over (it becomes the session's log,
+            # which then grows by its own events).
+            stored = len(loaded.events)
+            session = ctx.sessions.prepare(
+                id, seed=loaded.events, restored=loaded.header, fold=loaded.fold
+            )
             self._prepared[id] = _Prepared(
                 session=session,
                 handle=handle,
-                stored=len(loaded.events),
+                stored=stored,
                 scan=loaded.scan,
                 scanned=loaded.scanned,
                 fold=loaded.fold,
