@@ -436,7 +436,7 @@ def test_a_fold_resumed_part_way_is_the_whole_fold(
 def test_jsonl_store_keeps_warm_logs_by_default(tmp_path: Path) -> None:
     """DUR-54: the bounds a store starts with (documented in docs/sessions.md)."""
     store = JsonlSessionPersistence(tmp_path)
-    assert (store.warm_sessions, store.warm_events, store.warm_bytes) == (32, 50_000, 16 << 20)
+    assert (store.warm_sessions, store.warm_events, store.warm_bytes) == (1024, 50_000, 16 << 20)
 
 
 async def test_a_warm_resume_takes_the_closed_sessions_list_over(env: Env) -> None:
@@ -514,3 +514,17 @@ def test_a_replay_resumed_part_way_reads_only_the_events_after_it() -> None:
         whole.calls,
         whole.answered,
     )
+
+
+async def test_forty_logs_resumed_in_turn_all_stay_warm(env: Env) -> None:
+    """DUR-54, PERF-22: by default a store keeps far more than a few dozen closed logs warm
+    (the events and bytes bound the memory): a parent following up 40 children in turn, twice
+    round, reads no log (with 32 kept, each resume found its log let go and read it)."""
+    ids = [f"s{i}" for i in range(40)]
+    for id in ids:
+        await env.written(id, 2)
+    for _ in range(2):
+        for id in ids:
+            await env.resumed(id, 1)
+    assert env.reads == []
+    await env.close()

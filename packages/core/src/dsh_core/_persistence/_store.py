@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from .._context import Context
 
 #: How many closed logs a store keeps warm by default (``SessionPersistence.warm_sessions``).
-WARM_SESSIONS = 32
+WARM_SESSIONS = 1024
 #: How many events those logs hold together by default (``SessionPersistence.warm_events``).
 WARM_EVENTS = 50_000
 #: How many stored bytes they take together by default (``SessionPersistence.warm_bytes``).
