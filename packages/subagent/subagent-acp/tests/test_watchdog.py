@@ -266,6 +266,23 @@ async def test_a_spawned_group_is_registered_until_its_ladder_has_finished(
     assert lines == [f"+{child.pid}", f"-{child.pid}"]
 
 
+def test_every_event_loop_of_the_process_shares_one_watchdog(watchdog: Watchdog) -> None:
+    """ACPC-82: a process that runs one event loop after another (``asyncio.run`` twice)
+    keeps the watchdog the first one started: it belongs to the process, not to a loop."""
+
+    async def spawn_and_dispose() -> int | None:
+        child = await _spawn()
+        try:
+            return watchdog.pid
+        finally:
+            await child.terminate(eof_grace=1.0, grace=1.0)
+
+    first = asyncio.run(spawn_and_dispose())
+    second = asyncio.run(spawn_and_dispose())
+    assert first is not None and first == second
+    assert watchdog.registered == {}
+
+
 async def test_a_watchdog_that_died_is_started_again_and_told_every_group(
     watchdog: Watchdog, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
