@@ -325,7 +325,15 @@ async def _spawn(
 ) -> tuple[ChildProcess, Any, _ParentClient]:
     client = _ParentClient(config.permission)
     try:
-        child = await ChildProcess.spawn(config.command, config.args, cwd=cwd, env=env, label=name)
+        child = await ChildProcess.spawn(
+            config.command,
+            config.args,
+            cwd=cwd,
+            env=env,
+            label=name,
+            eof_grace=config.dispose_eof_grace_ms / 1000,
+            grace=config.dispose_grace_ms / 1000,
+        )
     except OSError as exc:
         raise AcpError(
             f"subagent-acp {name!r}: cannot start {config.command!r}: "

@@ -5,6 +5,10 @@ The child leads a process group of its own, so the ladder reaches the whole tree
 stdin EOF, then up to ``eof_grace`` for the tree to leave; SIGTERM to the group, then up to
 ``grace``; SIGKILL to the group; then a wait for the child's exit without bound (the kernel
 ends a SIGKILLed process, so that wait ends). POSIX only.
+
+The ladder runs only while the host process lives: every group is also registered with this
+process's watchdog (``_watchdog``) as soon as it is spawned, and unregistered once its ladder
+has finished, so a host that dies without running it still has it run.
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ import re
 import signal
 import sys
 from collections.abc import Iterable, Mapping
+
+from ._watchdog import WATCHDOG
 
 __all__ = ["ChildProcess", "child_environment", "is_credential_name", "is_credential_value"]
 
@@ -129,8 +135,12 @@ class ChildProcess:
         cwd: str,
         env: Mapping[str, str],
         label: str,
+        eof_grace: float,
+        grace: float,
     ) -> ChildProcess:
-        """Start ``command`` in its own process group with piped stdio (OSError if it cannot)."""
+        """Start ``command`` in its own process group with piped stdio (OSError if it cannot),
+        registered with the watchdog under the ladder's graces (ACPC-82) before it is
+        returned."""
         loop = asyncio.get_running_loop()
         transport, protocol = await loop.subprocess_exec(
             lambda: _ExitProtocol(limit=1 << 20, loop=loop),
@@ -144,6 +154,7 @@ class ChildProcess:
             start_new_session=True,
         )
         process = asyncio.subprocess.Process(transport, protocol, loop)
+        WATCHDOG.register(process.pid, eof_grace, grace)
         return cls(process, label, transport, protocol.exit)
 
     async def _exit_status(self, exited: asyncio.Future[None]) -> int:
@@ -227,6 +238,8 @@ class ChildProcess:
             if not await self._tree_gone_within(grace):
                 self._signal_group(signal.SIGKILL)
         await self._exited
+        # The group is empty, or SIGKILLed: the watchdog has nothing left to do for it.
+        WATCHDOG.unregister(self.pid)
         # The relay ends at EOF; a grandchild still holding stderr open must not keep it.
         if not self._relay.done():
             await asyncio.wait({self._relay}, timeout=0.2)
