@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import importlib.util
 import os
 import signal
@@ -152,16 +153,27 @@ async def _run(followups: int, kills: int) -> None:
     raw_script = tmp / "raw_agent.py"
     raw_script.write_text(_raw_agent(), encoding="utf-8")
     sink = _Sink()
+    row = helpers.agent_row(tmp)
     async with (
         _host(tmp) as host,
         acp.spawn_agent_process(
             sink, sys.executable, "-P", str(raw_script), env=dict(os.environ)
         ) as (raw_conn, _),
+        acp.spawn_agent_process(
+            sink, row["command"], *row["args"], env={**os.environ, **row["env"]}
+        ) as (direct_conn, _),
     ):
         await raw_conn.initialize(protocol_version=acp.PROTOCOL_VERSION)
         raw = _Raw(raw_conn, (await raw_conn.new_session(cwd=str(tmp), mcp_servers=[])).session_id)
+        # The child's own floor: the same dsh-acp-agent, its config and store, prompted by the
+        # SDK directly (no parent host, no seam): what a follow-up costs beyond it is ours.
+        await direct_conn.initialize(protocol_version=acp.PROTOCOL_VERSION)
+        direct = _Raw(
+            direct_conn, (await direct_conn.new_session(cwd=str(tmp), mcp_servers=[])).session_id
+        )
         for _ in range(20):
             await raw.round_trip()
+            await direct.round_trip()
         ends = tree.Ends(host, helpers.BOUND)
         handle = await host.create_agent(meta=SessionMeta(cwd=str(tmp)))
         parent = handle.agent
@@ -173,6 +185,8 @@ async def _run(followups: int, kills: int) -> None:
         await ends.answer(1)
         start = time.perf_counter() - t
         n, warm, sdk, ratios, cpu, child_cpu, cold = 1, [], [], [], [], [], []
+        direct_walls: list[float] = []
+        direct_ratios: list[float] = []
 
         async def followup(i: int) -> float:
             nonlocal n
@@ -189,15 +203,19 @@ async def _run(followups: int, kills: int) -> None:
             return wall
 
         for i in range(followups):
-            if i % 2 == 0:
-                a = await followup(i)
-                b = await raw.round_trip()
-            else:
-                b = await raw.round_trip()
-                a = await followup(i)
+            # The three in turn, the order rotated every round.
+            timed: dict[str, float] = {}
+            steps = {"followup": functools.partial(followup, i), "sdk": raw.round_trip,
+                     "direct": direct.round_trip}  # fmt: skip
+            order = ["followup", "sdk", "direct"]
+            for name in order[i % 3 :] + order[: i % 3]:
+                timed[name] = await steps[name]()
+            a, b, c = timed["followup"], timed["sdk"], timed["direct"]
             warm.append(a)
             sdk.append(b)
             ratios.append(a / b)
+            direct_walls.append(c)
+            direct_ratios.append(c / b)
         phases: list[tuple[float, float, float]] = []
         for i in range(kills):
             process = tree.child_process(host, child_id)
@@ -214,9 +232,10 @@ async def _run(followups: int, kills: int) -> None:
                            done - _MARKS["load"]))  # fmt: skip
         print(f"start: {start * 1000:.0f} ms")
         print(
-            f"warm follow-up ({followups}, each beside one SDK-only prompt, the order flipped "
-            "every pair): medians of all, the first 20 and the last 20 (the parent resumes the "
-            "settled local child at each follow-up, from its store's warm log)"
+            f"warm follow-up ({followups}, each beside one SDK-only prompt and one prompt of the "
+            "SDK to the same dsh-acp-agent directly, the order rotated every round): medians of "
+            "all, the first 20 and the last 20 (the parent resumes the settled local child at "
+            "each follow-up, from its store's warm log)"
         )
         for label, part in (
             ("all", slice(None)),
@@ -229,6 +248,12 @@ async def _run(followups: int, kills: int) -> None:
                 f"parent {_median_ms(cpu[part])}, child "
                 f"{statistics.fmean(child_cpu[part]) * 1000:.1f} ms (a mean: /proc counts ticks)"
             )
+        print(
+            f"  the child's floor: dsh-acp-agent prompted by the SDK directly "
+            f"{_median_ms(direct_walls)}, ratio to the SDK-only round trip "
+            f"{statistics.median(direct_ratios):.2f}x; so a follow-up costs the parent host about "
+            f"{(statistics.median(warm) - statistics.median(direct_walls)) * 1000:.1f} ms beyond it"
+        )
         if cold:
             print(
                 f"cold resume after kill -9 ({kills}, session of up to {n} turns): median "
