@@ -234,14 +234,18 @@ async def boot(
     store_root: Path | None = None,
     parent_options: AgentOptions | None = None,
     parent_id: str | None = None,
+    tree_cap: int | None = None,
 ) -> AsyncIterator[Booted]:
-    """A host with ``subagent``, the local provider and a root parent agent."""
+    """A host with ``subagent`` (``tree_cap``: its ``max_running_children_per_tree``), the
+    local provider and a root parent agent."""
+    config = {} if tree_cap is None else {"subagent": {"max_running_children_per_tree": tree_cap}}
     async with scripted_host(
         "subagent",
         model=model,
         modules={"subagent": dsh_subagent.plugin},
         store=store,
         store_root=store_root,
+        config=config,
     ) as host:
         owner = host.ctx.plugin("local-provider")
         owner[SUBAGENTS].register_provider(LocalProvider(seeded=seeded))
@@ -1606,9 +1610,10 @@ async def test_soak_many_continuable_children_through_many_epochs(
     parent, started together and followed up round after round, each round mixing follow-ups
     that join a running epoch with ones that cold-resume a settled child: every epoch ends
     completed with its own answer, the parent gets one notice per epoch, and at the end (after
-    a drain) no child agent, Activation, lock, materialization or host task is left."""
+    a drain) no child agent, Activation, lock, materialization or host task is left. The run
+    tree's cap is raised to hold them all (the cap has its own tests, test_limits.py)."""
     model = Model()
-    async with boot(model, store=store, store_root=tmp_path) as b:
+    async with boot(model, store=store, store_root=tmp_path, tree_cap=SOAK_CHILDREN) as b:
         manager = b.manager
         async with asyncio.timeout(60):
             started = await asyncio.gather(

@@ -73,6 +73,9 @@ ROOT = "machine-root"
 BOUND = 10
 EXAMPLES = int(os.environ.get("DSH_CONTINUABLE_EXAMPLES", "200"))
 STEPS = int(os.environ.get("DSH_CONTINUABLE_STEPS", "16"))
+#: Room in the run tree for every child a run of the machine can start (its cap is tested
+#: on its own, in test_limits.py).
+MACHINE_TREE_CAP = 10_000
 #: The stores live in memory-backed files where there are some: every flush ends in an fsync.
 SCRATCH = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
 #: Refusals a step may meet by the documented rules (CONT-1, CONT-13, DRN-1..3, RPT-S1).
@@ -239,6 +242,9 @@ class ContinuableMachine(RuleBasedStateMachine):
                 store_root=self.folder,
                 modules={"subagent": dsh_subagent.plugin},
                 extra=[PROVIDERS],
+                # The machine is about continuation, not the run tree's cap (test_limits.py):
+                # a long run may hold more children at once than the default 32.
+                config={"subagent": {"max_running_children_per_tree": MACHINE_TREE_CAP}},
             )
             host.ctx.on("agent/inbox/inserted", self.on_inserted)
             host.ctx.on("agent/inbox/claimed", self.on_claimed)
