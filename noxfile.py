@@ -506,16 +506,19 @@ def typecheck(session: nox.Session) -> None:
 
 @nox.session(requires=["build"])
 def thorough(session: nox.Session) -> None:
-    """Slow tier, outside the default set: every test but interop, Hypothesis at 2000 examples.
+    """Slow tier, outside the default set: every test but those of the interop, crash and index
+    tiers, Hypothesis at 2000 examples.
 
     The tests marked ``thorough`` (long state-machine and soak runs, which the default set
     deselects) run here, and every property test runs under the ``thorough`` profile.
     """
     _install_wheels(session, *PACKAGES)
+    # The interop, crash and index tiers run in sessions of their own (``index`` needs the
+    # build backend and the local package index that only ``nox -s package`` installs).
     _pytest(
         session,
         "-m",
-        "not interop and not crash",
+        "not interop and not crash and not index",
         *_every_test_folder(),
         env={"HYPOTHESIS_PROFILE": "thorough"},
     )
