@@ -1,5 +1,6 @@
-"""dsh-acp-agent's system calls per prompt: stdin read in buffers the heap serves (PERF-23),
-and a prompt's last updates written with its answer, in one write (PERF-24)."""
+"""dsh-acp-agent's own cost per prompt: stdin read in buffers the heap serves (PERF-23), a
+prompt's last updates written with its answer, in one write (PERF-24), and its answer's frame
+handed to the SDK as it is (PERF-25)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from acp.schema import PromptResponse
+from pydantic import BaseModel
 
 from dsh_acp_agent import AgentServerConfig, cli
+from dsh_acp_agent._server import _ANSWERS, _SDK_DUMP
 from dsh_acp_agent._wire import HOLD_LIMIT, GuardedTransport
 from dsh_acp_agent.cli import serve
 
@@ -181,3 +185,26 @@ async def test_stdin_is_read_in_buffers_below_the_mapping_threshold(
     finally:
         feeder.join(BOUND)
         os.close(out_read)
+
+
+def test_answers_give_the_sdk_their_frame_without_pydantics_serializer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """PERF-25: each prompt answer, dumped the way the SDK dumps a result, is the frame
+    pydantic makes of a plain ``PromptResponse`` with its stop reason, built without pydantic's
+    serializer; any other dump of it is pydantic's."""
+    frames = {
+        kind: PromptResponse(stop_reason=answer.stop_reason).model_dump(**_SDK_DUMP)
+        for kind, answer in _ANSWERS.items()
+    }
+    assert set(frames) == {"completed", "max-tokens", "max-steps", "aborted", "blocked"}
+    assert all(frame == {"stopReason": frame["stopReason"]} for frame in frames.values())
+    assert _ANSWERS["completed"].model_dump(by_alias=True)["stopReason"] == "end_turn"
+
+    def refused(self: Any, **kwargs: Any) -> Any:
+        raise AssertionError("pydantic's serializer ran")
+
+    monkeypatch.setattr(BaseModel, "model_dump", refused)
+    for kind, answer in _ANSWERS.items():
+        assert isinstance(answer, PromptResponse)
+        assert answer.model_dump(**_SDK_DUMP) == frames[kind]
