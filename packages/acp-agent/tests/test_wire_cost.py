@@ -1,6 +1,6 @@
 """dsh-acp-agent's own cost per prompt: stdin read in buffers the heap serves (PERF-23), a
-prompt's last updates written with its answer, in one write (PERF-24), and its answer's frame
-handed to the SDK as it is (PERF-25)."""
+prompt's last updates written with its answer, in one write (PERF-24), its answer's frame
+handed to the SDK as it is (PERF-25), and frames encoded by one encoder (PERF-26)."""
 
 from __future__ import annotations
 
@@ -15,11 +15,13 @@ from typing import Any
 
 import pytest
 from acp.schema import PromptResponse
+from hypothesis import given
+from hypothesis import strategies as st
 from pydantic import BaseModel
 
 from dsh_acp_agent import AgentServerConfig, cli
 from dsh_acp_agent._server import _ANSWERS, _SDK_DUMP
-from dsh_acp_agent._wire import HOLD_LIMIT, GuardedTransport
+from dsh_acp_agent._wire import _ENCODE, HOLD_LIMIT, GuardedTransport
 from dsh_acp_agent.cli import serve
 
 #: The bound on every wait of these tests.
@@ -208,3 +210,42 @@ def test_answers_give_the_sdk_their_frame_without_pydantics_serializer(
     for kind, answer in _ANSWERS.items():
         assert isinstance(answer, PromptResponse)
         assert answer.model_dump(**_SDK_DUMP) == frames[kind]
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(st.characters(exclude_categories=("Cs",))),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+    max_leaves=20,
+)  # fmt: skip
+
+
+@given(value=_JSON)
+def test_frames_are_encoded_by_one_encoder_as_json_dumps_would(value: Any) -> None:
+    """PERF-26: a frame's text is what ``json.dumps`` makes of it (compact, non-ASCII as
+    itself), from one encoder built once rather than one per frame."""
+    expected = json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    real = json.encoder.c_make_encoder
+
+    def refused(*args: Any) -> Any:
+        raise AssertionError("an encoder was built for this frame")
+
+    json.encoder.c_make_encoder = refused  # type: ignore[assignment]
+    try:
+        assert _ENCODE(value) == expected
+    finally:
+        json.encoder.c_make_encoder = real
+
+
+def test_values_json_refuses_are_still_refused() -> None:
+    """PERF-26: a number that is not finite, a value JSON has no form for and a circular
+    value are refused as the standard encoder refuses them (a circular one by the recursion
+    limit), so the transport's repair still takes over."""
+    with pytest.raises(ValueError):
+        _ENCODE({"x": float("nan")})
+    with pytest.raises(TypeError):
+        _ENCODE({"x": object()})
+    loop: list[Any] = []
+    loop.append(loop)
+    with pytest.raises(RecursionError):
+        _ENCODE(loop)

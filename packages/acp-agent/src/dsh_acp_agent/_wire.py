@@ -74,7 +74,36 @@ def _refuse_constant(name: str) -> Any:
 
 #: ``json.loads`` without the ``NaN``/``Infinity`` extension (the C scanner all the same).
 _DECODER = json.JSONDecoder(parse_constant=_refuse_constant)
-_ENCODE = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode
+_ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+
+
+def _no_default(value: Any) -> Any:
+    raise TypeError(f"Object of type {value.__class__.__name__} is not JSON serializable")
+
+
+def _encoder() -> Callable[[Any], str]:
+    """``_ENCODER.encode``, with the C encoder it builds for each call built once (PERF-26).
+
+    The same text: compact, non-ASCII as itself, ``NaN`` refused (``ValueError``), a value
+    JSON has no form for refused (``TypeError``). Circular values are not looked for: one
+    recurses until ``RecursionError``, which :meth:`GuardedTransport.send` handles as it
+    handles a value nested too deep. Without the C accelerator, ``_ENCODER.encode`` itself.
+    """
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None:  # pragma: no cover - a Python without the json C accelerator
+        return _ENCODER.encode
+    chunks = make(
+        None, _no_default, json.encoder.encode_basestring, None, ":", ",", False, False, False
+    )
+    join = "".join
+
+    def encode(value: Any) -> str:
+        return join(chunks(value, 0))
+
+    return encode
+
+
+_ENCODE = _encoder()
 
 
 def _fix(text: str) -> str:
