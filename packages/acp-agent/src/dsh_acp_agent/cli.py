@@ -101,7 +101,7 @@ def _read_size(pipe: asyncio.ReadTransport) -> None:
     own: every prompt's read cost an ``mmap``, an ``mremap``, a ``munmap`` and a fresh zeroed
     page. 64 KiB comes from the heap; a longer line is read in more passes, whole as before.
     """
-    if hasattr(pipe, "max_size"):  # asyncio's pipe transport (its attribute since 3.4)
+    if hasattr(pipe, "max_size"):  # asyncio's Unix pipe transport (3.11 to 3.13 have it)
         pipe.max_size = READ_SIZE
 
 
