@@ -2,7 +2,7 @@
 # Instructions per turn or per delegation, counted by callgrind (deterministic, unlike time).
 # ``delegation`` is delegation.py's spawn:memory route (a bench tool calls start()), ``tool``
 # its spawn:tool route (the parent calls the real ``subagent`` tool).
-#   benchmarks/instructions.sh TREE turn|delegation|tool|resume|followup
+#   benchmarks/instructions.sh TREE turn|delegation|tool|resume|followup|agent|sdkagent
 # Runs the measurement twice (small and large count, the cyclic GC off) and prints the
 # difference divided by the difference in count, so set-up and imports cancel out. ``resume``
 # counts per stored event a cold-resume follow-up (benchmarks/resume.py) up to acceptance, in
@@ -10,7 +10,9 @@
 # cyclic GC on (its passes over the loaded log are part of the cost). ``followup`` counts the
 # parent process of benchmarks/acp_continuable.py per warm follow-up to a continuable ACP child
 # (dsh-acp-agent, not counted: callgrind follows no child process), every thread of the
-# parent, the cyclic GC on.
+# parent, the cyclic GC on. ``agent`` and ``sdkagent`` count per prompt the process of
+# dsh-acp-agent (echo model, memory store) or of acp.py's SDK-only echo agent, driven by
+# benchmarks/acp_agent.py's plain client (not counted), as the console script runs it.
 set -eu
 tree=$(cd "$1" && pwd); what=$2
 python=${PYTHON:-python3}
@@ -23,7 +25,8 @@ case $what in
     call="import delegation, tempfile, pathlib; asyncio.run(delegation._measure('spawn', 'tool', N, 1, pathlib.Path(tempfile.mkdtemp())))" ;;
   resume) small=1000; large=10000 ;;
   followup) small=10; large=40 ;;
-  *) echo "usage: $0 TREE turn|delegation|tool|resume|followup" >&2; exit 2 ;;
+  agent|sdkagent) small=100; large=1100 ;;
+  *) echo "usage: $0 TREE turn|delegation|tool|resume|followup|agent|sdkagent" >&2; exit 2 ;;
 esac
 count() {
   out=$(mktemp)
@@ -33,6 +36,15 @@ count() {
     (cd "$tree/benchmarks" && PYTHONPATH=$src valgrind --tool=callgrind --callgrind-out-file="$out" \
       "$python" resume.py --child "$id" --root "$store" --exit >/dev/null 2>&1)
     rm -rf "$store"
+    callgrind_annotate "$out" | grep -m1 "PROGRAM TOTALS" | awk '{print $1}' | tr -d ,
+    rm -f "$out"
+    return
+  fi
+  if [ "$what" = agent ] || [ "$what" = sdkagent ]; then
+    kind=dsh; [ "$what" = sdkagent ] && kind=sdk
+    (cd "$tree" && PYTHONHASHSEED=0 PYTHONPATH=$src "$python" benchmarks/acp_agent.py --agent "$kind" \
+      --prompts "$1" --warm 20 --wrap "valgrind --tool=callgrind --callgrind-out-file=$out" \
+      >/dev/null 2>&1)
     callgrind_annotate "$out" | grep -m1 "PROGRAM TOTALS" | awk '{print $1}' | tr -d ,
     rm -f "$out"
     return

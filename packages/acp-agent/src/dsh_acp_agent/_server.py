@@ -83,9 +83,28 @@ _STOP_REASONS = {
     "aborted": "cancelled",
     "blocked": "refusal",
 }
+#: How the SDK serializes a request's result when it is a model (``acp.connection``).
+_SDK_DUMP: dict[str, Any] = {
+    "mode": "json", "by_alias": True, "exclude_none": True, "exclude_unset": True,
+}  # fmt: skip
+
+
+class _Answer(PromptResponse):
+    """A prompt answer that gives the SDK its frame as a dict (PERF-25).
+
+    The SDK serializes a handler's model result with pydantic for each answer, about 2 % of
+    a prompt's instructions; an answer holds its stop reason alone, so its frame is that one
+    key. Any other dump is pydantic's own. Only the answers built here are of this class."""
+
+    def model_dump(self, **kwargs: Any) -> dict[str, Any]:
+        if kwargs == _SDK_DUMP:
+            return {"stopReason": self.stop_reason}
+        return super().model_dump(**kwargs)
+
+
 #: The prompt answers, built once: a turn's end picks one (the SDK only serializes them).
 _ANSWERS: dict[str, PromptResponse] = {
-    kind: PromptResponse(stop_reason=stop)  # type: ignore[arg-type]
+    kind: _Answer(stop_reason=stop)  # type: ignore[arg-type]
     for kind, stop in _STOP_REASONS.items()
 }
 _CANCELLED = _ANSWERS["aborted"]
@@ -318,6 +337,9 @@ class DshAcpAgent:
         self.conn: Any = None
         self.notify: Callable[[str, dict[str, Any]], Awaitable[None]] | None = None
         self.sessions: dict[str, _Live] = {}
+        # The guarded transport it is served on (serve_connection), which can write a
+        # prompt's last updates with its answer.
+        self.wire: GuardedTransport | None = None
 
     def on_connect(self, conn: Any) -> None:
         self.conn = conn
@@ -428,14 +450,31 @@ class DshAcpAgent:
             elif isinstance(block, ResourceContentBlock):
                 parts.append(f"[{block.name}]({block.uri})")
         live.begin()
+        wire = None
         try:
             await live.agent.run_followup(user_message("".join(parts)))
             if live.streamer is not None:  # the turn suspended: the streamer sends to its end
                 await live.streamer
-            for update in live.pending:
-                await self._send(session_id, update)
+            if live.pending:
+                # Sent with the answer, which follows without another wait (PERF-24): one
+                # write for the turn's last updates and the answer.
+                wire = self.wire
+                if wire is not None:
+                    wire.hold()
+                for update in live.pending:
+                    await self._send(session_id, update)
+        except BaseException:
+            if wire is not None:
+                wire.release()
+            raise
         finally:
             live.finish()
+        # The answer, or an error answer (the SDK sends one for what this raises): either
+        # writes the frames held.
+        return self._answer(live, session_id)
+
+    def _answer(self, live: _Live, session_id: str) -> PromptResponse:
+        """The prompt's answer once its turn is over, or the error it fails with."""
         try:
             # The turn's lines reach the OS before the answer (the turn's end wrote them on a
             # store that writes through; this retries a write that failed there): a prompt is
@@ -501,6 +540,7 @@ async def serve_connection(
     transport: Any = input_stream
     if output_stream is not None:
         transport = GuardedTransport(output_stream, input_stream, peer=peer, log=_log)
+        agent.wire = transport
     conn = AgentSideConnection(cast("acp.Agent", agent), transport, listening=False)
     quiet_notifications(conn, peer=peer, log=_log)
     try:
