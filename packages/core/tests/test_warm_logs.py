@@ -3,8 +3,10 @@ reading the store, only while the store's stamp proves it unchanged (DUR-50..DUR
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sys
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -474,7 +476,7 @@ async def test_a_warm_resume_takes_the_closed_sessions_list_over(env: Env) -> No
     env.owner.sessions.announce(resumed)
     append_turn(resumed, 4)
     assert len(own) > len(before)
-    assert session.events == before and session.seq == len(before)
+    assert session.events == before == tuple(session._events) and session.seq == len(before)
     assert list(reversed(session._events)) == list(reversed(before))
     assert session.events_since(len(before) - 2) == list(before[-2:])
     with pytest.raises(IndexError):
@@ -528,3 +530,62 @@ async def test_forty_logs_resumed_in_turn_all_stay_warm(env: Env) -> None:
             await env.resumed(id, 1)
     assert env.reads == []
     await env.close()
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.sampled_from(BACKENDS),
+    st.lists(
+        st.tuples(st.integers(0, 3), st.booleans(), st.booleans(), st.booleans()),
+        min_size=1,
+        max_size=6,
+    ),
+)
+def test_epochs_handed_over_keep_every_closed_session_its_own(
+    kind: str, epochs: list[tuple[int, bool, bool, bool]]
+) -> None:
+    """PERF-22, DUR-50, DUR-53: a log resumed epoch after epoch from its warm log (each
+    epoch some turns, maybe closed inside a turn, maybe appended to by a ``session/disposed``
+    listener after its close, maybe inspected before the next resume): every closed session
+    still shows exactly the events it had, its own late one included, and never a later
+    epoch's; and the last session holds what a store that never saw the log reads of it."""
+
+    async def scenario(root: Path) -> None:
+        env = Env(kind, root)
+        late_for: set[str] = set()
+        lates: dict[int, SessionEvent] = {}
+
+        def late(disposed: Session) -> None:  # after the backend's own listener
+            if disposed.header.id in late_for:
+                late_for.discard(disposed.header.id)
+                lates[id(disposed)] = disposed.append("x/late", {"n": 1}, ignorable=True)
+
+        env.ctx.on("session/disposed", late, global_=True)
+        closed: list[tuple[Session, tuple[SessionEvent, ...]]] = []
+        session: Session | None = None
+        for n, (turns, open_turn, late_append, inspect) in enumerate(epochs):
+            if late_append:
+                late_for.add("s")
+            if session is None:
+                session = await env.written("s", turns, open_turn=open_turn)
+            else:
+                if inspect:
+                    await env.persistence.inspect("s")
+                session = await env.resumed("s", turns, open_turn=open_turn)
+            own = session.events if id(session) not in lates else session.events[:-1]
+            closed.append((session, own))
+            assert n == len(closed) - 1
+        for old, own in closed:
+            mine = lates.get(id(old))
+            expected = own if mine is None else (*own, mine)
+            # Every way of reading the log, not only the snapshot the session caches.
+            assert old.events == expected == tuple(old._events)
+            assert tuple(old.events_since(0)) == expected
+            assert tuple(old.event(i) for i in range(old.seq)) == expected
+        _, cold = await env.cold("s")
+        _, own = closed[-1]
+        assert untimed(cold[: len(own)]) == untimed(own)
+        await env.close()
+
+    with tempfile.TemporaryDirectory() as tmp:
+        asyncio.run(scenario(Path(tmp) / "sessions"))
