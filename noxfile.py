@@ -665,6 +665,7 @@ def bench(session: nox.Session) -> None:
     session.run("python", "benchmarks/llm_openai.py", env=env)
     session.run("python", "benchmarks/listing.py", env=env)
     session.run("python", "benchmarks/acp.py", env=env)
+    session.run("python", "benchmarks/acp_agent.py", "--rounds", "3", env=env)
     session.run("python", "benchmarks/acp_continuable.py", env=env)
     session.run("python", "benchmarks/memory.py", env=env)
     session.run("python", "benchmarks/sessions_list.py", env=env)
