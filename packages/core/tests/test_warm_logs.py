@@ -40,7 +40,7 @@ from dsh_core._persistence import (
     install_memory_persistence,
 )
 from dsh_core._persistence._repair import _closers, _scan
-from dsh_core._sessions import FoldedSeed, LogFold, fold_log
+from dsh_core._sessions import LogFold, fold_log
 from dsh_core.testing.strategies import session_logs
 
 BACKENDS = ["memory", "jsonl"]
@@ -430,7 +430,7 @@ def test_a_fold_resumed_part_way_is_the_whole_fold(
     header = SessionHeader(id="s", created_at=1, seed_length=seed_length)
     types = EventTypeRegistry()
     plain = Session(header, types=types, seed=events, stored=True)
-    folded = Session(header, types=types, seed=FoldedSeed(events, resumed), stored=True)
+    folded = Session(header, types=types, seed=list(events), stored=True, fold=resumed)
     assert untimed(folded.events) == untimed(plain.events)  # the end-seed is stamped anew
     assert _derived(folded) == _derived(plain)
 

@@ -204,7 +204,7 @@ class Session:
         # Set by a persistence backend that writes through (see checkpoint); None: nothing to do.
         self._checkpointer: Callable[[Session], None] | None = None
         self.first_live_seq = 0
-        #: What a backend derived of the seed already (see :class:`FoldedSeed`), else None.
+        #: What a backend derived of the seed already (``fold``, see :class:`LogFold`), else None.
         self._seed_fold: LogFold | None = None
         if seed is not None:
             self._load_seed(seed, from_store=stored, fold=fold)
@@ -220,8 +220,6 @@ class Session:
             # (types, payloads, surface metadata), replayed it through the log invariant and
             # closed any open turn, so it is contiguous and balanced; checking it all again
             # would double the cost of a resume for nothing.
-            if fold is None and isinstance(given, FoldedSeed):
-                fold = given.fold
             if fold is not None and fold.length == len(seed):
                 self._take_fold(seed, fold)
             else:
@@ -853,7 +851,7 @@ class LogFold:
     session's folds (its messages, its request header), the agent's inbox (a replay of the
     splices from the header's ``seed_length`` on) and its last context snapshot.
 
-    A restored session given its seed as a :class:`FoldedSeed` takes these over instead of
+    A restored session given its seed with its ``fold`` takes these over instead of
     deriving them again (a warm log: the store carries the fold from one activation of the
     log to the next, folding only the events in between, see :func:`fold_log`). Immutable.
     """
@@ -988,16 +986,3 @@ class _ClosedLog(Sequence[SessionEvent]):
             self._shared = False
         self._events.append(event)
         self._length += 1
-
-
-class FoldedSeed(list[SessionEvent]):
-    """A stored seed with its :class:`LogFold` (of exactly these events, ``None``: not
-    known), for a backend's ``sessions.prepare(seed=..., restored=...)``: the session takes
-    the fold over, and the list itself as its log (no copy, PERF-22), so the backend must
-    not touch the list afterwards."""
-
-    __slots__ = ("fold",)
-
-    def __init__(self, events: Iterable[SessionEvent], fold: LogFold | None = None) -> None:
-        super().__init__(events)
-        self.fold = fold
