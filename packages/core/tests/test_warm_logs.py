@@ -465,7 +465,7 @@ async def test_a_warm_resume_takes_the_closed_sessions_list_over(env: Env) -> No
         detach()
         await env.persistence.released("s")
         warm = env.persistence._warm["s"]
-        assert warm.events is own and warm.length == len(before)
+        assert warm.events is own and len(own) == len(before)
         prepared = await env.persistence.prepare("s")
     finally:
         Session.events = events_property  # type: ignore[method-assign]

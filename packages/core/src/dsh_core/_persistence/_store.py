@@ -122,22 +122,22 @@ class _Loaded:
 class _Warm:
     """A log this host wrote and closed itself, kept decoded (see :attr:`warm_events`).
 
-    ``events[:length]`` is the log as this host wrote it (its events are immutable, and the
-    store reads back what it writes, equal): ``events`` is the closed session's own list (it
-    reads its first ``length`` events through a ``_ClosedLog`` now), which a resume takes over
-    as the new session's log when it takes the warm log; an inspect copies them.
+    ``events`` is the log as this host wrote it (its events are immutable, and the store reads
+    back what it writes, equal): the closed session's own list, which that session now reads
+    through a ``_ClosedLog`` (its own appends go to a copy), so nothing changes it while it is
+    warm; a resume takes it over as the new session's log when it takes the warm log, an
+    inspect copies it.
     ``stamp`` is the backend's stamp of the log right after that last write, ``scan`` the log
     invariant's replay of ``events[:scanned]`` (``None``: none yet). It stands for the stored
     log only while the log's stamp is still ``stamp``.
     """
 
-    __slots__ = ("events", "fold", "header", "length", "scan", "scanned", "size", "stamp")
+    __slots__ = ("events", "fold", "header", "scan", "scanned", "size", "stamp")
 
     def __init__(
         self,
         header: SessionHeader,
         events: builtins.list[SessionEvent],
-        length: int,
         stamp: Hashable,
         scan: _Scan | None,
         scanned: int,
@@ -147,7 +147,6 @@ class _Warm:
         self.header = header
         self.fold = fold  # what the session derives of events[:fold.length], if known
         self.events = events
-        self.length = length
         self.stamp = stamp
         self.size = size  # the stored log's bytes, if the backend counts them (else 0)
         self.scan = scan
@@ -829,10 +828,10 @@ class SessionPersistence:
         events = rec.session._hand_over(end)
         if events is None:
             return
-        warm = _Warm(rec.session.header, events, end, stamp, rec.scan, rec.scanned, size, rec.fold)
+        warm = _Warm(rec.session.header, events, stamp, rec.scan, rec.scanned, size, rec.fold)
         rec.scan = rec.fold = None  # handed over: the replay is the warm log's now
         self._warm[sid] = warm
-        self._warm_total += end
+        self._warm_total += len(events)
         self._warm_size += size
         while (
             len(self._warm) > self.warm_sessions
@@ -844,7 +843,7 @@ class SessionPersistence:
     def _forget_warm(self, id: str) -> _Warm | None:
         warm = self._warm.pop(id, None)
         if warm is not None:
-            self._warm_total -= warm.length
+            self._warm_total -= len(warm.events)
             self._warm_size -= warm.size
         return warm
 
@@ -852,13 +851,9 @@ class SessionPersistence:
         """``_read_repaired`` from a warm log: the same events, verdict and closers, with only
         the events its replay has not seen replayed (those of the last activation). With
         ``commit`` (a resume) also the log's fold, likewise (the first time: all of it)."""
-        events = warm.events
-        if commit:
-            # A resume takes the list over from the warm log (which it leaves, see prepare):
-            # no copy of the log at all (PERF-22). Past ``length``: nothing stored, dropped.
-            del events[warm.length :]
-        else:
-            events = events[: warm.length]
+        # A resume takes the list over from the warm log (which it leaves, see prepare): no
+        # copy of the log at all (PERF-22). An inspect leaves it warm, so it reads a copy.
+        events = warm.events if commit else builtins.list(warm.events)
         scan = _scan(events, self._locator(id), resume=warm.scan, start=warm.scanned)
         warm.scan, warm.scanned = scan, len(events)
         loaded = self._repaired(id, warm.header, events, scan, commit)
