@@ -120,15 +120,16 @@ def _settle_method(cls: type, name: str, stand_in: Callable[..., Any]) -> Callab
     owner = next((k for k in cls.__mro__ if k.__dict__.get(name) is stand_in), cls)
     fields = attrs.fields(owner)
     env: dict[str, Any] = {}
+
+    def value(f: Any, obj: str) -> str:  # an attrs.Attribute (its stub lacks eq_key)
+        """What equality and the hash see of field ``f`` of ``obj``: its ``eq_key`` of it."""
+        if f.eq_key:
+            env[f"_{f.name}_key"] = f.eq_key
+            return f"_{f.name}_key({obj}.{f.name})"
+        return f"{obj}.{f.name}"
+
     if name == "__eq__":
-        compared = [f for f in fields if f.eq]
-        terms = []
-        for f in compared:
-            if f.eq_key:
-                env[f"_{f.name}_key"] = f.eq_key
-                terms.append(f"_{f.name}_key(self.{f.name}) == _{f.name}_key(other.{f.name})")
-            else:
-                terms.append(f"self.{f.name} == other.{f.name}")
+        terms = [f"{value(f, 'self')} == {value(f, 'other')}" for f in fields if f.eq]
         body = [
             "if other.__class__ is not self.__class__:",
             "    return NotImplemented",
@@ -138,12 +139,7 @@ def _settle_method(cls: type, name: str, stand_in: Callable[..., Any]) -> Callab
     else:
         hashed = [f for f in fields if f.hash is True or (f.hash is None and f.eq is True)]
         items = [f"{hash(f'<dsh hash {owner.__module__}.{owner.__qualname__}>')}"]
-        for f in hashed:
-            if f.eq_key:
-                env[f"_{f.name}_key"] = f.eq_key
-                items.append(f"_{f.name}_key(self.{f.name})")
-            else:
-                items.append(f"self.{f.name}")
+        items.extend(value(f, "self") for f in hashed)
         body = [f"return hash(({', '.join(items)},))"]
         head = "def __hash__(self):"
     filename = f"<dsh {name} {owner.__module__}.{owner.__qualname__}>"
